@@ -1,0 +1,79 @@
+/* SPDX-License-Identifier: GPL-2.0 OR Apache-2.0 */
+/*
+ * The contract between requests.bpf.c and the Rust request sensor
+ * (sensors/src/ebpf/). Every struct here is mirrored in Rust through the
+ * generated skeleton and checked there by size/offset assertions; the
+ * _Static_asserts below pin the layout on the C side.
+ */
+#ifndef QOSD_REQUESTS_H
+#define QOSD_REQUESTS_H
+
+/* Record kinds: which boundary rule closed the request. */
+#define QOSD_REC_TURN 1 /* first inbound bytes .. last outbound bytes */
+#define QOSD_REC_CONN 2 /* accept .. close of the accepted fd */
+
+/* target_cfg.emit bits: which record kinds to send for a target. */
+#define QOSD_EMIT_TURN 1
+#define QOSD_EMIT_CONN 2
+
+/* Indexes of the per-CPU counters array. */
+#define QOSD_CNT_LOST 0       /* records dropped: ring buffer full */
+#define QOSD_CNT_CONN_EVICT 1 /* conn table full: an LRU entry was evicted */
+#define QOSD_CNT_MAX 4
+
+/* conn_state.state */
+#define QOSD_ST_IDLE 0       /* no request in flight */
+#define QOSD_ST_IN_REQ 1     /* inbound bytes seen, no reply yet */
+#define QOSD_ST_RESPONDING 2 /* reply bytes seen; ends at next inbound/close */
+
+/* One finished request, sent through the ring buffer. */
+struct req_record {
+	__u64 start_ns; /* bpf_ktime_get_ns() (CLOCK_MONOTONIC) */
+	__u64 end_ns;
+	__u64 conn_id; /* unique per accepted connection */
+	__u32 tgid;
+	__u32 fd;
+	__u32 turns; /* TURN: 1-based turn index; CONN: turns seen on it */
+	__u8 kind;   /* QOSD_REC_* */
+	__u8 pad[3];
+};
+
+/* Key of every per-connection entry: the process and the accepted fd. */
+struct conn_key {
+	__u32 tgid;
+	__u32 fd;
+};
+
+/* Per accepted connection. */
+struct conn_state {
+	__u64 conn_id;
+	__u64 accept_ns;
+	__u64 req_start_ns;
+	__u64 last_out_ns;
+	__u32 turns;
+	__u16 port; /* local port, host order */
+	__u8 state; /* QOSD_ST_* */
+	__u8 emit;  /* QOSD_EMIT_* bits, copied from the target at accept */
+};
+
+/* Per traced process. */
+struct target_cfg {
+	__u8 emit;        /* QOSD_EMIT_* bits */
+	__u8 port_filter; /* 1: only ports in the ports map for this tgid */
+	__u8 pad[6];
+};
+
+/* (tgid, port) pairs a port-filtered target serves. */
+struct port_key {
+	__u32 tgid;
+	__u16 port;
+	__u16 pad;
+};
+
+_Static_assert(sizeof(struct req_record) == 40, "req_record layout");
+_Static_assert(sizeof(struct conn_key) == 8, "conn_key layout");
+_Static_assert(sizeof(struct conn_state) == 40, "conn_state layout");
+_Static_assert(sizeof(struct target_cfg) == 8, "target_cfg layout");
+_Static_assert(sizeof(struct port_key) == 8, "port_key layout");
+
+#endif

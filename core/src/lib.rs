@@ -1,0 +1,6 @@
+//! Types shared by every qosd crate: what a sensor measures and which
+//! resources exist. Kept tiny so that sensors and actuators stay independent.
+
+pub mod measure;
+
+pub use measure::{Feedback, LatencySummary};

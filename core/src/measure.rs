@@ -1,0 +1,39 @@
+//! The measurement vocabulary: where a latency came from and its summary.
+
+use serde::{Deserialize, Serialize};
+
+/// Where an app's latency feedback comes from. The policy sees the same
+/// [`LatencySummary`] either way, so a config switch swaps them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Feedback {
+    /// Server-side, per-request latency from the eBPF request sensor.
+    #[default]
+    Ebpf,
+    /// Latency reported by the load generator (classic PARTIES feedback).
+    Client,
+}
+
+impl std::fmt::Display for Feedback {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Feedback::Ebpf => "ebpf",
+            Feedback::Client => "client",
+        })
+    }
+}
+
+/// Latency and throughput of one target over a window, in microseconds.
+/// `None` where no request has been seen.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct LatencySummary {
+    /// Requests completed per second.
+    pub rps: f64,
+    /// Requests counted in the window.
+    pub requests: u64,
+    pub latest_us: Option<f64>,
+    pub mean_us: Option<f64>,
+    pub p50_us: Option<f64>,
+    pub p95_us: Option<f64>,
+    pub p99_us: Option<f64>,
+}

@@ -1,0 +1,5 @@
+//! qosd sensors. The heart is [`ebpf`]: per-request, server-side latency and
+//! throughput of a process, observed from syscalls with no change to the
+//! application. [`stats`] is the windowed statistics engine behind it.
+
+pub mod stats;

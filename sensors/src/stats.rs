@@ -1,0 +1,337 @@
+//! The latency statistics engine: a log-linear histogram with O(1) insert
+//! and removal and a bounded-cost percentile query, and a sliding window of
+//! the last N requests built on it (the paper's four calls).
+//!
+//! Values are quantised into buckets whose width is at most 1/128 of their
+//! value (exact below 256 ns), so every percentile is the nearest-rank answer
+//! to within 0.4 % relative error, whatever the percentile asked for. A
+//! percentile query walks 68 block sums and at most 64 buckets, independent
+//! of the window size, so any percentile costs the same as p99.
+
+/// Sub-bucket bits per power of two: bucket width <= value / 2^PRECISION.
+const PRECISION: u32 = 7;
+const SUB: u64 = 1 << PRECISION;
+/// Largest value kept apart (2^40 ns, about 18 minutes); larger ones share
+/// the last bucket.
+const MAX_BITS: u32 = 40;
+/// Number of buckets: exact region [0, 2^(P+1)) then 2^P per octave.
+pub const NR_BUCKETS: usize = ((MAX_BITS - PRECISION + 1) as usize) * SUB as usize;
+const BLOCK: usize = 64;
+const NR_BLOCKS: usize = NR_BUCKETS.div_ceil(BLOCK);
+
+/// Bucket index of a value.
+pub fn bucket_of(v: u64) -> usize {
+    if v < 2 * SUB {
+        return v as usize;
+    }
+    let e = 63 - v.leading_zeros(); // floor(log2 v) >= PRECISION + 1
+    if e >= MAX_BITS {
+        return NR_BUCKETS - 1;
+    }
+    let mantissa = v >> (e - PRECISION); // in [SUB, 2*SUB)
+    ((e - PRECISION + 1) as u64 * SUB + (mantissa - SUB)) as usize
+}
+
+/// Smallest value that falls in bucket `i`.
+pub fn bucket_low(i: usize) -> u64 {
+    let i = i as u64;
+    if i < 2 * SUB {
+        return i;
+    }
+    let octave = i / SUB - 1; // e - PRECISION
+    let mantissa = i % SUB + SUB;
+    mantissa << octave
+}
+
+/// The value reported for bucket `i`: its midpoint (exact for width 1).
+pub fn bucket_value(i: usize) -> u64 {
+    let lo = bucket_low(i);
+    let hi = if i + 1 < NR_BUCKETS { bucket_low(i + 1) } else { lo * 2 };
+    lo + (hi - lo - 1) / 2
+}
+
+/// Counts per bucket with block sums, so that add/remove are O(1) and a rank
+/// query is at most NR_BLOCKS + BLOCK steps.
+#[derive(Clone)]
+pub struct LogHistogram {
+    counts: Box<[u32]>,
+    blocks: Box<[u32]>,
+    total: u64,
+    sum: u64, // wrapping: exact while the true sum fits in u64
+}
+
+impl Default for LogHistogram {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Debug for LogHistogram {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogHistogram").field("total", &self.total).finish()
+    }
+}
+
+impl LogHistogram {
+    pub fn new() -> Self {
+        Self {
+            counts: vec![0; NR_BUCKETS].into_boxed_slice(),
+            blocks: vec![0; NR_BLOCKS].into_boxed_slice(),
+            total: 0,
+            sum: 0,
+        }
+    }
+
+    #[inline]
+    pub fn record(&mut self, v: u64) {
+        let b = bucket_of(v);
+        self.counts[b] += 1;
+        self.blocks[b / BLOCK] += 1;
+        self.total += 1;
+        self.sum = self.sum.wrapping_add(v);
+    }
+
+    /// Removes one occurrence of `v`, which must have been recorded.
+    #[inline]
+    pub fn remove(&mut self, v: u64) {
+        let b = bucket_of(v);
+        debug_assert!(self.counts[b] > 0, "removing a value never recorded");
+        self.counts[b] -= 1;
+        self.blocks[b / BLOCK] -= 1;
+        self.total -= 1;
+        self.sum = self.sum.wrapping_sub(v);
+    }
+
+    pub fn clear(&mut self) {
+        self.counts.fill(0);
+        self.blocks.fill(0);
+        self.total = 0;
+        self.sum = 0;
+    }
+
+    pub fn len(&self) -> u64 {
+        self.total
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.total == 0
+    }
+
+    pub fn mean(&self) -> Option<f64> {
+        (self.total > 0).then(|| self.sum as f64 / self.total as f64)
+    }
+
+    /// Nearest-rank percentile `p` in [0, 100]: the value at rank
+    /// ceil(p/100 * n) (at least 1), to within one bucket.
+    pub fn percentile(&self, p: f64) -> Option<u64> {
+        if self.total == 0 {
+            return None;
+        }
+        let rank = ((p.clamp(0.0, 100.0) / 100.0) * self.total as f64).ceil() as u64;
+        let mut left = rank.clamp(1, self.total);
+        let mut block = 0;
+        while left > self.blocks[block] as u64 {
+            left -= self.blocks[block] as u64;
+            block += 1;
+        }
+        let mut b = block * BLOCK;
+        while left > self.counts[b] as u64 {
+            left -= self.counts[b] as u64;
+            b += 1;
+        }
+        Some(bucket_value(b))
+    }
+}
+
+/// The last `capacity` requests of one target: latency values and their end
+/// times, with the four calls of the paper.
+#[derive(Debug, Clone)]
+pub struct Window {
+    hist: LogHistogram,
+    /// Ring of (end_ns, latency_ns), oldest at `head`.
+    ring: Vec<(u64, u64)>,
+    head: usize,
+    capacity: usize,
+    latest: Option<u64>,
+}
+
+/// How far back `rps` looks when the window spans more than this.
+pub const RPS_HORIZON_NS: u64 = 1_000_000_000;
+
+impl Window {
+    pub fn new(capacity: usize) -> Self {
+        let capacity = capacity.max(1);
+        Self {
+            hist: LogHistogram::new(),
+            ring: Vec::with_capacity(capacity.min(1 << 20)),
+            head: 0,
+            capacity,
+            latest: None,
+        }
+    }
+
+    #[inline]
+    pub fn push(&mut self, end_ns: u64, latency_ns: u64) {
+        self.hist.record(latency_ns);
+        self.latest = Some(latency_ns);
+        if self.ring.len() < self.capacity {
+            self.ring.push((end_ns, latency_ns));
+        } else {
+            let old = std::mem::replace(&mut self.ring[self.head], (end_ns, latency_ns));
+            self.hist.remove(old.1);
+            self.head = (self.head + 1) % self.capacity;
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.ring.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ring.is_empty()
+    }
+
+    fn at(&self, i: usize) -> (u64, u64) {
+        self.ring[(self.head + i) % self.ring.len()]
+    }
+
+    /// Requests per second completed in the last second before `now_ns`
+    /// (CLOCK_MONOTONIC); when the whole window is younger than that, the
+    /// window's count over its age (the paper's definition). O(log n).
+    pub fn rps(&self, now_ns: u64) -> f64 {
+        let n = self.ring.len();
+        if n == 0 {
+            return 0.0;
+        }
+        let since = now_ns.saturating_sub(RPS_HORIZON_NS);
+        let oldest = self.at(0).0;
+        if oldest > since {
+            let age = now_ns.saturating_sub(oldest).max(1);
+            return n as f64 * 1e9 / age.max(RPS_HORIZON_NS / 1000) as f64;
+        }
+        // First index whose end time is after `since` (end times are nearly
+        // sorted: records arrive in completion order).
+        let (mut lo, mut hi) = (0, n);
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            if self.at(mid).0 > since {
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
+        }
+        (n - lo) as f64 * 1e9 / RPS_HORIZON_NS as f64
+    }
+
+    /// Latency of the most recent request, ns.
+    pub fn latest(&self) -> Option<u64> {
+        self.latest
+    }
+
+    /// Mean latency over the window, ns. O(1).
+    pub fn mean(&self) -> Option<f64> {
+        self.hist.mean()
+    }
+
+    /// Any latency percentile over the window, ns.
+    pub fn percentile(&self, p: f64) -> Option<u64> {
+        self.hist.percentile(p)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn oracle(values: &[u64], p: f64) -> Option<u64> {
+        if values.is_empty() {
+            return None;
+        }
+        let mut v = values.to_vec();
+        v.sort_unstable();
+        let rank = ((p / 100.0) * v.len() as f64).ceil() as usize;
+        Some(v[rank.clamp(1, v.len()) - 1])
+    }
+
+    #[test]
+    fn buckets_are_contiguous_and_bounded() {
+        for i in 0..NR_BUCKETS - 1 {
+            let lo = bucket_low(i);
+            let hi = bucket_low(i + 1);
+            assert!(hi > lo, "bucket {i}");
+            assert_eq!(bucket_of(lo), i);
+            assert_eq!(bucket_of(hi - 1), i);
+            assert!((hi - lo) as f64 <= (lo as f64 / SUB as f64).max(1.0), "width of {i}");
+        }
+        assert_eq!(bucket_of(u64::MAX), NR_BUCKETS - 1);
+    }
+
+    #[test]
+    fn exact_below_256() {
+        let mut h = LogHistogram::new();
+        for v in [3, 255, 7, 100] {
+            h.record(v);
+        }
+        assert_eq!(h.percentile(100.0), Some(255));
+        assert_eq!(h.percentile(0.0), Some(3));
+        assert_eq!(h.percentile(50.0), Some(7));
+    }
+
+    proptest! {
+        #[test]
+        fn percentile_matches_sorted_oracle(
+            values in prop::collection::vec(0u64..5_000_000_000, 1..600),
+            p in 0.0f64..=100.0,
+        ) {
+            let mut h = LogHistogram::new();
+            for &v in &values { h.record(v); }
+            let want = oracle(&values, p).unwrap();
+            let got = h.percentile(p).unwrap();
+            prop_assert_eq!(bucket_of(got), bucket_of(want));
+            prop_assert!((got as f64 - want as f64).abs() <= want as f64 / 256.0 + 0.5);
+            let mean = values.iter().map(|&v| v as f64).sum::<f64>() / values.len() as f64;
+            prop_assert!((h.mean().unwrap() - mean).abs() <= 1e-6 * mean.max(1.0));
+        }
+
+        #[test]
+        fn window_evicts_oldest(
+            values in prop::collection::vec(1u64..100_000_000, 1..800),
+            cap in 1usize..200,
+            p in 0.0f64..=100.0,
+        ) {
+            let mut w = Window::new(cap);
+            for (i, &v) in values.iter().enumerate() { w.push(i as u64 * 1000, v); }
+            let kept = &values[values.len().saturating_sub(cap)..];
+            prop_assert_eq!(w.len(), kept.len());
+            let want = oracle(kept, p).unwrap();
+            prop_assert_eq!(bucket_of(w.percentile(p).unwrap()), bucket_of(want));
+            let mean = kept.iter().map(|&v| v as f64).sum::<f64>() / kept.len() as f64;
+            prop_assert!((w.mean().unwrap() - mean).abs() <= 1e-6 * mean);
+            prop_assert_eq!(w.latest(), values.last().copied());
+        }
+    }
+
+    #[test]
+    fn rps_counts_last_second() {
+        let mut w = Window::new(100_000);
+        // 5000 requests over 5 s: 1000/s.
+        for i in 0..5000u64 {
+            w.push(i * 1_000_000, 10);
+        }
+        let now = 5_000_000_000;
+        assert!((w.rps(now) - 1000.0).abs() < 2.0, "{}", w.rps(now));
+        // Idle for 10 s: nothing in the last second.
+        assert_eq!(w.rps(now + 10_000_000_000), 0.0);
+    }
+
+    #[test]
+    fn rps_of_a_young_window_uses_its_age() {
+        let mut w = Window::new(10);
+        for i in 0..10u64 {
+            w.push(1_000_000_000 + i * 1_000_000, 10); // 10 in 10 ms
+        }
+        let r = w.rps(1_000_000_000 + 10_000_000);
+        assert!((r - 1000.0).abs() < 1.0, "{r}");
+    }
+}
