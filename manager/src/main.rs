@@ -1,1 +1,50 @@
-fn main() {}
+//! `qosd`: node-level QoS and power manager for latency-critical services.
+//!
+//! The binary is thin: it parses the command line and hands each subcommand
+//! to its module in `cmd/`. Exit codes: 0 success, 1 runtime failure,
+//! 2 usage or invalid input (see [`qosd_manager::exit`]).
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use qosd_manager::{cmd, exit};
+
+/// Keep latency-critical services within their QoS targets with the fewest
+/// cores, cache ways and watts, watching them from the outside with eBPF.
+#[derive(Parser)]
+#[command(name = "qosd", version, about, long_about = None)]
+#[command(after_help = "Examples:\n  \
+    qosd trace --pid $(pidof memcached) --json     live RPS and latency of a process\n  \
+    qosd trace --pid 1234 --pid 5678 --duration 10 several processes for 10 s\n\n\
+    Exit codes: 0 success, 1 runtime failure, 2 usage or invalid input.")]
+struct Cli {
+    /// Log filter (error, warn, info, debug, trace or a tracing directive);
+    /// also read from QOSD_LOG.
+    #[arg(long, global = true, value_name = "FILTER")]
+    log: Option<String>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Per-interval RPS and server-side latency of running processes (eBPF).
+    Trace(cmd::trace::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            // clap prints help/version to stdout (exit 0) and errors to
+            // stderr (exit 2).
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { exit::USAGE } else { 0 });
+        }
+    };
+    exit::init_logging(cli.log.as_deref());
+    let result = match cli.command {
+        Command::Trace(a) => cmd::trace::run(a),
+    };
+    exit::report(result)
+}

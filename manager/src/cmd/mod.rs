@@ -1,0 +1,3 @@
+//! One module per `qosd` subcommand: an `Args` (clap) and a `run`.
+
+pub mod trace;

@@ -1,0 +1,5 @@
+//! The qosd manager: control loop, policies, daemon, API and the CLI's
+//! subcommands. The `qosd` binary (`main.rs`) only dispatches to `cmd`.
+
+pub mod cmd;
+pub mod exit;
