@@ -30,6 +30,8 @@ struct Cli {
 enum Command {
     /// Per-interval RPS and server-side latency of running processes (eBPF).
     Trace(cmd::trace::Args),
+    /// Open-loop load generator (HTTP/1.1 or memcached) with latency from the scheduled send time.
+    Load(cmd::load::Args),
 }
 
 fn main() -> ExitCode {
@@ -45,6 +47,7 @@ fn main() -> ExitCode {
     exit::init_logging(cli.log.as_deref());
     let result = match cli.command {
         Command::Trace(a) => cmd::trace::run(a),
+        Command::Load(a) => cmd::load::run(a),
     };
     exit::report(result)
 }

@@ -1,2 +1,5 @@
-//! qosd scenarios: scenario files, the open-loop load generator and the
-//! simulated node. (Filled by the scenarios issue.)
+//! qosd scenarios: the open-loop load generator ([`load`]), scenario files,
+//! and the simulated node that replays them with the daemon's policy code.
+
+pub mod fixture;
+pub mod load;
