@@ -1,5 +1,11 @@
-//! qosd scenarios: the open-loop load generator ([`load`]), scenario files,
-//! and the simulated node that replays them with the daemon's policy code.
+//! qosd scenarios: the open-loop load generator ([`load`]), scenario files
+//! ([`scenario`]), calibration ([`calibrate`]), the simulated node that
+//! replays scenarios with the daemon's policy code ([`sim`]), and the
+//! outputs of a replay ([`timeline`]).
 
+pub mod calibrate;
 pub mod fixture;
 pub mod load;
+pub mod scenario;
+pub mod sim;
+pub mod timeline;
