@@ -6,6 +6,7 @@
 pub mod calibrate;
 pub mod fixture;
 pub mod load;
+pub mod plot;
 pub mod scenario;
 pub mod sim;
 pub mod timeline;

@@ -18,6 +18,9 @@ use crate::scenario::{Scenario, SimNode};
 use crate::timeline::{Row, Timeline};
 use model::{percentile, Queue, Sample, SimModel};
 
+/// Longest wait a request stays queued before its client gives up, s.
+pub const MAX_BACKLOG_S: f64 = 2.0;
+
 /// How to run a scenario on the simulated node.
 #[derive(Debug, Clone)]
 pub struct SimOptions {
@@ -174,7 +177,10 @@ pub fn run(
                 let cap = c as f64 * 1e6 / s_us;
                 let before = st.backlog;
                 let served = (st.backlog + lambda * dt).min(cap * dt);
-                st.backlog = (st.backlog + lambda * dt - served).min(cap * 60.0);
+                // Clients give up on requests older than MAX_BACKLOG_S: the
+                // backlog (and so the modelled wait) is bounded like a real
+                // server's queue, and the excess is lost, not served late.
+                st.backlog = (st.backlog + lambda * dt - served).min(cap * MAX_BACKLOG_S);
                 let wait_us = 0.5 * (before + st.backlog) / cap * 1e6;
                 let target_net = network_queue_ms(&st.model, lambda / full_cap);
                 let tau = st.model.network_tau_s.max(1e-6);
