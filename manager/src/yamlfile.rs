@@ -147,11 +147,25 @@ fn from_serde(path: &Path, text: &str, e: &serde_yaml_ng::Error) -> FileError {
             format!("{key}.{field}")
         };
     }
-    let (line, col) = if line == 0 && !key.is_empty() {
+    let (mut line, mut col) = if line == 0 && !key.is_empty() {
         locate_str(text, &key).unwrap_or((0, 0))
     } else {
         (line, col)
     };
+    // serde_yaml_ng stops the path at a sequence when one of its scalar
+    // items fails to convert (e.g. a rule condition); the message quotes
+    // the item, which finds its index and position.
+    if !key.is_empty() {
+        for (i, v, pos) in seq_items(text, &key_path(&key)) {
+            if msg.contains(&format!("`{v}`")) {
+                key = format!("{key}[{i}]");
+                if let Some(p) = pos {
+                    (line, col) = p;
+                }
+                break;
+            }
+        }
+    }
     FileError {
         path: path.to_owned(),
         line,
@@ -168,6 +182,11 @@ fn backticked_after(msg: &str, prefix: &str) -> Option<String> {
 
 /// Position of a dotted key written like `apps[0].target`.
 fn locate_str(text: &str, key: &str) -> Option<(usize, usize)> {
+    locate(text, &key_path(key))
+}
+
+/// Parses `apps[0].target` back into a [`KeyPath`].
+fn key_path(key: &str) -> KeyPath {
     let mut path = KeyPath::root();
     for part in key.split('.') {
         let (name, idx) = match part.split_once('[') {
@@ -181,129 +200,145 @@ fn locate_str(text: &str, key: &str) -> Option<(usize, usize)> {
             path = path.index(i);
         }
     }
-    locate(text, &path)
+    path
 }
 
 /// 1-based (line, col) of the node at `path` in a YAML document: the key
 /// itself for a mapping entry, the item for a sequence index. When the full
 /// path is absent, the position of the deepest ancestor that is present.
 pub fn locate(text: &str, path: &KeyPath) -> Option<(usize, usize)> {
-    let mut parser = Parser::new_from_str(text);
-    // Container stack: for mappings, whether the next scalar is a key and
-    // the current key; for sequences, the index of the next item.
-    enum Frame {
-        Map {
-            expect_key: bool,
-            key: Option<String>,
-        },
-        Seq {
-            next: usize,
-        },
-    }
-    let mut stack: Vec<Frame> = Vec::new();
-    let mut best: Option<(usize, usize)> = None;
-    // A block mapping's start event is marked after its first key, so a
-    // mapping found as a sequence item is placed at its first key instead.
-    // `Some(full)`: the next event is the first key of a matched item.
-    let mut item_first_key: Option<bool> = None;
-    loop {
-        let (ev, mark) = parser.next_token().ok()?;
-        let pos = (mark.line(), mark.col() + 1);
-        if let Some(full) = item_first_key.take() {
-            if matches!(ev, Event::Scalar(..)) {
-                best = Some(pos);
-            }
-            if full {
-                return best;
+    let mut best: Option<(usize, Pos)> = None;
+    walk(text, |at, _, pos| {
+        let n = at.len();
+        if n <= path.0.len() && at == &path.0[..n] && best.is_none_or(|(d, _)| n > d) {
+            best = Some((n, pos));
+        }
+        n == path.0.len() && at == &path.0[..]
+    });
+    best.and_then(|(_, p)| p)
+}
+
+/// A 1-based (line, col), when known.
+type Pos = Option<(usize, usize)>;
+
+/// The scalar items of the sequence at `path`: (index, value, position).
+fn seq_items(text: &str, path: &KeyPath) -> Vec<(usize, String, Pos)> {
+    let mut out = Vec::new();
+    let n = path.0.len();
+    walk(text, |at, scalar, pos| {
+        if at.len() == n + 1 && at[..n] == path.0[..] {
+            if let (Seg::Index(i), Some(v)) = (&at[n], scalar) {
+                out.push((*i, v.to_owned(), pos));
             }
         }
-        // The path of the node this event starts (for scalars/containers
-        // that are values or items).
-        let starts_node = matches!(
+        false
+    });
+    out
+}
+
+/// Walks a YAML document, calling `visit(path, scalar, position)` for every
+/// mapping key (path ends with the key, position of the key) and every
+/// sequence item (path ends with the index, `scalar` set for scalar items).
+/// Stops when `visit` returns true or at the first syntax error.
+fn walk(text: &str, mut visit: impl FnMut(&[Seg], Option<&str>, Pos) -> bool) {
+    enum Frame {
+        Map { expect_key: bool },
+        Seq { next: usize },
+    }
+    let mut parser = Parser::new_from_str(text);
+    let mut frames: Vec<Frame> = Vec::new();
+    // path[i] is where frame i+1 sits inside frame i.
+    let mut path: Vec<Seg> = Vec::new();
+    // A block mapping's start event is marked after its first key, so a
+    // mapping that is a sequence item is placed at its first key.
+    let mut item_at_next: Option<Vec<Seg>> = None;
+    while let Ok((ev, mark)) = parser.next_token() {
+        let pos = Some((mark.line(), mark.col() + 1));
+        if let Some(item) = item_at_next.take() {
+            let p = matches!(ev, Event::Scalar(..)).then_some(pos).flatten();
+            if visit(&item, None, p) {
+                return;
+            }
+        }
+        let scalar = match &ev {
+            Event::Scalar(v, ..) => Some(v.as_str()),
+            _ => None,
+        };
+        let starts = matches!(
             ev,
             Event::Scalar(..)
                 | Event::MappingStart(..)
                 | Event::SequenceStart(..)
                 | Event::Alias(_)
         );
-        if starts_node {
-            let is_key = matches!(
-                stack.last(),
-                Some(Frame::Map {
-                    expect_key: true,
-                    ..
-                })
-            );
-            if is_key {
-                if let Event::Scalar(ref k, ..) = ev {
-                    // A key: does the path so far (parents + this key) match?
-                    let depth = stack.len();
-                    if depth <= path.0.len()
-                        && prefix_matches(&stack, &path.0[..depth - 1])
-                        && path.0[depth - 1] == Seg::Key(k.clone())
-                    {
-                        best = Some(pos);
-                        if depth == path.0.len() {
-                            return best;
-                        }
+        // Where this node sits, and whether it is a key.
+        let mut here: Option<Seg> = None;
+        if starts {
+            match frames.last_mut() {
+                Some(Frame::Map { expect_key: true }) => {
+                    let k = scalar.unwrap_or_default().to_owned();
+                    let mut at = path.clone();
+                    at.push(Seg::Key(k.clone()));
+                    if visit(&at, None, pos) {
+                        return;
                     }
+                    // The key's name is where the value will sit.
+                    path.push(Seg::Key(k));
                 }
-            } else if let Some(Frame::Seq { next }) = stack.last() {
-                let depth = stack.len();
-                if depth <= path.0.len()
-                    && prefix_matches(&stack, &path.0[..depth - 1])
-                    && path.0[depth - 1] == Seg::Index(*next)
-                {
-                    best = Some(pos);
-                    let full = depth == path.0.len();
+                Some(Frame::Map { expect_key: false }) => here = path.pop(),
+                Some(Frame::Seq { next }) => {
+                    let seg = Seg::Index(*next);
+                    let mut at = path.clone();
+                    at.push(seg.clone());
                     if matches!(ev, Event::MappingStart(..)) {
-                        item_first_key = Some(full);
-                    } else if full {
-                        return best;
+                        item_at_next = Some(at);
+                    } else if visit(&at, scalar, pos) {
+                        return;
                     }
+                    here = Some(seg);
                 }
+                None => {}
             }
         }
-        // Advance the container state.
         match ev {
-            Event::Scalar(ref s, ..) => advance(&mut stack, Some(s)),
-            Event::Alias(_) => advance(&mut stack, None),
-            Event::MappingStart(..) => stack.push(Frame::Map {
-                expect_key: true,
-                key: None,
-            }),
-            Event::SequenceStart(..) => stack.push(Frame::Seq { next: 0 }),
-            Event::MappingEnd | Event::SequenceEnd => {
-                stack.pop();
-                advance(&mut stack, None);
+            Event::MappingStart(..) | Event::SequenceStart(..) => {
+                if let Some(seg) = here {
+                    path.push(seg);
+                }
+                frames.push(if matches!(ev, Event::MappingStart(..)) {
+                    Frame::Map { expect_key: true }
+                } else {
+                    Frame::Seq { next: 0 }
+                });
             }
-            Event::StreamEnd => return best,
+            Event::MappingEnd | Event::SequenceEnd => {
+                frames.pop();
+                let was_nested = !frames.is_empty();
+                if was_nested {
+                    path.pop();
+                }
+                finish_node(&mut frames);
+            }
+            Event::Scalar(..) | Event::Alias(_) => {
+                let is_key = matches!(frames.last(), Some(Frame::Map { expect_key: true }));
+                if !is_key {
+                    finish_node(&mut frames);
+                } else if let Some(Frame::Map { expect_key }) = frames.last_mut() {
+                    *expect_key = false;
+                }
+            }
+            Event::StreamEnd => return,
             _ => {}
         }
     }
 
-    fn advance(stack: &mut [Frame], scalar: Option<&String>) {
-        match stack.last_mut() {
-            Some(Frame::Map { expect_key, key }) => {
-                if *expect_key {
-                    *key = scalar.cloned();
-                }
-                *expect_key = !*expect_key;
-            }
+    /// A value or item just ended: the parent expects the next key/item.
+    fn finish_node(frames: &mut [Frame]) {
+        match frames.last_mut() {
+            Some(Frame::Map { expect_key }) => *expect_key = true,
             Some(Frame::Seq { next }) => *next += 1,
             None => {}
         }
-    }
-
-    fn prefix_matches(stack: &[Frame], want: &[Seg]) -> bool {
-        // stack[0] is the document root; frame i+1 is inside want[i].
-        want.iter()
-            .enumerate()
-            .all(|(i, seg)| match (&stack[i], seg) {
-                (Frame::Map { key: Some(k), .. }, Seg::Key(w)) => k == w,
-                (Frame::Seq { next }, Seg::Index(w)) => next == w,
-                _ => false,
-            })
     }
 }
 

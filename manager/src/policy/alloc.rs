@@ -21,6 +21,21 @@ pub enum Victim {
     MostSlackLc,
 }
 
+/// How pooled units move: where upsizes take them, where downsizes put them.
+#[derive(Debug, Clone, Copy)]
+pub struct Moves<'p> {
+    pub victims: &'p [Victim],
+    /// A latency-critical victim must have more slack than this.
+    pub victim_min_slack: f64,
+    pub freed_to_best_effort: bool,
+}
+
+/// A done upsize: who paid for it (`None`: the free pool or a level).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Upsized {
+    pub victim: Option<String>,
+}
+
 /// Where a unit for an upsize comes from, once chosen.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Source {
@@ -180,6 +195,65 @@ impl<'a> Editor<'a> {
             })
             .min_by_key(|n| (self.value(n, r), (*n).clone()))
             .cloned()
+    }
+
+    /// Raises `app`'s `r` by one `step`, taking pooled units (cores, ways)
+    /// from the first source in `moves.victims` that can give them.
+    /// `None` when nothing can be done (at the bound, no source).
+    pub fn upsize(
+        &mut self,
+        app: &str,
+        r: Resource,
+        step: u32,
+        moves: &Moves<'_>,
+        slack: &dyn Fn(&str) -> Option<f64>,
+        reason: String,
+    ) -> Option<Upsized> {
+        let to = self.raised(app, r, step)?;
+        let amount = to - self.value(app, r);
+        let mut victim = None;
+        if r.is_pooled() {
+            let src =
+                self.find_source(app, r, amount, moves.victims, slack, moves.victim_min_slack)?;
+            if let Source::App(v) = src {
+                let vto = self.value(&v, r) - amount;
+                self.set(
+                    &v,
+                    r,
+                    vto,
+                    DecisionKind::Reclaim,
+                    format!("taken for {app}"),
+                );
+                victim = Some(v);
+            }
+        }
+        self.set(app, r, to, DecisionKind::Upsize, reason);
+        Some(Upsized { victim })
+    }
+
+    /// Lowers `app`'s `r` by one `step`; freed pooled units go to the
+    /// best-effort app holding the fewest if `moves.freed_to_best_effort`.
+    /// False when `app` is already at its bound.
+    pub fn downsize(
+        &mut self,
+        app: &str,
+        r: Resource,
+        step: u32,
+        moves: &Moves<'_>,
+        reason: String,
+    ) -> bool {
+        let Some(to) = self.lowered(app, r, step) else {
+            return false;
+        };
+        let amount = self.value(app, r) - to;
+        self.set(app, r, to, DecisionKind::Downsize, reason);
+        if r.is_pooled() && moves.freed_to_best_effort {
+            if let Some(be) = self.best_effort_taker(app, r, amount) {
+                let bto = self.value(&be, r) + amount;
+                self.set(&be, r, bto, DecisionKind::Grant, format!("freed by {app}"));
+            }
+        }
+        true
     }
 
     /// Sets `app`'s `r` to `to` and records the decision.

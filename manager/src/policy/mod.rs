@@ -12,7 +12,9 @@
 //! ```
 
 pub mod alloc;
+pub mod cond;
 pub mod parties;
+pub mod rules;
 #[cfg(test)]
 pub(crate) mod testkit;
 
@@ -23,6 +25,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::yamlfile::{self, FileError, Invalid, KeyPath};
 pub use parties::{Parties, PartiesParams, Steps};
+pub use rules::{Rule, RuleSettings, Rules};
 
 /// A policy file: a name and exactly one engine section.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -36,6 +39,12 @@ pub struct PolicyFile {
     /// The PARTIES controller and its parameters.
     #[serde(default)]
     pub parties: Option<PartiesParams>,
+    /// Settings of a rule policy (with `rules:` only).
+    #[serde(default)]
+    pub settings: Option<RuleSettings>,
+    /// A rule policy: conditions on measurements → actions on resources.
+    #[serde(default)]
+    pub rules: Option<Vec<Rule>>,
 }
 
 impl PolicyFile {
@@ -45,9 +54,26 @@ impl PolicyFile {
         if self.name.trim().is_empty() {
             return Err(Invalid::new(root.key("name"), "must not be empty"));
         }
-        match &self.parties {
-            Some(p) => p.validate(&root.key("parties")),
-            None => Err(Invalid::new(root, "needs an engine section: `parties:`")),
+        match (&self.parties, &self.rules) {
+            (Some(_), Some(_)) => Err(Invalid::new(
+                root.key("rules"),
+                "a policy is either `parties:` or `rules:`, not both",
+            )),
+            (Some(_), None) if self.settings.is_some() => Err(Invalid::new(
+                root.key("settings"),
+                "`settings:` belongs to rule policies; PARTIES has its own in `parties:`",
+            )),
+            (Some(p), None) => p.validate(&root.key("parties")),
+            (None, Some(r)) => {
+                if let Some(s) = &self.settings {
+                    s.validate(&root.key("settings"))?;
+                }
+                rules::validate_rules(r, &root.key("rules"))
+            }
+            (None, None) => Err(Invalid::new(
+                root,
+                "needs an engine section: `parties:` or `rules:`",
+            )),
         }
     }
 
@@ -60,13 +86,19 @@ impl PolicyFile {
     }
 
     /// A fresh controller for this file. `seed` makes its choices
-    /// reproducible (PARTIES' starting points in the resource cycle).
+    /// reproducible (PARTIES' starting points in the resource cycle; rule
+    /// policies have no randomness and ignore it).
     pub fn build(&self, seed: u64) -> Box<dyn Policy + Send> {
-        match &self.parties {
-            Some(p) => Box::new(Parties::new(&self.name, p.clone(), seed)),
+        match (&self.parties, &self.rules) {
+            (Some(p), _) => Box::new(Parties::new(&self.name, p.clone(), seed)),
+            (None, Some(r)) => Box::new(Rules::new(
+                &self.name,
+                self.settings.clone().unwrap_or_default(),
+                r.clone(),
+            )),
             // validate() rejects files without an engine; a default PARTIES
             // is the safe reading of one that skipped validation.
-            None => Box::new(Parties::new(&self.name, PartiesParams::default(), seed)),
+            (None, None) => Box::new(Parties::new(&self.name, PartiesParams::default(), seed)),
         }
     }
 }

@@ -10,7 +10,7 @@ use qosd_core::{
     Allocations, AppClass, Decision, DecisionKind, NodeCaps, Plan, Policy, Resource, Snapshot,
 };
 
-use super::alloc::{fmt_us, Editor, Source};
+use super::alloc::{fmt_us, Editor, Moves};
 
 mod params;
 pub use params::{PartiesParams, Steps};
@@ -187,55 +187,42 @@ impl Parties {
         }
     }
 
+    fn moves(&self) -> Moves<'_> {
+        Moves {
+            victims: &self.p.victims,
+            victim_min_slack: self.p.victim_min_slack,
+            freed_to_best_effort: self.p.freed_to_best_effort,
+        }
+    }
+
+    /// Upsizes `app` on the first resource of its cycle (from its cursor)
+    /// that can grow.
     fn upsize(&mut self, ed: &mut Editor<'_>, app: &str, why: String) -> bool {
         let n = self.p.cycle.len();
         let start = self.mem(app).cursor;
-        let slack_of = |name: &str| self.slack(ed.snap, name);
+        let before_us = ed
+            .snap
+            .app(app)
+            .and_then(|a| a.latency_us)
+            .unwrap_or(f64::INFINITY);
+        let reason = format!("{why}; least slack < {}", self.p.upsize_below_slack);
         for k in 0..n {
             let idx = (start + k) % n;
             let r = self.p.cycle[idx];
-            let step = self.p.step.get(r);
-            let Some(to) = ed.raised(app, r, step) else {
-                continue;
-            };
-            let amount = to - ed.value(app, r);
-            let mut changes = Vec::new();
-            if r.is_pooled() {
-                let Some(src) = ed.find_source(
+            let done = {
+                let slack_of = |name: &str| self.slack(ed.snap, name);
+                let moves = self.moves();
+                ed.upsize(
                     app,
                     r,
-                    amount,
-                    &self.p.victims,
+                    self.p.step.get(r),
+                    &moves,
                     &slack_of,
-                    self.p.victim_min_slack,
-                ) else {
-                    continue;
-                };
-                if let Source::App(victim) = src {
-                    let vto = ed.value(&victim, r) - amount;
-                    ed.set(
-                        &victim,
-                        r,
-                        vto,
-                        DecisionKind::Reclaim,
-                        format!("taken for {app}"),
-                    );
-                    changes.push(victim);
-                }
-            }
-            ed.set(
-                app,
-                r,
-                to,
-                DecisionKind::Upsize,
-                format!("{why}; least slack < {}", self.p.upsize_below_slack),
-            );
-            let before_us = ed
-                .snap
-                .app(app)
-                .and_then(|a| a.latency_us)
-                .unwrap_or(f64::INFINITY);
-            for v in changes {
+                    reason.clone(),
+                )
+            };
+            let Some(done) = done else { continue };
+            if let Some(v) = done.victim {
                 // The victim was heading for this very resource: move it on.
                 if self.mem(&v).cursor == idx {
                     self.advance(&v);
@@ -258,28 +245,17 @@ impl Parties {
         false
     }
 
+    /// Downsizes `app` on the first resource of its cycle that can shrink.
     fn downsize(&mut self, ed: &mut Editor<'_>, app: &str, why: String) -> bool {
         let n = self.p.cycle.len();
         let start = self.mem(app).cursor;
+        let reason = format!("{why}; most slack > {}", self.p.downsize_above_slack);
         for k in 0..n {
             let idx = (start + k) % n;
             let r = self.p.cycle[idx];
-            let Some(to) = ed.lowered(app, r, self.p.step.get(r)) else {
+            let moves = self.moves();
+            if !ed.downsize(app, r, self.p.step.get(r), &moves, reason.clone()) {
                 continue;
-            };
-            let amount = ed.value(app, r) - to;
-            ed.set(
-                app,
-                r,
-                to,
-                DecisionKind::Downsize,
-                format!("{why}; most slack > {}", self.p.downsize_above_slack),
-            );
-            if r.is_pooled() && self.p.freed_to_best_effort {
-                if let Some(be) = ed.best_effort_taker(app, r, amount) {
-                    let bto = ed.value(&be, r) + amount;
-                    ed.set(&be, r, bto, DecisionKind::Grant, format!("freed by {app}"));
-                }
             }
             self.mem(app).cursor = idx;
             self.pending = Some(Pending {
