@@ -72,6 +72,7 @@ impl Ctx {
     /// undo fails too).
     pub fn rollback(&mut self, err: Error) -> Error {
         let mut failures = Vec::new();
+        let undone = self.txn.len();
         for e in std::mem::take(&mut self.txn).into_iter().rev() {
             if let Err(u) = e.undo(&self.root, self.dry_run) {
                 failures.push(u.to_string());
@@ -84,7 +85,9 @@ impl Ctx {
             failures.push(e.to_string());
         }
         if failures.is_empty() {
-            tracing::warn!("rolled back after: {err}");
+            if undone > 0 {
+                tracing::warn!("rolled back {undone} steps after: {err}");
+            }
             err
         } else {
             Error::RollbackFailed {
