@@ -4,7 +4,7 @@
 //! rule engine so that both keep every plan within the node and the limits.
 
 use qosd_core::{
-    Allocation, Allocations, AppClass, Decision, DecisionKind, Limits, NodeCaps, Plan, Resource,
+    Allocations, AppClass, Decision, DecisionKind, Limits, NodeCaps, Plan, Resource, Share,
     Snapshot,
 };
 use serde::{Deserialize, Serialize};
@@ -71,7 +71,7 @@ impl<'a> Editor<'a> {
         self.snap.app(app).map(|a| a.class)
     }
 
-    fn alloc(&self, app: &str) -> Allocation {
+    fn alloc(&self, app: &str) -> Share {
         self.plan.allocations.get(app).copied().unwrap_or_default()
     }
 

@@ -37,7 +37,7 @@ const METRICS: &[(&str, Metric)] = &[
     ("cores", Metric::Alloc(Resource::Cores)),
     ("ways", Metric::Alloc(Resource::CacheWays)),
     ("freq_mhz", Metric::Alloc(Resource::Frequency)),
-    ("mb_percent", Metric::Alloc(Resource::MemBandwidth)),
+    ("mb_percent", Metric::Alloc(Resource::MemoryBandwidth)),
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,7 +1,7 @@
 //! Synthetic nodes, snapshots and allocations for policy unit tests.
 
 use qosd_core::{
-    Allocation, Allocations, AppClass, AppState, FreqRange, Limits, MbRange, NodeCaps, QosTarget,
+    Allocations, AppClass, AppState, FreqRange, Limits, MbRange, NodeCaps, QosTarget, Share,
     Snapshot,
 };
 
@@ -71,7 +71,7 @@ pub fn allocs(rows: &[(&str, u32, u32, u32, u32)]) -> Allocations {
         .map(|&(n, c, w, f, m)| {
             (
                 n.to_owned(),
-                Allocation {
+                Share {
                     nr_cores: c,
                     nr_ways: w,
                     freq_mhz: f,

@@ -39,7 +39,7 @@ impl Steps {
             Resource::Cores => self.nr_cores,
             Resource::CacheWays => self.nr_ways,
             Resource::Frequency => self.freq_mhz,
-            Resource::MemBandwidth => self.mb_percent,
+            Resource::MemoryBandwidth => self.mb_percent,
         }
     }
 
@@ -100,7 +100,7 @@ impl Default for PartiesParams {
         PartiesParams {
             upsize_below_slack: 0.05,
             downsize_above_slack: 0.20,
-            cycle: Resource::ALL.to_vec(),
+            cycle: Resource::CYCLE.to_vec(),
             step: Steps::default(),
             helped_fraction: 0.5,
             downsize_cooldown_ms: 30_000,

@@ -313,7 +313,7 @@ fn resources_the_node_lacks_are_skipped() {
     let up = only(&plan, DecisionKind::Upsize);
     assert_eq!(up.len(), 1);
     assert_ne!(up[0].1, WAYS);
-    assert_ne!(up[0].1, Resource::MemBandwidth);
+    assert_ne!(up[0].1, Resource::MemoryBandwidth);
     // Only cores on the node: every upsize is cores, whatever the start.
     for seed in 0..8 {
         let mut p = Parties::new("parties", PartiesParams::default(), seed);
