@@ -11,6 +11,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::resources::Resource;
+
 /// How an app is treated: latency-critical apps have a QoS target that the
 /// policy defends; best-effort apps get what is left.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -22,65 +24,31 @@ pub enum AppClass {
     Be,
 }
 
-/// A kind of resource a policy can move, one unit at a time.
-///
-/// Cores and cache ways are partitions of a node-wide pool (what one app
-/// gets, another cannot have). Frequency and memory bandwidth are per-app
-/// levels (raising one app's level takes nothing from another).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Resource {
-    /// CPU cores (physical cores; hyperthread siblings go together).
-    Cores,
-    /// Last-level-cache ways (Intel CAT / resctrl `L3:`).
-    #[serde(alias = "ways")]
-    CacheWays,
-    /// CPU frequency of the app's cores, in MHz (DVFS).
-    #[serde(alias = "freq")]
-    Frequency,
-    /// Memory-bandwidth throttle in percent (resctrl `MB:`, Intel MBA).
-    #[serde(alias = "mb")]
-    MemBandwidth,
-}
-
+/// What a policy needs to know about each [`Resource`] beyond its name.
 impl Resource {
-    /// Every resource, in the PARTIES cycle order.
-    pub const ALL: [Resource; 4] = [
+    /// The PARTIES order: cores → cache ways → frequency → memory bandwidth.
+    pub const CYCLE: [Resource; 4] = [
         Resource::Cores,
         Resource::CacheWays,
         Resource::Frequency,
-        Resource::MemBandwidth,
+        Resource::MemoryBandwidth,
     ];
 
-    /// True for resources partitioned from a node-wide pool (cores, ways).
+    /// True for resources partitioned from a node-wide pool (cores, ways):
+    /// what one app gets, another cannot have. Frequency and memory
+    /// bandwidth are per-app levels.
     pub fn is_pooled(self) -> bool {
         matches!(self, Resource::Cores | Resource::CacheWays)
     }
 
-    /// The unit a value of this resource is counted in.
+    /// The unit a [`Share`] counts this resource in.
     pub fn unit(self) -> &'static str {
         match self {
             Resource::Cores => "cores",
             Resource::CacheWays => "ways",
             Resource::Frequency => "MHz",
-            Resource::MemBandwidth => "%",
+            Resource::MemoryBandwidth => "%",
         }
-    }
-
-    /// The name used in YAML files (`cores`, `cache_ways`, ...).
-    pub fn name(self) -> &'static str {
-        match self {
-            Resource::Cores => "cores",
-            Resource::CacheWays => "cache_ways",
-            Resource::Frequency => "frequency",
-            Resource::MemBandwidth => "mem_bandwidth",
-        }
-    }
-}
-
-impl fmt::Display for Resource {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
     }
 }
 
@@ -94,10 +62,12 @@ pub struct QosTarget {
     pub value_us: f64,
 }
 
-/// One resource setting per kind for one app: counts and levels.
-/// A field for a resource the node lacks is 0 and is left alone.
+/// An app's share of the node as a policy sees it: counts and levels
+/// (2 cores, 4 ways, 1800 MHz, 50 % MB). The actuators turn it into a
+/// concrete [`crate::Allocation`] (which CPUs, which way mask). A field for
+/// a resource the node lacks is 0 and is left alone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
-pub struct Allocation {
+pub struct Share {
     /// Number of CPU cores.
     pub nr_cores: u32,
     /// Number of LLC ways.
@@ -108,14 +78,14 @@ pub struct Allocation {
     pub mb_percent: u32,
 }
 
-impl Allocation {
+impl Share {
     /// The value of one resource (cores, ways, MHz or percent).
     pub fn get(&self, r: Resource) -> u32 {
         match r {
             Resource::Cores => self.nr_cores,
             Resource::CacheWays => self.nr_ways,
             Resource::Frequency => self.freq_mhz,
-            Resource::MemBandwidth => self.mb_percent,
+            Resource::MemoryBandwidth => self.mb_percent,
         }
     }
 
@@ -125,35 +95,35 @@ impl Allocation {
             Resource::Cores => self.nr_cores = value,
             Resource::CacheWays => self.nr_ways = value,
             Resource::Frequency => self.freq_mhz = value,
-            Resource::MemBandwidth => self.mb_percent = value,
+            Resource::MemoryBandwidth => self.mb_percent = value,
         }
     }
 }
 
-/// The allocation of every managed app, by app name (ordered, so that
+/// The share of every managed app, by app name (ordered, so that
 /// iteration and therefore every policy is deterministic).
-pub type Allocations = BTreeMap<String, Allocation>;
+pub type Allocations = BTreeMap<String, Share>;
 
 /// The range an app's allocation must stay in (from the config's min/max).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Limits {
     /// Lowest allowed value per resource.
-    pub min: Allocation,
+    pub min: Share,
     /// Highest allowed value per resource (`u32::MAX`: no limit but the node's).
-    pub max: Allocation,
+    pub max: Share,
 }
 
 impl Default for Limits {
     /// At least one core, otherwise only the node's own ranges apply.
     fn default() -> Self {
         Limits {
-            min: Allocation {
+            min: Share {
                 nr_cores: 1,
                 nr_ways: 1,
                 freq_mhz: 0,
                 mb_percent: 0,
             },
-            max: Allocation {
+            max: Share {
                 nr_cores: u32::MAX,
                 nr_ways: u32::MAX,
                 freq_mhz: u32::MAX,
@@ -246,7 +216,7 @@ impl NodeCaps {
             Resource::Cores => self.nr_cores > 0,
             Resource::CacheWays => self.nr_ways > 0,
             Resource::Frequency => self.freq.is_some_and(|f| f.max_mhz > f.min_mhz),
-            Resource::MemBandwidth => self.mb.is_some_and(|m| m.min_percent < 100),
+            Resource::MemoryBandwidth => self.mb.is_some_and(|m| m.min_percent < 100),
         }
     }
 
@@ -260,7 +230,7 @@ impl NodeCaps {
             Resource::Cores => (1, self.nr_cores),
             Resource::CacheWays => (1, self.nr_ways),
             Resource::Frequency => self.freq.map(|f| (f.min_mhz, f.max_mhz))?,
-            Resource::MemBandwidth => self.mb.map(|m| (m.min_percent, 100))?,
+            Resource::MemoryBandwidth => self.mb.map(|m| (m.min_percent, 100))?,
         })
     }
 
@@ -270,7 +240,7 @@ impl NodeCaps {
         match r {
             Resource::Cores | Resource::CacheWays => 1,
             Resource::Frequency => self.freq.map_or(1, |f| f.step_mhz.max(1)),
-            Resource::MemBandwidth => self.mb.map_or(1, |m| m.step_percent.max(1)),
+            Resource::MemoryBandwidth => self.mb.map_or(1, |m| m.step_percent.max(1)),
         }
     }
 
@@ -286,7 +256,7 @@ impl NodeCaps {
 }
 
 /// What a decision did to one app's resource.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DecisionKind {
     /// More of a resource for an app short of slack.
@@ -430,13 +400,13 @@ mod tests {
         for (alias, r) in [
             ("ways", Resource::CacheWays),
             ("freq", Resource::Frequency),
-            ("mb", Resource::MemBandwidth),
+            ("mb", Resource::MemoryBandwidth),
         ] {
             let parsed: Resource = serde_json::from_str(&format!("\"{alias}\"")).unwrap();
             assert_eq!(parsed, r);
         }
-        let mut a = Allocation::default();
-        for (i, r) in Resource::ALL.into_iter().enumerate() {
+        let mut a = Share::default();
+        for (i, r) in Resource::CYCLE.into_iter().enumerate() {
             a.set(r, i as u32 + 7);
             assert_eq!(a.get(r), i as u32 + 7);
         }

@@ -3,3 +3,5 @@
 
 pub mod cmd;
 pub mod exit;
+pub mod policy;
+pub mod yamlfile;

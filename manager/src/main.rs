@@ -32,6 +32,12 @@ enum Command {
     Trace(cmd::trace::Args),
     /// Open-loop load generator (HTTP/1.1 or memcached) with latency from the scheduled send time.
     Load(cmd::load::Args),
+    /// Which knobs (cores, frequency, cache ways, memory bandwidth) this machine has.
+    Caps(cmd::caps::Args),
+    /// Change one knob by hand (one-shot; `qosd restore` puts it back).
+    Set(cmd::set::Args),
+    /// Put back everything recorded in the state file.
+    Restore(cmd::restore::Args),
 }
 
 fn main() -> ExitCode {
@@ -48,6 +54,9 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Trace(a) => cmd::trace::run(a),
         Command::Load(a) => cmd::load::run(a),
+        Command::Caps(a) => cmd::caps::run(a),
+        Command::Set(a) => cmd::set::run(a),
+        Command::Restore(a) => cmd::restore::run(a),
     };
     exit::report(result)
 }

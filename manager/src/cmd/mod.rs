@@ -1,4 +1,7 @@
 //! One module per `qosd` subcommand: an `Args` (clap) and a `run`.
 
 pub mod load;
+pub mod caps;
+pub mod restore;
+pub mod set;
 pub mod trace;
