@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use qosd_core::Allocation;
+use qosd_core::Share;
 use serde::{Deserialize, Serialize};
 
 use crate::scenario::{AppSpec, Scenario};
@@ -122,8 +122,8 @@ pub fn from_points(points: Vec<Point>, percentile: f64) -> Option<AppCalibration
 }
 
 /// The allocation an app gets when it has the whole simulated node.
-pub fn whole_node(node: &crate::scenario::SimNode) -> Allocation {
-    Allocation {
+pub fn whole_node(node: &crate::scenario::SimNode) -> Share {
+    Share {
         nr_cores: node.nr_cores,
         nr_ways: node.nr_ways,
         freq_mhz: node.freq_max_mhz,

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use qosd_core::{Allocation, Allocations, Feedback, NodeCaps, Plan, Policy, Snapshot};
+use qosd_core::{Share, Allocations, Feedback, NodeCaps, Plan, Policy, Snapshot};
 use qosd_scenarios::calibrate;
 use qosd_scenarios::scenario::Scenario;
 use qosd_scenarios::sim::model::{percentile, Queue, Sample, SimModel};
@@ -41,7 +41,7 @@ fn more_cores_and_higher_frequency_lower_latency() {
     let m = SimModel::of(&sc.apps[0]);
     let node = &sc.node;
     let p99 = |cores: u32, mhz: u32, ways: u32| {
-        let a = Allocation { nr_cores: cores, nr_ways: ways, freq_mhz: mhz, mb_percent: 0 };
+        let a = Share { nr_cores: cores, nr_ways: ways, freq_mhz: mhz, mb_percent: 0 };
         let s = m.service_time_us(&a, node);
         let lambda = 4000.0e-6; // 4000 rps, per µs
         let q = Queue::new(m.servers(&a), 1.0 / s, lambda);

@@ -7,7 +7,7 @@
 pub mod model;
 
 use qosd_core::{
-    Allocation, Allocations, AppClass, AppState, Feedback, FreqRange, Limits, NodeCaps, Plan,
+    Share, Allocations, AppClass, AppState, Feedback, FreqRange, Limits, NodeCaps, Plan,
     Policy, QosTarget, Snapshot,
 };
 use rand::{Rng, SeedableRng};
@@ -68,7 +68,7 @@ pub fn initial_allocations(sc: &Scenario) -> Allocations {
         .enumerate()
         .map(|(i, a)| {
             let i = i as u32;
-            let alloc = Allocation {
+            let alloc = Share {
                 nr_cores: share(sc.node.nr_cores, i),
                 nr_ways: share(sc.node.nr_ways, i),
                 freq_mhz: sc.node.freq_max_mhz,

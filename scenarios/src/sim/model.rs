@@ -4,7 +4,7 @@
 //! overload from one sample to the next, and a network term only the client
 //! sees (its queue follows the load with a lag, as in the paper's Fig. 11).
 
-use qosd_core::Allocation;
+use qosd_core::Share;
 use serde::{Deserialize, Serialize};
 
 use crate::scenario::{AppSpec, Server, SimModelSpec, SimNode};
@@ -93,7 +93,7 @@ impl SimModel {
     }
 
     /// Mean service time under an allocation, µs.
-    pub fn service_time_us(&self, a: &Allocation, node: &SimNode) -> f64 {
+    pub fn service_time_us(&self, a: &Share, node: &SimNode) -> f64 {
         let f = (a.freq_mhz.max(1) as f64).min(node.freq_max_mhz as f64);
         let fs = self.freq_sensitivity;
         let freq = (1.0 - fs) + fs * node.freq_max_mhz as f64 / f;
@@ -107,12 +107,12 @@ impl SimModel {
     }
 
     /// Servers of the queue: cores, up to the app's parallelism.
-    pub fn servers(&self, a: &Allocation) -> u32 {
+    pub fn servers(&self, a: &Share) -> u32 {
         a.nr_cores.min(self.parallelism).max(1)
     }
 
     /// Throughput at which the app saturates under `a`, requests/s.
-    pub fn capacity_rps(&self, a: &Allocation, node: &SimNode) -> f64 {
+    pub fn capacity_rps(&self, a: &Share, node: &SimNode) -> f64 {
         self.servers(a) as f64 * 1e6 / self.service_time_us(a, node)
     }
 }
