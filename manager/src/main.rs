@@ -32,6 +32,15 @@ enum Command {
     Trace(cmd::trace::Args),
     /// Open-loop load generator (HTTP/1.1 or memcached) with latency from the scheduled send time.
     Load(cmd::load::Args),
+    /// Replay a scenario on real servers or on the simulated node (--sim).
+    Replay(cmd::replay::Args),
+    /// Table and overlay plot of several replays.
+    Compare(cmd::compare::Args),
+    /// Find each app's capacity and knee on this machine (or the sim).
+    Calibrate(cmd::calibrate::Args),
+    /// Fixture HTTP server for scenarios and tests.
+    #[command(hide = true)]
+    Fixture(cmd::fixture::Args),
     /// Which knobs (cores, frequency, cache ways, memory bandwidth) this machine has.
     Caps(cmd::caps::Args),
     /// Change one knob by hand (one-shot; `qosd restore` puts it back).
@@ -54,6 +63,10 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Trace(a) => cmd::trace::run(a),
         Command::Load(a) => cmd::load::run(a),
+        Command::Replay(a) => cmd::replay::run(a),
+        Command::Compare(a) => cmd::compare::run(a),
+        Command::Calibrate(a) => cmd::calibrate::run(a),
+        Command::Fixture(a) => cmd::fixture::run(a),
         Command::Caps(a) => cmd::caps::run(a),
         Command::Set(a) => cmd::set::run(a),
         Command::Restore(a) => cmd::restore::run(a),

@@ -139,13 +139,13 @@ pub fn sim(sc: &Scenario) -> Calibration {
     for app in &sc.apps {
         let m = SimModel::of(app);
         let cap = m.capacity_rps(&all, &sc.node);
-        let mu = 1e-6 * cap / m.servers(&all) as f64; // per µs per server
+        let s_us = m.service_time_us(&all, &sc.node);
         let pct = app.target.as_ref().map_or(99.0, |t| t.percentile);
         let points: Vec<Point> = (1..=98)
             .map(|i| {
                 let x = i as f64 / 100.0;
                 let lambda = x * cap;
-                let q = Queue::new(m.servers(&all), mu, lambda * 1e-6);
+                let q = Queue::new(m.servers(&all), s_us, m.service_cv, lambda * 1e-6);
                 let net = network_queue_ms(&m, x) * 1000.0 + m.network_ms * 1000.0;
                 let s = Sample {
                     queue: q,

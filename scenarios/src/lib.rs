@@ -6,7 +6,10 @@
 pub mod calibrate;
 pub mod fixture;
 pub mod load;
+pub mod output;
 pub mod plot;
 pub mod scenario;
+pub mod servers;
 pub mod sim;
+pub mod sweep;
 pub mod timeline;

@@ -1,7 +1,12 @@
 //! One module per `qosd` subcommand: an `Args` (clap) and a `run`.
 
-pub mod load;
+pub mod calibrate;
 pub mod caps;
+pub mod compare;
+pub mod fixture;
+pub mod load;
+pub mod replay;
+pub mod replay_real;
 pub mod restore;
 pub mod set;
 pub mod trace;

@@ -244,6 +244,8 @@ fn p99() -> f64 {
 pub struct SimModelSpec {
     /// CPU time per request at the highest frequency with enough ways, µs.
     pub service_us: Option<f64>,
+    /// Coefficient of variation of the service time, (0, 1] (1: exponential).
+    pub service_cv: Option<f64>,
     /// Requests served at once at most (threads); more cores do not help.
     pub parallelism: Option<u32>,
     /// Fraction of the service time that scales with 1/frequency, 0..=1.

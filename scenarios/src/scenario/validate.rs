@@ -54,7 +54,9 @@ pub fn validate(s: &mut Scenario) -> Result<(), Fail> {
         || format!("{} ms: must be in 10..=60000", s.interval_ms),
     )?;
     check(
-        s.monitor_ms >= 10 && s.monitor_ms <= s.interval_ms && (s.interval_ms / s.monitor_ms) * s.monitor_ms == s.interval_ms,
+        s.monitor_ms >= 10
+            && s.monitor_ms <= s.interval_ms
+            && (s.interval_ms / s.monitor_ms) * s.monitor_ms == s.interval_ms,
         at(&[&"monitor_ms"]),
         || {
             format!(
@@ -265,6 +267,11 @@ fn app(i: usize, a: &AppSpec) -> Result<(), Fail> {
     if matches!(a.server, Server::Command { .. }) {
         check(m.service_us.is_some(), p("sim"), || {
             "a `command` server needs sim.service_us for --sim".into()
+        })?;
+    }
+    if let Some(v) = m.service_cv {
+        check(v > 0.0 && v <= 1.0, sp("service_cv"), || {
+            format!("{v}: must be in (0, 1]")
         })?;
     }
     for (k, v) in [("freq_sensitivity", m.freq_sensitivity), ("noise", m.noise)] {

@@ -7,8 +7,8 @@
 pub mod model;
 
 use qosd_core::{
-    Share, Allocations, AppClass, AppState, Feedback, FreqRange, Limits, NodeCaps, Plan,
-    Policy, QosTarget, Snapshot,
+    Allocations, AppClass, AppState, Feedback, FreqRange, Limits, NodeCaps, Plan, Policy,
+    QosTarget, Share, Snapshot,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -188,7 +188,7 @@ pub fn run(
                 let sigma = st.model.noise;
                 let noise = (sigma * normal(&mut st.rng) - sigma * sigma / 2.0).exp();
                 let sample = Sample {
-                    queue: Queue::new(c, 1.0 / s_us, lambda.min(cap) * 1e-6),
+                    queue: Queue::new(c, s_us, st.model.service_cv, lambda.min(cap) * 1e-6),
                     shift_us: st.model.fixed_us + wait_us,
                     network_us: (st.model.network_ms + st.net_q_ms) * 1000.0,
                     noise,

@@ -14,6 +14,7 @@ use crate::scenario::{AppSpec, Server, SimModelSpec, SimNode};
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SimModel {
     pub service_us: f64,
+    pub service_cv: f64,
     pub parallelism: u32,
     pub freq_sensitivity: f64,
     pub cache_slowdown: f64,
@@ -48,8 +49,9 @@ impl SimModel {
             },
             Server::Fixture { work_us, delay_us } => SimModel {
                 service_us: (*work_us as f64).max(1.0),
-                // One thread per connection.
+                // One thread per connection; the work is a fixed CPU spin.
                 parallelism: app.connections as u32,
+                service_cv: 0.3,
                 fixed_us: *delay_us as f64,
                 ..SimModel::generic()
             },
@@ -61,6 +63,7 @@ impl SimModel {
     fn generic() -> SimModel {
         SimModel {
             service_us: 100.0,
+            service_cv: 0.5,
             parallelism: 64,
             freq_sensitivity: 0.8,
             cache_slowdown: 0.3,
@@ -79,6 +82,7 @@ impl SimModel {
         }
         set!(
             service_us,
+            service_cv,
             parallelism,
             freq_sensitivity,
             cache_slowdown,
@@ -117,23 +121,32 @@ impl SimModel {
     }
 }
 
-/// Steady-state M/M/c response time, in µs: P(T > t).
+/// Steady-state response time of a c-server queue, in µs: P(T > t).
+///
+/// Service times are a fixed part plus an exponential part, so their
+/// coefficient of variation `cv` is below 1 as for real request handlers
+/// (cv = 1 is M/M/c). Waiting follows M/M/c (Erlang C) with the wait
+/// scaled by Allen–Cunneen's (1 + cv²)/2.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Queue {
     /// Probability of waiting (Erlang C).
     pub wait_p: f64,
-    /// Service rate of one server, per µs.
+    /// Rate of the exponential part of the service time, per µs.
     pub mu: f64,
-    /// Decay rate of the waiting time, per µs (c·μ − λ).
+    /// Decay rate of the waiting time, per µs.
     pub delta: f64,
+    /// Fixed part of the service time, µs.
+    pub det_us: f64,
 }
 
 impl Queue {
-    /// `c` servers of rate `mu` (per µs) at arrival rate `lambda` (per µs);
-    /// utilisation is capped just below 1 (overload goes to the backlog).
-    pub fn new(c: u32, mu: f64, lambda: f64) -> Queue {
+    /// `c` servers with mean service time `s_us` and coefficient of
+    /// variation `cv` at arrival rate `lambda` (per µs); utilisation is
+    /// capped just below 1 (overload goes to the backlog).
+    pub fn new(c: u32, s_us: f64, cv: f64, lambda: f64) -> Queue {
         let c = c.max(1);
-        let rho = (lambda / (c as f64 * mu)).clamp(0.0, 0.98);
+        let cv = cv.clamp(0.01, 1.0);
+        let rho = (lambda * s_us / c as f64).clamp(0.0, 0.98);
         let a = rho * c as f64;
         // Erlang B by recurrence, then C from B.
         let mut b = 1.0;
@@ -145,16 +158,19 @@ impl Queue {
         } else {
             b / (1.0 - rho * (1.0 - b))
         };
+        let delta = c as f64 / s_us * (1.0 - rho) * 2.0 / (1.0 + cv * cv);
         Queue {
             wait_p,
-            mu,
-            delta: c as f64 * mu * (1.0 - rho),
+            mu: 1.0 / (cv * s_us),
+            delta,
+            det_us: (1.0 - cv) * s_us,
         }
     }
 
-    /// P(T > t), t in µs: no wait with 1 − C, else Exp(δ) wait plus
-    /// Exp(μ) service (hypoexponential).
+    /// P(T > t), t in µs: the fixed part, then no wait with 1 − C, else an
+    /// Exp(δ) wait plus the Exp(μ) part (hypoexponential).
     pub fn ccdf(&self, t: f64) -> f64 {
+        let t = t - self.det_us;
         if t <= 0.0 {
             return 1.0;
         }
@@ -230,8 +246,8 @@ mod tests {
 
     #[test]
     fn mm1_matches_closed_form() {
-        // M/M/1: T ~ Exp(μ − λ), p99 = ln(100)/(μ − λ).
-        let q = Queue::new(1, 1.0 / 100.0, 0.5 / 100.0);
+        // M/M/1 (cv = 1): T ~ Exp(μ − λ), p99 = ln(100)/(μ − λ).
+        let q = Queue::new(1, 100.0, 1.0, 0.5 / 100.0);
         let s = Sample {
             queue: q,
             shift_us: 0.0,
@@ -248,7 +264,7 @@ mod tests {
     fn more_servers_less_waiting() {
         let mu = 1.0 / 1000.0;
         let p = |c: u32| {
-            let q = Queue::new(c, mu, 3.5 * mu);
+            let q = Queue::new(c, 1.0 / mu, 0.5, 3.5 * mu);
             percentile(
                 &[Sample {
                     queue: q,
@@ -263,7 +279,7 @@ mod tests {
             .unwrap()
         };
         assert!(p(4) > p(6) && p(6) > p(16), "{} {} {}", p(4), p(6), p(16));
-        let q = Queue::new(8, mu, 3.5 * mu);
+        let q = Queue::new(8, 1.0 / mu, 0.5, 3.5 * mu);
         let s = Sample {
             queue: q,
             shift_us: 0.0,
