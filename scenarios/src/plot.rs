@@ -163,6 +163,9 @@ fn draw<DB: DrawingBackend>(
             c.configure_mesh()
                 .x_desc("time (s)")
                 .y_desc(&p.y_desc)
+                .x_label_formatter(&|x| format!("{x:.0}"))
+                .y_label_formatter(&|y| num(*y))
+                .y_labels(6)
                 .draw()
                 .map_err(e)?;
             lines(&mut c, &p.lines).map_err(e)?;
@@ -177,12 +180,28 @@ fn draw<DB: DrawingBackend>(
             c.configure_mesh()
                 .x_desc("time (s)")
                 .y_desc(&p.y_desc)
+                .x_label_formatter(&|x| format!("{x:.0}"))
+                .y_label_formatter(&|y| num(*y))
                 .draw()
                 .map_err(e)?;
             lines(&mut c, &p.lines).map_err(e)?;
         }
     }
     root.present().map_err(e)
+}
+
+/// A tick label with as many decimals as its size needs.
+fn num(v: f64) -> String {
+    let a = v.abs();
+    if a >= 100.0 || a == 0.0 {
+        format!("{v:.0}")
+    } else if a >= 1.0 {
+        format!("{v:.1}")
+    } else if a >= 0.01 {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.3}")
+    }
 }
 
 type Chart<'a, DB, Y> =
