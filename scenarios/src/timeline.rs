@@ -280,3 +280,63 @@ pub struct Summary {
     pub apps: BTreeMap<String, AppSummary>,
     pub total: AppSummary,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(t: f64, app: &str, lat: f64, cores: u32) -> Row {
+        Row {
+            t_s: t,
+            app: app.into(),
+            offered_rps: 100.0,
+            achieved_rps: 100.0,
+            client_p99_ms: Some(lat + 1.0),
+            ebpf_p99_ms: Some(lat),
+            target_ms: Some(10.0),
+            violation: Some(lat > 10.0),
+            cores: Some(cores),
+            freq_mhz: None,
+            llc_ways: None,
+            mb_percent: None,
+            power_w: Some(2.0),
+        }
+    }
+
+    #[test]
+    fn summary_counts_violations_episodes_and_core_seconds() {
+        // a: good, bad, bad, good, bad (unrecovered); b: always good.
+        let lat_a = [5.0, 12.0, 15.0, 8.0, 11.0];
+        let mut rows = Vec::new();
+        for (i, l) in lat_a.iter().enumerate() {
+            let t = (i + 1) as f64 * 0.5;
+            rows.push(row(t, "a", *l, 2));
+            rows.push(row(t, "b", 9.5, 1));
+        }
+        let tl = Timeline {
+            apps: vec!["a".into(), "b".into()],
+            rows,
+            interval_s: 0.5,
+            feedback: "ebpf".into(),
+            node_power_w: vec![10.0; 5],
+            ..Default::default()
+        };
+        let s = tl.summary();
+        let a = &s.apps["a"];
+        assert!((a.violation_fraction - 0.6).abs() < 1e-12);
+        assert_eq!(a.time_to_recover_s, vec![1.0]);
+        assert!((a.core_seconds - 5.0).abs() < 1e-12 && (a.mean_cores - 2.0).abs() < 1e-12);
+        assert_eq!(a.p99_max_ms, Some(15.0));
+        // b's client latency (10.5) is over the target, its eBPF one is not.
+        assert_eq!(s.apps["b"].violation_fraction_client, Some(1.0));
+        assert_eq!(s.apps["b"].violation_fraction_ebpf, Some(0.0));
+        assert!((s.total.violation_fraction - 0.6).abs() < 1e-12);
+        assert!(
+            (s.total.core_seconds - 7.5).abs() < 1e-12 && (s.total.mean_cores - 3.0).abs() < 1e-12
+        );
+        assert!((s.total.energy_j - 25.0).abs() < 1e-12);
+        // CSV round trip.
+        let r = &tl.rows[0];
+        assert_eq!(Row::parse(&r.csv()).as_ref(), Some(r));
+    }
+}

@@ -185,3 +185,38 @@ fn refuses_a_closed_port_with_errors_not_a_hang() {
     assert_eq!(r.errors.connect, 50, "{r:#?}");
     assert_eq!(r.completed, 0);
 }
+
+/// The daemon's client-feedback path: a spawned run sends one report per
+/// interval over a channel, and its stop flag ends it early.
+#[test]
+fn real_spawned_run_streams_intervals_and_stops() {
+    use std::sync::atomic::Ordering;
+    use std::sync::{mpsc, Arc};
+    let srv = common::fixture(&["--delay-us", "1000"]);
+    let mut s = spec(&srv.addr, Protocol::Http, 500.0, 30.0, true);
+    s.interval = Duration::from_millis(200);
+    let stop = Arc::new(AtomicBool::new(false));
+    let (tx, rx) = mpsc::channel();
+    let h = load::spawn(s, Some(tx), stop.clone());
+    let first: Vec<IntervalReport> = (0..5)
+        .map(|_| rx.recv_timeout(Duration::from_secs(5)).unwrap())
+        .collect();
+    stop.store(true, Ordering::Relaxed);
+    let r = h.join().unwrap().unwrap();
+    assert!(r.stopped);
+    assert!(
+        r.scheduled < 15_000 / 2,
+        "stopped long before the 30 s schedule: {}",
+        r.scheduled
+    );
+    for (i, iv) in first.iter().enumerate() {
+        assert!((iv.t_s - 0.2 * (i + 1) as f64).abs() < 1e-9, "{}", iv.t_s);
+        assert!(iv.latency.p99_us.unwrap() >= 1000.0);
+        assert!((iv.offered_rps - 500.0).abs() < 1e-9);
+    }
+    assert!(
+        first[1..].iter().all(|iv| iv.sent >= 95 && iv.sent <= 105),
+        "{:?}",
+        first.iter().map(|i| i.sent).collect::<Vec<_>>()
+    );
+}
