@@ -217,9 +217,8 @@ pub fn run(
             }
             snap.apps.sort_by(|x, y| x.name.cmp(&y.name));
             let now_ms = ((t0 + dt) * 1000.0).round() as u64;
-            if k + 1 < ticks_per_iv {
-                policy.observe(now_ms, &snap);
-            }
+            // Every sample, the decision tick's too (decide() follows it).
+            policy.observe(now_ms, &snap);
         }
         // Decision: the interval's percentiles, rows, then the plan.
         let iv_s = tl.interval_s;
