@@ -16,12 +16,13 @@ use crate::usage;
 
 #[derive(ClapArgs, Debug)]
 #[command(after_help = "Examples:\n  \
-    qosd replay scenarios/ramp.yaml --sim                      simulated 16-core node, PARTIES, eBPF feedback\n  \
-    qosd replay scenarios/ramp.yaml --sim --feedback client    the same fed by client latency\n  \
+    qosd replay scenarios/ramp.yaml --sim              simulated 16-core node, PARTIES, eBPF\n  \
+    qosd replay scenarios/ramp.yaml --sim --out out/ramp-ebpf\n  \
+    qosd replay scenarios/ramp.yaml --sim --feedback client --out out/ramp-client\n  \
+    qosd compare out/ramp-ebpf out/ramp-client                 table and overlay plot\n  \
     qosd replay scenarios/ramp.yaml --sim --policy static      the static-allocation baseline\n  \
-    qosd replay scenarios/ramp.yaml --sim --duration 60        the scenario compressed into 60 s\n  \
-    qosd compare out/ramp-sim-ebpf out/ramp-sim-client         table and overlay plot\n\n\
-    Outputs (in --out, default out/<scenario>-<sim|real>-<feedback>/): timeline.csv,\n\
+    qosd replay scenarios/ramp.yaml --sim --duration 60        the scenario compressed into 60 s\n\n\
+    Outputs (in --out, default out/<scenario>/): timeline.csv,\n\
     summary.json, calibration.json, timeline.svg and timeline.png.\n\
     Loads in a scenario are fractions of each app's capacity; the capacity and the\n\
     knee (where targets with knee_factor sit) come from calibration: of the model\n\
@@ -101,11 +102,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let feedback = args.feedback.unwrap_or(sc.feedback);
     let seed = args.seed.unwrap_or(sc.seed);
     let mut policy = load_policy(&sc, args.policy.as_deref(), seed)?;
-    let mode = if args.sim { "sim" } else { "real" };
     let out = args
         .out
         .clone()
-        .unwrap_or_else(|| PathBuf::from(format!("out/{}-{mode}-{feedback}", sc.name)));
+        .unwrap_or_else(|| PathBuf::from(format!("out/{}", sc.name)));
     if !args.sim {
         return crate::cmd::replay_real::run(&sc, &args, feedback, seed, policy.as_mut(), &out);
     }
