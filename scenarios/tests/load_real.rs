@@ -42,6 +42,7 @@ fn assert_on_schedule(r: &LoadReport, rps: f64, secs: f64) {
 
 #[test]
 fn real_fixture_rate_count_and_injected_delay() {
+    let _serial = common::serial();
     let srv = common::fixture(&["--delay-us", "5000"]);
     let s = spec(&srv.addr, Protocol::Http, 1000.0, 4.0, true);
     let (r, iv) = run(&s);
@@ -63,6 +64,7 @@ fn real_fixture_rate_count_and_injected_delay() {
 
 #[test]
 fn real_fixture_connection_per_request() {
+    let _serial = common::serial();
     let srv = common::fixture(&["--delay-us", "1000"]);
     let s = spec(&srv.addr, Protocol::Http, 500.0, 3.0, false);
     let (r, _) = run(&s);
@@ -77,6 +79,7 @@ fn real_fixture_connection_per_request() {
 /// and record only a handful of slow requests.
 #[test]
 fn real_fixture_stall_shows_in_tail_not_in_send_rate() {
+    let _serial = common::serial();
     let srv = common::fixture(&[
         "--delay-us",
         "500",
@@ -118,6 +121,7 @@ fn real_fixture_stall_shows_in_tail_not_in_send_rate() {
 /// slow, so exactly 2% are slow whatever the run, and p99 shows them.
 #[test]
 fn real_fixture_deterministic_slow_requests_by_id() {
+    let _serial = common::serial();
     let srv = common::fixture(&[
         "--delay-us",
         "200",
@@ -142,6 +146,7 @@ fn real_fixture_deterministic_slow_requests_by_id() {
 
 #[test]
 fn real_memcached_get_set_keepalive() {
+    let _serial = common::serial();
     let srv = common::memcached(2);
     let mut s = spec(&srv.addr, Protocol::Memcache, 5000.0, 3.0, true);
     s.memcache.set_ratio = 0.2;
@@ -153,6 +158,7 @@ fn real_memcached_get_set_keepalive() {
 
 #[test]
 fn real_memcached_connection_per_request() {
+    let _serial = common::serial();
     let srv = common::memcached(1);
     let s = spec(&srv.addr, Protocol::Memcache, 500.0, 2.0, false);
     let (r, _) = run(&s);
@@ -161,6 +167,7 @@ fn real_memcached_connection_per_request() {
 
 #[test]
 fn real_nginx_keepalive_and_per_request() {
+    let _serial = common::serial();
     let srv = common::nginx(100_000);
     let (r, _) = run(&spec(&srv.addr, Protocol::Http, 2000.0, 3.0, true));
     assert_on_schedule(&r, 2000.0, 3.0);
@@ -172,6 +179,7 @@ fn real_nginx_keepalive_and_per_request() {
 /// reopens it and sends again what was unanswered, losing nothing.
 #[test]
 fn real_nginx_reconnects_after_keepalive_requests() {
+    let _serial = common::serial();
     let srv = common::nginx(50);
     let (r, _) = run(&spec(&srv.addr, Protocol::Http, 1000.0, 2.0, true));
     assert_on_schedule(&r, 1000.0, 2.0);
@@ -180,6 +188,7 @@ fn real_nginx_reconnects_after_keepalive_requests() {
 
 #[test]
 fn refuses_a_closed_port_with_errors_not_a_hang() {
+    let _serial = common::serial();
     let port = common::free_port();
     let s = spec(
         &format!("127.0.0.1:{port}"),
@@ -198,6 +207,7 @@ fn refuses_a_closed_port_with_errors_not_a_hang() {
 /// interval over a channel, and its stop flag ends it early.
 #[test]
 fn real_spawned_run_streams_intervals_and_stops() {
+    let _serial = common::serial();
     use std::sync::atomic::Ordering;
     use std::sync::{mpsc, Arc};
     let srv = common::fixture(&["--delay-us", "1000"]);

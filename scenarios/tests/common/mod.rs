@@ -21,6 +21,13 @@ impl Drop for Server {
     }
 }
 
+/// Real-server tests of one binary run one at a time: on a 2-CPU machine two
+/// load generators and two servers at once would measure each other.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
