@@ -109,17 +109,42 @@ pub fn from_points(points: Vec<Point>, percentile: f64) -> Option<AppCalibration
         .copied()
         .filter(|p| p.achieved_rps >= 0.95 * p.offered_rps)
         .collect();
-    let curve = if kept.len() >= 3 { &kept } else { &points };
-    let k = *curve.get(knee(curve))?;
+    let mut curve = if kept.len() >= 3 {
+        kept
+    } else {
+        points.clone()
+    };
+    // Latency can only grow with load: a measured curve is made monotone
+    // (each point takes the lowest latency seen at this load or above), so
+    // that noise at light load (a descheduled server) is not a knee.
+    let mut low = f64::INFINITY;
+    for p in curve.iter_mut().rev() {
+        low = low.min(p.latency_us);
+        p.latency_us = low;
+    }
+    let base = curve.first()?.latency_us;
+    // Kneedle normalises latency by its maximum, so on a curve that rises
+    // gently before it explodes it finds the explosion; the flat part also
+    // ends where latency first exceeds KNEE_FLAT_FACTOR × the base. The knee
+    // is the earlier of the two.
+    let flat_end = curve
+        .iter()
+        .position(|p| p.latency_us > KNEE_FLAT_FACTOR * base)
+        .map_or(curve.len() - 1, |i| i.saturating_sub(1));
+    let k = curve[knee(&curve).min(flat_end)];
     Some(AppCalibration {
         capacity_rps: capacity,
         knee_rps: k.offered_rps,
         knee_latency_us: k.latency_us,
-        base_latency_us: curve.first()?.latency_us,
+        base_latency_us: base,
         percentile,
         points,
     })
 }
+
+/// The flat part of a load–latency curve ends where latency first exceeds
+/// this multiple of its value at the lightest load.
+pub const KNEE_FLAT_FACTOR: f64 = 2.0;
 
 /// The allocation an app gets when it has the whole simulated node.
 pub fn whole_node(node: &crate::scenario::SimNode) -> Share {
@@ -210,5 +235,40 @@ mod tests {
         let c = from_points(pts, 99.0).unwrap();
         assert_eq!(c.knee_rps, 650.0);
         assert_eq!(c.capacity_rps, 950.0);
+    }
+
+    /// A noisy measured curve (as on a busy 2-CPU machine): a spike at the
+    /// lightest load, a gentle rise, then saturation. The knee is where the
+    /// rise starts, not at the saturation Kneedle alone would pick.
+    #[test]
+    fn knee_of_a_noisy_measured_curve() {
+        let raw = [
+            (94.0, 94.0, 44.4),
+            (131.0, 131.0, 32.6),
+            (183.0, 183.0, 25.5),
+            (262.0, 262.0, 17.6),
+            (377.0, 377.0, 36.8),
+            (538.0, 538.0, 128.2),
+            (768.0, 768.0, 186.1),
+            (851.0, 804.0, 1025.5),
+            (910.0, 910.0, 280.0),
+            (1030.0, 1030.0, 265.8),
+            (1072.0, 721.0, 1304.4),
+        ];
+        let pts = raw
+            .iter()
+            .map(|&(o, a, l)| Point {
+                offered_rps: o,
+                achieved_rps: a,
+                latency_us: l * 1000.0,
+            })
+            .collect();
+        let c = from_points(pts, 99.0).unwrap();
+        assert_eq!(c.capacity_rps, 1030.0);
+        assert_eq!(c.knee_rps, 262.0);
+        assert!(
+            (c.base_latency_us - 17_600.0).abs() < 1.0
+                && (c.knee_latency_us - 17_600.0).abs() < 1.0
+        );
     }
 }
