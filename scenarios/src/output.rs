@@ -60,8 +60,8 @@ pub fn summary_table(s: &Summary) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<12} {:>10} {:>10} {:>10} {:>10} {:>12} {:>11}  recoveries (s)",
-        "app", "violation", "core·s", "mean cores", "energy J", "p99 max ms", ""
+        "{:<12} {:>10} {:>10} {:>10} {:>10} {:>12}  recoveries (s)",
+        "app", "violation", "core·s", "mean cores", "energy J", "p99 max ms"
     );
     let fmt_row = |out: &mut String, name: &str, a: &crate::timeline::AppSummary| {
         let rec: Vec<String> = a
@@ -75,19 +75,18 @@ pub fn summary_table(s: &Summary) -> String {
         } else {
             ""
         };
-        let _ = writeln!(
-            out,
-            "{:<12} {:>9.1}% {:>10.0} {:>10.2} {:>10.0} {:>12} {:>11}  {}{}",
+        let line = format!(
+            "{:<12} {:>9.1}% {:>10.0} {:>10.2} {:>10.0} {:>12}  {}{}",
             name,
             a.violation_fraction * 100.0,
             a.core_seconds,
             a.mean_cores,
             a.energy_j,
             a.p99_max_ms.map_or("-".into(), |v| format!("{v:.2}")),
-            "",
             rec.join(" "),
             more
         );
+        let _ = writeln!(out, "{}", line.trim_end());
     };
     for (name, a) in &s.apps {
         fmt_row(&mut out, name, a);
