@@ -3,3 +3,4 @@
 
 pub mod cmd;
 pub mod exit;
+pub mod signals;
