@@ -239,7 +239,7 @@ impl Trace {
     }
 
     /// Ctrl-C, then every line it printed; the last is the summary.
-    pub fn stop(mut self) -> Vec<serde_json::Value> {
+    pub fn stop(self) -> Vec<serde_json::Value> {
         // Let the last replies reach the ring buffer and an interval pass.
         std::thread::sleep(Duration::from_millis(400));
         nix::sys::signal::kill(
