@@ -259,7 +259,9 @@ fn set_and_restore_on_a_fake_tree_with_dry_run() {
     assert_eq!(snapshot(&root), before);
 }
 
-/// Starts `qosd set --hold ...` and waits until the change is made.
+/// Starts `qosd set --hold ...` and waits until the change is made. The
+/// caller signals and waits for the returned child.
+#[allow(clippy::zombie_processes)]
 fn hold(args: &[&str]) -> (Child, BufReader<std::process::ChildStdout>) {
     let mut child = Command::new(QOSD)
         .args(args)
