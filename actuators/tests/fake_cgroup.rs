@@ -221,3 +221,23 @@ fn failure_midway_rolls_back_the_group() {
     );
     assert!(!state.exists());
 }
+
+#[test]
+fn reapplying_the_same_allocation_changes_nothing() {
+    let d = tempfile::tempdir().unwrap();
+    let root = d.path().join("root");
+    cgroup1_tree(&root);
+    let mut a = Actuators::new(&config(&root, &d.path().join("s.json"))).unwrap();
+    let app = AppTarget::new("web", vec![4242]);
+    let alloc = Allocation {
+        cpus: Some(vec![1]),
+        ..Default::default()
+    };
+    assert!(!a.apply(&app, &alloc).unwrap().is_empty());
+    // What the kernel shows once the process is moved.
+    put(&root, "/proc/4242/cgroup", "5:cpuset:/qosd-web\n");
+    let after = snapshot(&root);
+    // The manager re-applies every tick: no write, no change reported.
+    assert!(a.apply(&app, &alloc).unwrap().is_empty());
+    assert_eq!(snapshot(&root), after);
+}

@@ -93,8 +93,17 @@ fn new_thread(mc: &Memcached) -> i32 {
     let pid = mc.child.id();
     assert_eq!(command(mc.port, "lru_crawler disable"), "OK");
     let before = tids(pid);
-    assert_eq!(command(mc.port, "lru_crawler enable"), "OK");
+    // `disable` answers before the crawler thread has exited; until it
+    // has, `enable` answers "ERROR failed to start lru crawler thread".
     let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let r = command(mc.port, "lru_crawler enable");
+        if r == "OK" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "lru_crawler enable: {r}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     loop {
         if let Some(t) = tids(pid).into_iter().find(|t| !before.contains(t)) {
             return t;
