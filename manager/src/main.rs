@@ -30,6 +30,12 @@ struct Cli {
 enum Command {
     /// Per-interval RPS and server-side latency of running processes (eBPF).
     Trace(cmd::trace::Args),
+    /// Which knobs (cores, frequency, cache ways, memory bandwidth) this machine has.
+    Caps(cmd::caps::Args),
+    /// Change one knob by hand (one-shot; `qosd restore` puts it back).
+    Set(cmd::set::Args),
+    /// Put back everything recorded in the state file.
+    Restore(cmd::restore::Args),
 }
 
 fn main() -> ExitCode {
@@ -45,6 +51,9 @@ fn main() -> ExitCode {
     exit::init_logging(cli.log.as_deref());
     let result = match cli.command {
         Command::Trace(a) => cmd::trace::run(a),
+        Command::Caps(a) => cmd::caps::run(a),
+        Command::Set(a) => cmd::set::run(a),
+        Command::Restore(a) => cmd::restore::run(a),
     };
     exit::report(result)
 }

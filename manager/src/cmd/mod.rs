@@ -1,3 +1,6 @@
 //! One module per `qosd` subcommand: an `Args` (clap) and a `run`.
 
+pub mod caps;
+pub mod restore;
+pub mod set;
 pub mod trace;
