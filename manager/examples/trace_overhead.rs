@@ -65,6 +65,16 @@ fn run_load(port: u16, conns: usize, secs: f64) -> (f64, f64) {
     (total as f64 / secs, all.percentile(50.0).unwrap_or(0) as f64 / 1e3)
 }
 
+/// The server goes away with the benchmark, even when it panics.
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let m = v.len() / 2;
@@ -95,10 +105,11 @@ fn main() {
     let conns: usize = args.get(3).and_then(|a| a.parse().ok()).unwrap_or(8);
     let qosd = std::env::var("QOSD").unwrap_or_else(|_| "target/release/qosd".into());
     let port = free_port();
-    let mut mc = Command::new("memcached")
+    let mc = Command::new("memcached")
         .args(["-u", "nobody", "-l", "127.0.0.1", "-t", "2", "-p", &port.to_string()])
         .spawn()
         .expect("memcached");
+    let mc = KillOnDrop(mc);
     while TcpStream::connect(("127.0.0.1", port)).is_err() {
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -110,7 +121,7 @@ fn main() {
         let order = if round % 2 == 0 { [false, true] } else { [true, false] };
         let mut res = [(0.0, 0.0); 2];
         for traced in order {
-            let mut t = traced.then(|| start_trace(&qosd, mc.id()));
+            let mut t = traced.then(|| start_trace(&qosd, mc.0.id()));
             res[usize::from(traced)] = run_load(port, conns, secs);
             if let Some(c) = t.as_mut() {
                 let _ = c.kill();
@@ -126,8 +137,7 @@ fn main() {
         base_p50.push(a_p50);
         traced_p50.push(b_p50);
     }
-    let _ = mc.kill();
-    let _ = mc.wait();
+    drop(mc);
     println!("## Request tracing overhead (memcached at saturation)\n");
     println!(
         "memcached -t 2 on loopback, closed-loop `get` from {conns} connections, {rounds} interleaved \
