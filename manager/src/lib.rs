@@ -2,6 +2,7 @@
 //! subcommands. The `qosd` binary (`main.rs`) only dispatches to `cmd`.
 
 pub mod cmd;
+pub mod config;
 pub mod exit;
 pub mod policy;
 pub mod yamlfile;
