@@ -1,6 +1,7 @@
 //! One module per `qosd` subcommand: an `Args` (clap) and a `run`.
 
 pub mod caps;
+pub mod check;
 pub mod restore;
 pub mod set;
 pub mod trace;
