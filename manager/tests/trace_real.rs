@@ -67,7 +67,9 @@ fn connections_open_before_tracing_are_followed() {
     let mut line = String::new();
     for mut c in conns {
         for i in 0..50 {
-            c.get_mut().write_all(format!("set a{i} 0 0 1\r\nx\r\n").as_bytes()).unwrap();
+            c.get_mut()
+                .write_all(format!("set a{i} 0 0 1\r\nx\r\n").as_bytes())
+                .unwrap();
             line.clear();
             c.read_line(&mut line).unwrap();
             assert_eq!(line, "STORED\r\n");
@@ -112,10 +114,22 @@ fn interval_lines_have_the_documented_keys() {
     memcache_load(srv.port, 2, 50, None);
     let lines = trace.stop();
     for key in [
-        "t_s", "pid", "mode", "requests", "rps", "latest_us", "mean_us", "p50_us", "p95_us",
-        "p99_us", "dropped",
+        "t_s",
+        "pid",
+        "mode",
+        "requests",
+        "rps",
+        "latest_us",
+        "mean_us",
+        "p50_us",
+        "p95_us",
+        "p99_us",
+        "dropped",
     ] {
-        assert!(lines.iter().all(|l| l.get(key).is_some()), "key {key} missing: {lines:?}");
+        assert!(
+            lines.iter().all(|l| l.get(key).is_some()),
+            "key {key} missing: {lines:?}"
+        );
     }
     let total: u64 = lines
         .iter()
