@@ -139,3 +139,26 @@ fn interval_lines_have_the_documented_keys() {
     assert_eq!(total, 100, "interval counts add up to the total");
     assert_eq!(summary(&lines, srv.pid())["dropped"], 0);
 }
+
+/// With one connection there is no queueing in front of the server, so the
+/// gap between client and server latency is the loopback stack and the
+/// client itself. (Under concurrency the gap also holds the time requests
+/// wait in the socket queue, which no syscall hook can see.)
+#[test]
+fn single_connection_gap_is_the_network_stack() {
+    let mc = memcached(1);
+    let trace = Trace::start(&[mc.pid()], &[]);
+    let lat = memcache_load(mc.port, 1, 2000, None);
+    let lines = trace.stop();
+    let s = summary(&lines, mc.pid());
+    assert_eq!(s["requests"], 2000, "{s}");
+    assert_server_le_client("memcached, 1 connection", &s, &lat);
+
+    let ngx = nginx();
+    let trace = Trace::start(&[ngx.pid()], &[]);
+    let lat = http_load(ngx.port, 2000, 1, true);
+    let lines = trace.stop();
+    let s = summary(&lines, ngx.pid());
+    assert_eq!(s["requests"], 2000, "{s}");
+    assert_server_le_client("nginx keep-alive, 1 connection", &s, &lat);
+}
