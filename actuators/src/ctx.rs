@@ -126,6 +126,10 @@ impl Ctx {
             Err(_) if own => String::new(),
             Err(e) => return Err(e),
         };
+        // Re-applying the same allocation every tick writes nothing.
+        if prior.trim() == value.trim() && !(own && prior.is_empty()) {
+            return Ok(());
+        }
         let entry = Entry::File {
             resource,
             path: path.to_owned(),

@@ -54,10 +54,11 @@ impl Error {
     }
 
     /// True when the error is the caller's input (bad pid, bad list, too
-    /// many ways): the CLI exits 2 for these.
+    /// many ways): the CLI exits 2 for these. A knob the machine lacks is
+    /// not: that is a runtime failure (exit 1).
     pub fn is_invalid_input(&self) -> bool {
         match self {
-            Error::Invalid(_) | Error::NoSuchPid(_) | Error::Unavailable { .. } => true,
+            Error::Invalid(_) | Error::NoSuchPid(_) => true,
             Error::RollbackFailed { error, .. } => error.is_invalid_input(),
             _ => false,
         }

@@ -199,6 +199,21 @@ fn remove_group_dir(path: &Path) -> Result<()> {
     match std::fs::remove_dir(path) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        // A cgroup still holding processes qosd did not move there itself
+        // (children the app forked later): they go to the parent group,
+        // then the group can go.
+        Err(e) if e.raw_os_error() == Some(libc::EBUSY) && path.join("cgroup.procs").exists() => {
+            let procs = read_file(&path.join("cgroup.procs"))?;
+            let parent = path.parent().unwrap_or(path).join("cgroup.procs");
+            for pid in procs.lines().map(str::trim).filter(|l| !l.is_empty()) {
+                match write_file(&parent, &format!("{pid}\n"), false) {
+                    Err(Error::Io { ref source, .. })
+                        if source.raw_os_error() == Some(libc::ESRCH) => {}
+                    r => r?,
+                }
+            }
+            std::fs::remove_dir(path).map_err(|e| Error::io("removing", path, e))
+        }
         Err(e) if e.raw_os_error() == Some(libc::ENOTEMPTY) && !proc::on_kernel_fs(path) => {
             std::fs::remove_dir_all(path).map_err(|e| Error::io("removing", path, e))
         }

@@ -26,6 +26,15 @@ impl WayAllocator {
         requests: &[(K, u32)],
     ) -> Result<Vec<(K, u64)>> {
         let mut free = available & self.cbm_mask;
+        let total: u64 = requests.iter().map(|(_, n)| u64::from(*n)).sum();
+        if requests.len() > 1 && total > u64::from(free.count_ones()) {
+            return Err(Error::Invalid(format!(
+                "{total} cache ways asked for by {} apps together, {} of the {} are free for them",
+                requests.len(),
+                free.count_ones(),
+                self.nr_ways()
+            )));
+        }
         let mut out = Vec::with_capacity(requests.len());
         for (k, n) in requests {
             let n = *n;

@@ -15,7 +15,8 @@ use qosd_manager::{cmd, exit};
 #[command(name = "qosd", version, about, long_about = None)]
 #[command(after_help = "Examples:\n  \
     qosd trace --pid $(pidof memcached) --json     live RPS and latency of a process\n  \
-    qosd trace --pid 1234 --pid 5678 --duration 10 several processes for 10 s\n\n\
+    qosd trace --pid 1234 --pid 5678 --duration 10 several processes for 10 s\n  \
+    qosd check config.yaml policies/*.yaml         validate files (file:line:col on error)\n\n\
     Exit codes: 0 success, 1 runtime failure, 2 usage or invalid input.")]
 struct Cli {
     /// Log filter (error, warn, info, debug, trace or a tracing directive);
@@ -47,6 +48,8 @@ enum Command {
     Set(cmd::set::Args),
     /// Put back everything recorded in the state file.
     Restore(cmd::restore::Args),
+    /// Validate config, policy and scenario files (exit 0 valid, 2 invalid).
+    Check(cmd::check::Args),
 }
 
 fn main() -> ExitCode {
@@ -70,6 +73,7 @@ fn main() -> ExitCode {
         Command::Caps(a) => cmd::caps::run(a),
         Command::Set(a) => cmd::set::run(a),
         Command::Restore(a) => cmd::restore::run(a),
+        Command::Check(a) => cmd::check::run(a),
     };
     exit::report(result)
 }

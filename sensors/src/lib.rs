@@ -2,4 +2,5 @@
 //! throughput of a process, observed from syscalls with no change to the
 //! application. [`stats`] is the windowed statistics engine behind it.
 
+pub mod ebpf;
 pub mod stats;

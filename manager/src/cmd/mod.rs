@@ -2,6 +2,7 @@
 
 pub mod calibrate;
 pub mod caps;
+pub mod check;
 pub mod compare;
 pub mod fixture;
 pub mod load;

@@ -3,6 +3,8 @@
 //! take from and best-effort apps to give to. Shared by PARTIES and the
 //! rule engine so that both keep every plan within the node and the limits.
 
+use std::collections::BTreeMap;
+
 use qosd_core::{
     Allocations, AppClass, Decision, DecisionKind, Limits, NodeCaps, Plan, Resource, Share,
     Snapshot,
@@ -48,6 +50,8 @@ pub struct Editor<'a> {
     pub node: &'a NodeCaps,
     pub snap: &'a Snapshot,
     pub plan: Plan,
+    /// Class and limits by app name (the snapshot is a list).
+    apps: BTreeMap<&'a str, (AppClass, Limits)>,
 }
 
 impl<'a> Editor<'a> {
@@ -56,6 +60,11 @@ impl<'a> Editor<'a> {
             node,
             snap,
             plan: Plan::keep(current),
+            apps: snap
+                .apps
+                .iter()
+                .map(|a| (a.name.as_str(), (a.class, a.limits)))
+                .collect(),
         }
     }
 
@@ -64,11 +73,11 @@ impl<'a> Editor<'a> {
     }
 
     fn limits(&self, app: &str) -> Limits {
-        self.snap.app(app).map(|a| a.limits).unwrap_or_default()
+        self.apps.get(app).map(|a| a.1).unwrap_or_default()
     }
 
     fn class(&self, app: &str) -> Option<AppClass> {
-        self.snap.app(app).map(|a| a.class)
+        self.apps.get(app).map(|a| a.0)
     }
 
     fn alloc(&self, app: &str) -> Share {

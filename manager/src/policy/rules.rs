@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use qosd_core::{Allocations, AppClass, NodeCaps, Plan, Policy, Resource, Snapshot};
+use qosd_core::{Allocations, AppClass, AppState, NodeCaps, Plan, Policy, Resource, Snapshot};
 use serde::{Deserialize, Serialize};
 
 use super::alloc::{Editor, Moves, Victim};
@@ -224,26 +224,26 @@ impl Policy for Rules {
     ) -> Plan {
         let mut ed = Editor::new(node, snap, current);
         // Most urgent first: least slack, apps without a slack last, then name.
-        let mut apps: Vec<(&str, Option<f64>)> = snap
+        let mut apps: Vec<(&AppState, Option<f64>)> = snap
             .apps
             .iter()
             .filter(|a| current.contains_key(&a.name))
-            .map(|a| (a.name.as_str(), a.slack()))
+            .map(|a| (a, a.slack()))
             .collect();
         apps.sort_by(|x, y| match (x.1, y.1) {
-            (Some(a), Some(b)) => a.total_cmp(&b).then(x.0.cmp(y.0)),
+            (Some(a), Some(b)) => a.total_cmp(&b).then(x.0.name.cmp(&y.0.name)),
             (Some(_), None) => std::cmp::Ordering::Less,
             (None, Some(_)) => std::cmp::Ordering::Greater,
-            (None, None) => x.0.cmp(y.0),
+            (None, None) => x.0.name.cmp(&y.0.name),
         });
         let mut acted: BTreeSet<String> = BTreeSet::new();
         let mut fired = Vec::new();
         'rules: for (ri, rule) in self.rules.iter().enumerate() {
-            for &(name, _) in &apps {
+            for &(app, _) in &apps {
                 if acted.len() as u32 >= self.settings.max_actions {
                     break 'rules;
                 }
-                let Some(app) = snap.app(name) else { continue };
+                let name = app.name.as_str();
                 if acted.contains(name) || !Self::selects(rule, app.class, name) {
                     continue;
                 }
@@ -255,17 +255,19 @@ impl Policy for Rules {
                     continue;
                 }
                 let alloc = |r: Resource| ed.value(name, r);
-                let mut why = Vec::new();
-                let holds = rule.when.iter().all(|c| {
-                    let (ok, v) = c.eval(app, snap, &alloc);
-                    if let Some(v) = v {
-                        why.push(format!("{c} (is {v:.3})"));
-                    }
-                    ok
-                });
-                if !holds {
+                // Reasons are formatted only for rules that fire.
+                if !rule.when.iter().all(|c| c.eval(app, snap, &alloc).0) {
                     continue;
                 }
+                let why: Vec<String> = rule
+                    .when
+                    .iter()
+                    .filter_map(|c| {
+                        c.eval(app, snap, &alloc)
+                            .1
+                            .map(|v| format!("{c} (is {v:.3})"))
+                    })
+                    .collect();
                 let why = if why.is_empty() {
                     "always".to_owned()
                 } else {
