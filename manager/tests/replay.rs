@@ -257,15 +257,15 @@ fn usage_errors_exit_2_and_name_the_problem() {
     assert_eq!(o.status.code(), Some(2));
 }
 
-/// A reduced ramp on real servers: calibrate quickly, replay 15 s with
-/// client feedback; servers start and stop, outputs are written.
+/// A reduced ramp on real servers: calibrate quickly, replay 15 s with eBPF
+/// feedback (root); servers start and stop, outputs are written.
 #[test]
 fn real_replay_of_a_reduced_ramp() {
     let t = tempfile::tempdir().unwrap();
     let sc = t.path().join("mini.yaml");
     std::fs::write(
         &sc,
-        "name: mini\nduration_s: 15\ninterval_ms: 500\nfeedback: client\napps:\n  \
+        "name: mini\nduration_s: 15\ninterval_ms: 500\nfeedback: ebpf\napps:\n  \
          - name: search\n    class: lc\n    server:\n      kind: fixture\n      work_us: 500\n    protocol: http\n    \
          connections: 4\n    target:\n      knee_factor: 1.0\n    load:\n      kind: ramp\n      from: 0.07\n      to: 0.8\n      \
          over_s: 6\n      hold_s: 2\n      back_s: 6\n",
@@ -325,6 +325,28 @@ fn real_replay_of_a_reduced_ramp() {
         rows.iter()
             .all(|l| l.split(',').nth(4).is_some_and(|c| !c.is_empty())),
         "client p99 in every row"
+    );
+    // Server-side p99 from eBPF beside it (the policy's feedback here); the
+    // client's includes the loopback and its own scheduling, so it is not
+    // below the server's in most intervals.
+    let both: Vec<(f64, f64)> = rows
+        .iter()
+        .filter_map(|l| {
+            let c: Vec<&str> = l.split(',').collect();
+            Some((c[4].parse().ok()?, c[5].parse().ok()?))
+        })
+        .collect();
+    assert!(
+        both.len() * 10 >= rows.len() * 9,
+        "eBPF p99 in {} of {} rows",
+        both.len(),
+        rows.len()
+    );
+    let client_above = both.iter().filter(|(c, e)| c >= e).count();
+    assert!(
+        client_above * 10 >= both.len() * 8,
+        "client >= eBPF in {client_above} of {}",
+        both.len()
     );
     assert!(out.join("timeline.png").is_file() && out.join("plans.jsonl").is_file());
 }

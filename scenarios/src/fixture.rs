@@ -78,9 +78,10 @@ pub fn serve(args: FixtureArgs) -> anyhow::Result<()> {
 
 fn handle(conn: TcpStream, args: &FixtureArgs, stall: Option<(Instant, Instant)>) {
     let _ = conn.set_nodelay(true);
-    let Ok(mut writer) = conn.try_clone() else {
-        return;
-    };
+    // Both threads use the one accepted fd (no dup): a server-side tracer
+    // that follows the fds a process accepted sees the replies too.
+    let conn = std::sync::Arc::new(conn);
+    let writer = conn.clone();
     let (tx, rx) = mpsc::channel::<Job>();
     let work = Duration::from_micros(args.work_us);
     let w = std::thread::spawn(move || {
@@ -98,13 +99,13 @@ fn handle(conn: TcpStream, args: &FixtureArgs, stall: Option<(Instant, Instant)>
             } else {
                 b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
             };
-            if writer.write_all(reply).is_err() || job.close {
+            if (&*writer).write_all(reply).is_err() || job.close {
                 let _ = writer.shutdown(std::net::Shutdown::Both);
                 return;
             }
         }
     });
-    let mut reader = conn;
+    let mut reader = &*conn;
     let mut buf = Vec::with_capacity(8192);
     let mut chunk = [0u8; 8192];
     'read: loop {

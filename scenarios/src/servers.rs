@@ -16,6 +16,7 @@ pub struct Running {
     pub name: String,
     /// `127.0.0.1:PORT`.
     pub addr: String,
+    pub port: u16,
     pub pid: u32,
     child: Child,
     dir: Option<PathBuf>,
@@ -62,11 +63,15 @@ pub fn start(app: &AppSpec, fixture: &[String]) -> anyhow::Result<Running> {
             std::fs::create_dir_all(d.join("www"))?;
             std::fs::write(d.join("www/index.html"), "hello from qosd's nginx\n")?;
             let conf = format!(
-                "daemon off; worker_processes {workers}; pid {d}/nginx.pid; error_log {d}/error.log;\n\
+                "daemon off; master_process {master}; worker_processes {workers}; pid {d}/nginx.pid;\n\
+                 error_log {d}/error.log;\n\
                  events {{ worker_connections 4096; }}\n\
                  http {{ access_log off; keepalive_requests 1000000; keepalive_timeout 120s;\n\
                    server {{ listen 127.0.0.1:{port}; root {d}/www; }} }}\n",
-                d = d.display()
+                d = d.display(),
+                // One worker: a single process, so the pid qosd traces with
+                // eBPF is the one that serves.
+                master = if *workers == 1 { "off" } else { "on" },
             );
             std::fs::write(d.join("nginx.conf"), conf)?;
             let mut c = Command::new("nginx");
@@ -120,6 +125,7 @@ pub fn start(app: &AppSpec, fixture: &[String]) -> anyhow::Result<Running> {
     let mut r = Running {
         name: app.name.clone(),
         addr: format!("127.0.0.1:{port}"),
+        port,
         pid: child.id(),
         child,
         dir,

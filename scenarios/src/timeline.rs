@@ -181,7 +181,8 @@ impl Timeline {
         } else {
             0.0
         };
-        total.energy_j = self.node_power_w.iter().sum::<f64>() * dt;
+        // `+ 0.0`: an empty float sum is -0.0, printed "-0".
+        total.energy_j = self.node_power_w.iter().sum::<f64>() * dt + 0.0;
         total.time_to_recover_s = Vec::new();
         Summary {
             scenario: self.scenario.clone(),
@@ -260,7 +261,11 @@ fn app_summary(rows: &[&Row], dt: f64, client: bool) -> AppSummary {
         } else {
             core_seconds / (rows.len() as f64 * dt)
         },
-        energy_j: rows.iter().map(|r| r.power_w.unwrap_or(0.0) * dt).sum(),
+        energy_j: rows
+            .iter()
+            .map(|r| r.power_w.unwrap_or(0.0) * dt)
+            .sum::<f64>()
+            + 0.0,
         p99_max_ms: rows.iter().filter_map(|r| fed(r)).reduce(f64::max),
         time_to_recover_s: episodes,
     }

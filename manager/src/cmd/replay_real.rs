@@ -3,11 +3,14 @@
 //! open-loop load of every app along its shape, feeds the policy with the
 //! client latency each interval, and writes the same outputs as `--sim`.
 //!
-//! Not wired yet (the daemon loop owns them): the eBPF request sensor as
-//! feedback source, and applying the policy's plans through the actuators.
-//! Until then the policy's plans are written to `plans.jsonl` and not
-//! applied, the resource columns of `timeline.csv` stay empty, and
-//! `--feedback ebpf` is refused with a message saying so.
+//! Server-side latency comes from the eBPF request sensor (each server's
+//! pid, its listening port), client latency from the load generator; the
+//! policy is fed the one `--feedback` names.
+//!
+//! Not wired yet (the daemon loop owns it): applying the policy's plans
+//! through the actuators. Until then the plans are written to
+//! `plans.jsonl` and not applied, and the resource columns of
+//! `timeline.csv` stay empty.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -23,6 +26,7 @@ use qosd_scenarios::load::{self, IntervalReport, Rate};
 use qosd_scenarios::scenario::Scenario;
 use qosd_scenarios::timeline::{Row, Timeline};
 use qosd_scenarios::{output, servers, sweep};
+use qosd_sensors::ebpf::{Mode, RequestTracer, TargetOptions, TracerOptions};
 
 use crate::usage;
 
@@ -54,12 +58,6 @@ pub fn run(
     policy: &mut dyn Policy,
     out: &Path,
 ) -> anyhow::Result<()> {
-    if feedback == Feedback::Ebpf {
-        return Err(usage!(
-            "real-mode replay with --feedback ebpf: the eBPF request sensor is not wired into replay in this \
-             build yet; use --feedback client, or --sim for either feedback"
-        ));
-    }
     catch_signals();
     let cal = match &args.calibration {
         Some(p) => Calibration::read(p).map_err(|e| usage!("{}: {e:#}", p.display()))?,
@@ -85,7 +83,34 @@ pub fn run(
         eprintln!("started {} ({}, pid {})", a.name, s.addr, s.pid);
         running.push(s);
     }
-    eprintln!("knobs: none applied by replay yet (plans go to plans.jsonl); feedback: client");
+    // The eBPF request sensor gives the server-side line (and the feedback
+    // with --feedback ebpf); without it (not root, no tracefs) the client
+    // line alone is drawn, or the run stops if eBPF was to be the feedback.
+    let tracer = match RequestTracer::start(TracerOptions::default()) {
+        Ok(t) => Some(t),
+        Err(e) if feedback == Feedback::Ebpf => {
+            return Err(
+                anyhow::Error::new(e).context("--feedback ebpf needs the eBPF request sensor")
+            )
+        }
+        Err(e) => {
+            eprintln!("eBPF: not available ({e}); the timeline has client latency only");
+            None
+        }
+    };
+    if let Some(t) = &tracer {
+        for s in &running {
+            let opts = TargetOptions {
+                mode: Mode::Auto,
+                ports: vec![s.port],
+            };
+            t.add_target(s.pid, opts)
+                .with_context(|| format!("tracing {} (pid {})", s.name, s.pid))?;
+        }
+    }
+    eprintln!(
+        "feedback: {feedback}; knobs: none applied by replay yet (the policy's plans go to plans.jsonl)"
+    );
     let stop = Arc::new(AtomicBool::new(false));
     let mut rxs = Vec::new();
     let mut handles = Vec::new();
@@ -128,7 +153,7 @@ pub fn run(
         .collect();
     for iv in 0..nr_iv {
         let mut snap = Snapshot::default();
-        for (a, rx) in sc.apps.iter().zip(&rxs) {
+        for ((a, rx), srv) in sc.apps.iter().zip(&rxs).zip(&running) {
             // One report per interval from each generator; a generator that
             // ended (or a stop) ends the run.
             let Ok(r) = rx.recv_timeout(Duration::from_millis(sc.interval_ms * 4 + 2000)) else {
@@ -136,15 +161,25 @@ pub fn run(
             };
             let target_us = cal.target_us(a);
             let p99 = r.latency.p99_us.map(|x| x / 1000.0);
+            let ebpf_us = tracer
+                .as_ref()
+                .and_then(|t| t.take_report(srv.pid))
+                .and_then(|t| t.interval.p99_us);
+            let ebpf = ebpf_us.map(|x| x / 1000.0);
+            let fed = if feedback == Feedback::Ebpf {
+                ebpf
+            } else {
+                p99
+            };
             tl.rows.push(Row {
                 t_s: r.t_s,
                 app: a.name.clone(),
                 offered_rps: r.offered_rps,
                 achieved_rps: r.latency.rps,
                 client_p99_ms: p99,
-                ebpf_p99_ms: None,
+                ebpf_p99_ms: ebpf,
                 target_ms: target_us.map(|t| t / 1000.0),
-                violation: target_us.and_then(|t| p99.map(|l| l * 1000.0 > t)),
+                violation: target_us.and_then(|t| fed.map(|l| l * 1000.0 > t)),
                 cores: None,
                 freq_mhz: None,
                 llc_ways: None,
@@ -159,7 +194,7 @@ pub fn run(
                     percentile: pct,
                     value_us: v,
                 }),
-                latency_us: r.latency.p99_us,
+                latency_us: fed.map(|ms| ms * 1000.0),
                 rps: r.latency.rps,
                 cpu_util: 0.0,
                 power_w: None,
