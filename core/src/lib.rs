@@ -2,5 +2,7 @@
 //! resources exist. Kept tiny so that sensors and actuators stay independent.
 
 pub mod measure;
+pub mod power;
 
 pub use measure::{Feedback, LatencySummary};
+pub use power::{AppPower, PowerSource};

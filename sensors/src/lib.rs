@@ -1,5 +1,8 @@
 //! qosd sensors. The heart is [`ebpf`]: per-request, server-side latency and
 //! throughput of a process, observed from syscalls with no change to the
 //! application. [`stats`] is the windowed statistics engine behind it.
+//! [`power`] attributes node power (RAPL, or a labelled model) to threads
+//! and apps from a `sched_switch` BPF program.
 
+pub mod power;
 pub mod stats;

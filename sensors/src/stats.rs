@@ -46,7 +46,11 @@ pub fn bucket_low(i: usize) -> u64 {
 /// The value reported for bucket `i`: its midpoint (exact for width 1).
 pub fn bucket_value(i: usize) -> u64 {
     let lo = bucket_low(i);
-    let hi = if i + 1 < NR_BUCKETS { bucket_low(i + 1) } else { lo * 2 };
+    let hi = if i + 1 < NR_BUCKETS {
+        bucket_low(i + 1)
+    } else {
+        lo * 2
+    };
     lo + (hi - lo - 1) / 2
 }
 
@@ -68,7 +72,9 @@ impl Default for LogHistogram {
 
 impl std::fmt::Debug for LogHistogram {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LogHistogram").field("total", &self.total).finish()
+        f.debug_struct("LogHistogram")
+            .field("total", &self.total)
+            .finish()
     }
 }
 
@@ -262,7 +268,10 @@ mod tests {
             assert!(hi > lo, "bucket {i}");
             assert_eq!(bucket_of(lo), i);
             assert_eq!(bucket_of(hi - 1), i);
-            assert!((hi - lo) as f64 <= (lo as f64 / SUB as f64).max(1.0), "width of {i}");
+            assert!(
+                (hi - lo) as f64 <= (lo as f64 / SUB as f64).max(1.0),
+                "width of {i}"
+            );
         }
         assert_eq!(bucket_of(u64::MAX), NR_BUCKETS - 1);
     }
