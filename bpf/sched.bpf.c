@@ -22,6 +22,15 @@
  * only be read on that CPU, so the sibling's transitions cannot be cut
  * exactly), the weighting of eq. (1), RAPL and the attribution of eq. (2).
  *
+ * Untraced switches: on this machine (a Firecracker guest) some context
+ * switches are never reported by the tracepoint (ftrace misses them too:
+ * a thread that was switched out shows up switching out again). When the
+ * outgoing thread is not the one recorded as running, its slice is what
+ * the kernel accounted to it since it was last picked
+ * (se.sum_exec_runtime - se.prev_sum_exec_runtime), bounded by the time
+ * since the last traced switch, and the thread recorded as running gets the
+ * rest of that time. Such switches are counted (QOSD_SCNT_UNMATCHED).
+ *
  * Thread exit: the thread's final switch (prev_state TASK_DEAD) still adds
  * its last slice and marks the entry QOSD_THR_DEAD; userspace deletes the
  * entry right after reading it. sched_process_exit is not used: it fires
@@ -95,6 +104,18 @@ static __always_inline __u64 busy_until(struct cpu_state *s, __u64 now)
 	return acc;
 }
 
+/* x * num / den for num <= den, without overflowing 64 bits. */
+static __always_inline __u64 pro_rata(__u64 x, __u64 num, __u64 den)
+{
+	if (!den)
+		return 0;
+	if (x <= 0xffffffffULL && num <= 0xffffffffULL)
+		return x * num / den;
+	/* Beyond 2^32 (4.3 s in ns): 16 bits less precision, no overflow
+	 * below 2^48 (78 hours). */
+	return (x >> 16) * (num >> 16) / ((den >> 16) ?: 1) << 16;
+}
+
 static __always_inline void account(__u32 tid, __u32 tgid, __u64 slice,
 				    __u64 overlap, __u64 cyc, bool dead)
 {
@@ -153,19 +174,41 @@ int BPF_PROG(qosd_sched_switch, bool preempt, struct task_struct *prev,
 
 	__u32 ptid = prev->pid;
 	bool dead = prev_state & TASK_DEAD;
-	if (ptid && st->tid == ptid && st->start_ns && now > st->start_ns) {
-		__u64 slice = now - st->start_ns;
+	__u64 start = st->start_ns;
+	if (ptid && start && now > start) {
+		__u64 gap = now - start;
 		__u64 overlap = 0;
 		if (sib && sib_busy > st->sib_busy_at_start) {
 			overlap = sib_busy - st->sib_busy_at_start;
-			if (overlap > slice)
-				overlap = slice;
+			if (overlap > gap)
+				overlap = gap;
 		}
 		__u64 dcyc = 0;
 		if (use_cycles && cyc > st->start_cycles)
 			dcyc = cyc - st->start_cycles;
-		account(ptid, prev->tgid, slice, overlap, dcyc, dead);
-		st->busy_acc_ns += slice;
+		if (st->tid == ptid) {
+			account(ptid, prev->tgid, gap, overlap, dcyc, dead);
+		} else {
+			/* A switch to prev was never traced (seen on this
+			 * machine: ftrace misses it too). prev ran for what the
+			 * kernel accounted to it since it was last picked; the
+			 * thread recorded as running gets the rest of the gap. */
+			count(QOSD_SCNT_UNMATCHED);
+			__u64 sum = prev->se.sum_exec_runtime;
+			__u64 picked = prev->se.prev_sum_exec_runtime;
+			__u64 slice = sum > picked ? sum - picked : 0;
+			if (slice > gap)
+				slice = gap;
+			__u64 o = pro_rata(overlap, slice, gap);
+			__u64 c = pro_rata(dcyc, slice, gap);
+			account(ptid, prev->tgid, slice, o, c, dead);
+			if (st->tid && gap > slice)
+				account(st->tid, st->tgid, gap - slice, overlap - o,
+					dcyc - c, false);
+			else if (!st->tid)
+				gap = slice; /* the rest of the gap was idle */
+		}
+		st->busy_acc_ns += gap;
 	} else if (ptid && dead) {
 		/* Slice start unknown (attached mid-slice): still mark the exit
 		 * so that userspace drops an entry made by earlier slices. */

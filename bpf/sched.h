@@ -18,6 +18,8 @@
 #define QOSD_SCNT_SWITCHES 0   /* sched_switch events seen */
 #define QOSD_SCNT_TABLE_FULL 1 /* switches not accounted: threads map full */
 #define QOSD_SCNT_CYCLES_ERR 2 /* cycle counter reads that failed */
+#define QOSD_SCNT_UNMATCHED 3  /* outgoing thread was not the one recorded
+				* as running: a switch was never traced */
 #define QOSD_SCNT_MAX 4
 
 /*

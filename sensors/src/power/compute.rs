@@ -278,6 +278,7 @@ pub fn compute(
             switches: c.switches.saturating_sub(pc.switches),
             table_full: c.table_full.saturating_sub(pc.table_full),
             cycles_err: c.cycles_err.saturating_sub(pc.cycles_err),
+            unmatched: c.unmatched.saturating_sub(pc.unmatched),
         },
     }
 }

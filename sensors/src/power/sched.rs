@@ -53,6 +53,7 @@ pub const THR_DEAD: u32 = 1;
 const CNT_SWITCHES: u32 = 0;
 const CNT_TABLE_FULL: u32 = 1;
 const CNT_CYCLES_ERR: u32 = 2;
+const CNT_UNMATCHED: u32 = 3;
 
 /// The record types: `#[repr(C)]`, integer fields only, no padding.
 ///
@@ -103,6 +104,10 @@ pub struct SchedCounters {
     pub table_full: u64,
     /// Cycle counter reads that failed in the kernel.
     pub cycles_err: u64,
+    /// Switches whose outgoing thread was not the one recorded as running:
+    /// a switch the tracepoint never reported. The outgoing thread gets the
+    /// kernel's runtime of its slice, the recorded one the rest of the gap.
+    pub unmatched: u64,
 }
 
 /// Everything read at one instant.
@@ -300,97 +305,134 @@ impl Sched {
             switches: sum(CNT_SWITCHES)?,
             table_full: sum(CNT_TABLE_FULL)?,
             cycles_err: sum(CNT_CYCLES_ERR)?,
+            unmatched: sum(CNT_UNMATCHED)?,
         })
+    }
+
+    fn cpu_state(&self, cpu: usize) -> Result<CpuState, PowerError> {
+        let v = self
+            .skel
+            .maps
+            .cpus
+            .lookup(&(cpu as u32).to_ne_bytes(), MapFlags::ANY)
+            .map_err(bpf_err("reading the cpus map"))?;
+        Ok(v.as_deref().and_then(from_bytes).unwrap_or_default())
+    }
+
+    /// One thread's entry, decoded; `None` if it has none.
+    fn thread(&self, tid: u32) -> Result<Option<ThreadCum>, PowerError> {
+        let Some(slots) = self
+            .skel
+            .maps
+            .threads
+            .lookup_percpu(&tid.to_ne_bytes(), MapFlags::ANY)
+            .map_err(bpf_err("reading the threads map"))?
+        else {
+            return Ok(None);
+        };
+        let mut t = ThreadCum::default();
+        for (cpu, b) in slots.iter().enumerate() {
+            let Some(s) = from_bytes::<ThreadStats>(b) else {
+                continue;
+            };
+            t.exited |= s.flags & THR_DEAD != 0;
+            t.tgid = t.tgid.max(s.tgid);
+            if s.on_ns != 0 || s.nr_switches != 0 {
+                t.per_cpu.push((
+                    cpu as u32,
+                    CpuCum {
+                        on_ns: s.on_ns,
+                        sib_busy_ns: s.sib_busy_ns,
+                        cycles: s.cycles,
+                        nr_switches: s.nr_switches,
+                    },
+                ));
+            }
+        }
+        Ok(Some(t))
     }
 
     /// Reads every thread's cumulative figures, adds the slices still open
     /// on each CPU, and deletes the entries of exited threads.
     ///
-    /// The thread table is read before the CPU states: a switch in between
-    /// makes this reading miss part of a slice (never count it twice); the
-    /// next reading has it, and callers keep the per-slot maximum.
+    /// A running thread's entry is read again between two reads of its
+    /// CPU's state; only when that state did not change in between (no
+    /// switch) is its open slice added, so a slice is never counted both
+    /// closed and open. After three changed attempts the open slice is left
+    /// to the next reading.
     pub fn read(&mut self) -> Result<SchedReading, PowerError> {
-        let map = &self.skel.maps.threads;
-        let keys: Vec<u32> = map
+        let keys: Vec<u32> = self
+            .skel
+            .maps
+            .threads
             .keys()
             .filter_map(|k| k.as_slice().try_into().ok().map(u32::from_ne_bytes))
             .collect();
         let mut threads: HashMap<u32, ThreadCum> = HashMap::with_capacity(keys.len() + 8);
         for tid in keys {
-            let Some(slots) = map
-                .lookup_percpu(&tid.to_ne_bytes(), MapFlags::ANY)
-                .map_err(bpf_err("reading the threads map"))?
-            else {
-                continue; // deleted meanwhile
-            };
-            let mut t = ThreadCum::default();
-            for (cpu, b) in slots.iter().enumerate() {
-                let Some(s) = from_bytes::<ThreadStats>(b) else {
-                    continue;
-                };
-                t.exited |= s.flags & THR_DEAD != 0;
-                t.tgid = t.tgid.max(s.tgid);
-                if s.on_ns != 0 || s.nr_switches != 0 {
-                    t.per_cpu.push((
-                        cpu as u32,
-                        CpuCum {
-                            on_ns: s.on_ns,
-                            sib_busy_ns: s.sib_busy_ns,
-                            cycles: s.cycles,
-                            nr_switches: s.nr_switches,
-                        },
-                    ));
-                }
+            if let Some(t) = self.thread(tid)? {
+                threads.insert(tid, t);
             }
-            threads.insert(tid, t);
         }
-        let now = monotonic_ns();
         let states = self.cpu_states()?;
+        let now = monotonic_ns();
         let mut cpu_busy_ns = Vec::with_capacity(states.len());
-        for (cpu, st) in states.iter().enumerate() {
-            cpu_busy_ns.push(busy_until(st, now));
-            if st.tid == 0 || st.start_ns == 0 || now <= st.start_ns {
-                continue;
-            }
-            let slice = now - st.start_ns;
-            let overlap = states
-                .get(st.sibling as usize)
-                .map(|sib| {
-                    busy_until(sib, now)
-                        .saturating_sub(st.sib_busy_at_start)
-                        .min(slice)
-                })
-                .unwrap_or(0);
-            let cycles = match self.cycle_fds.get(cpu).and_then(Option::as_ref) {
-                Some(fd) if self.use_cycles => read_counter(fd)
-                    .map(|c| c.saturating_sub(st.start_cycles))
-                    .unwrap_or(0),
-                _ => 0,
-            };
-            let t = threads.entry(st.tid).or_insert_with(|| ThreadCum {
-                tgid: st.tgid,
-                ..Default::default()
-            });
-            let add = CpuCum {
-                on_ns: slice,
-                sib_busy_ns: overlap,
-                cycles,
-                nr_switches: 0,
-            };
-            match t.per_cpu.iter_mut().find(|(c, _)| *c == cpu as u32) {
-                Some((_, c)) => {
-                    c.on_ns += add.on_ns;
-                    c.sib_busy_ns += add.sib_busy_ns;
-                    c.cycles += add.cycles;
+        for (cpu, first) in states.iter().enumerate() {
+            let mut st = *first;
+            let mut busy = busy_until(&st, now);
+            for _attempt in 0..3 {
+                if st.tid == 0 || st.start_ns == 0 {
+                    break;
                 }
-                None => t.per_cpu.push((cpu as u32, add)),
+                let fresh = self.thread(st.tid)?;
+                let t_now = monotonic_ns();
+                let cycles_now = match self.cycle_fds.get(cpu).and_then(Option::as_ref) {
+                    Some(fd) if self.use_cycles => read_counter(fd).ok(),
+                    _ => None,
+                };
+                let again = self.cpu_state(cpu)?;
+                if again.start_ns != st.start_ns || again.tid != st.tid {
+                    st = again; // switched meanwhile: try with the new slice
+                    continue;
+                }
+                let slice = t_now.saturating_sub(st.start_ns);
+                let overlap = states
+                    .get(st.sibling as usize)
+                    .map(|sib| {
+                        busy_until(sib, t_now)
+                            .saturating_sub(st.sib_busy_at_start)
+                            .min(slice)
+                    })
+                    .unwrap_or(0);
+                let mut t = fresh.unwrap_or_else(|| ThreadCum {
+                    tgid: st.tgid,
+                    ..Default::default()
+                });
+                let add = CpuCum {
+                    on_ns: slice,
+                    sib_busy_ns: overlap,
+                    cycles: cycles_now.map_or(0, |c| c.saturating_sub(st.start_cycles)),
+                    nr_switches: 0,
+                };
+                match t.per_cpu.iter_mut().find(|(c, _)| *c == cpu as u32) {
+                    Some((_, c)) => {
+                        c.on_ns += add.on_ns;
+                        c.sib_busy_ns += add.sib_busy_ns;
+                        c.cycles += add.cycles;
+                    }
+                    None => t.per_cpu.push((cpu as u32, add)),
+                }
+                threads.insert(st.tid, t);
+                busy = busy_until(&st, t_now);
+                break;
             }
+            cpu_busy_ns.push(busy);
         }
         for (tid, t) in &threads {
             if t.exited {
                 // The thread will not run again: its figures are final.
                 // (A tid reused before this delete loses its first slices.)
-                let _ = map.delete(&tid.to_ne_bytes());
+                let _ = self.skel.maps.threads.delete(&tid.to_ne_bytes());
             }
         }
         Ok(SchedReading {
