@@ -15,7 +15,8 @@ use qosd_manager::{cmd, exit};
 #[command(name = "qosd", version, about, long_about = None)]
 #[command(after_help = "Examples:\n  \
     qosd trace --pid $(pidof memcached) --json     live RPS and latency of a process\n  \
-    qosd trace --pid 1234 --pid 5678 --duration 10 several processes for 10 s\n\n\
+    qosd trace --pid 1234 --pid 5678 --duration 10 several processes for 10 s\n  \
+    qosd power --pid $(pidof nginx)               power of a process and its threads\n\n\
     Exit codes: 0 success, 1 runtime failure, 2 usage or invalid input.")]
 struct Cli {
     /// Log filter (error, warn, info, debug, trace or a tracing directive);
@@ -30,6 +31,8 @@ struct Cli {
 enum Command {
     /// Per-interval RPS and server-side latency of running processes (eBPF).
     Trace(cmd::trace::Args),
+    /// Per-process and per-thread power and its source (RAPL, or a model).
+    Power(cmd::power::Args),
 }
 
 fn main() -> ExitCode {
@@ -45,6 +48,7 @@ fn main() -> ExitCode {
     exit::init_logging(cli.log.as_deref());
     let result = match cli.command {
         Command::Trace(a) => cmd::trace::run(a),
+        Command::Power(a) => cmd::power::run(a),
     };
     exit::report(result)
 }

@@ -1,3 +1,4 @@
 //! One module per `qosd` subcommand: an `Args` (clap) and a `run`.
 
+pub mod power;
 pub mod trace;
