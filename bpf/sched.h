@@ -20,7 +20,8 @@
 #define QOSD_SCNT_CYCLES_ERR 2 /* cycle counter reads that failed */
 #define QOSD_SCNT_UNMATCHED 3  /* outgoing thread was not the one recorded
 				* as running: a switch was never traced */
-#define QOSD_SCNT_MAX 4
+#define QOSD_SCNT_NO_CLOCK 4   /* no rq clock reachable: switch not accounted */
+#define QOSD_SCNT_MAX 8
 
 /*
  * Cumulative figures of one thread on one CPU (the value of a per-CPU hash
@@ -40,7 +41,7 @@ struct thread_stats {
  * sibling can read it).
  */
 struct cpu_state {
-	__u64 start_ns;          /* when `tid` was switched in; 0 = unknown */
+	__u64 start_ns;          /* rq clock when `tid` was switched in; 0 = unknown */
 	__u64 start_cycles;      /* cycle counter at start_ns */
 	__u64 busy_acc_ns;       /* non-idle time accounted on this CPU */
 	__u64 sib_busy_at_start; /* the sibling's cumulative busy time at start_ns */
@@ -48,9 +49,11 @@ struct cpu_state {
 	__u32 tgid;
 	__u32 sibling;           /* SMT sibling CPU, or QOSD_NO_SIBLING (set by userspace) */
 	__u32 pad;
+	__u64 rq;                /* this CPU's struct rq (kernel address), read
+				  * by the clock snapshot */
 };
 
 _Static_assert(sizeof(struct thread_stats) == 40, "thread_stats layout");
-_Static_assert(sizeof(struct cpu_state) == 48, "cpu_state layout");
+_Static_assert(sizeof(struct cpu_state) == 56, "cpu_state layout");
 
 #endif

@@ -279,6 +279,7 @@ pub fn compute(
             table_full: c.table_full.saturating_sub(pc.table_full),
             cycles_err: c.cycles_err.saturating_sub(pc.cycles_err),
             unmatched: c.unmatched.saturating_sub(pc.unmatched),
+            no_clock: c.no_clock.saturating_sub(pc.no_clock),
         },
     }
 }

@@ -36,7 +36,7 @@ const _: () = {
     assert!(offset_of!(ThreadStats, nr_switches) == 24);
     assert!(offset_of!(ThreadStats, tgid) == 32);
     assert!(offset_of!(ThreadStats, flags) == 36);
-    assert!(size_of::<CpuState>() == 48);
+    assert!(size_of::<CpuState>() == 56);
     assert!(offset_of!(CpuState, start_ns) == 0);
     assert!(offset_of!(CpuState, start_cycles) == 8);
     assert!(offset_of!(CpuState, busy_acc_ns) == 16);
@@ -45,6 +45,7 @@ const _: () = {
     assert!(offset_of!(CpuState, tgid) == 36);
     assert!(offset_of!(CpuState, sibling) == 40);
     assert!(offset_of!(CpuState, pad) == 44);
+    assert!(offset_of!(CpuState, rq) == 48);
 };
 
 /// bpf/sched.h constants.
@@ -54,6 +55,7 @@ const CNT_SWITCHES: u32 = 0;
 const CNT_TABLE_FULL: u32 = 1;
 const CNT_CYCLES_ERR: u32 = 2;
 const CNT_UNMATCHED: u32 = 3;
+const CNT_NO_CLOCK: u32 = 4;
 
 /// The record types: `#[repr(C)]`, integer fields only, no padding.
 ///
@@ -108,12 +110,16 @@ pub struct SchedCounters {
     /// a switch the tracepoint never reported. The outgoing thread gets the
     /// kernel's runtime of its slice, the recorded one the rest of the gap.
     pub unmatched: u64,
+    /// Switches not accounted because the CPU's rq clock was not reachable
+    /// through the outgoing task.
+    pub no_clock: u64,
 }
 
 /// Everything read at one instant.
 #[derive(Debug, Clone, Default)]
 pub struct SchedReading {
-    /// CLOCK_MONOTONIC of the read (the clock of bpf_ktime_get_ns), ns.
+    /// CLOCK_MONOTONIC of the read, ns: interval lengths. (Thread and CPU
+    /// times are in the scheduler's clock, which runs at the same rate.)
     pub now_ns: u64,
     pub threads: HashMap<u32, ThreadCum>,
     /// Cumulative non-idle time per CPU, ns.
@@ -204,8 +210,13 @@ impl Sched {
             .cpus
             .set_max_entries(nr_cpus as u32)
             .map_err(bpf_err("sizing the cpus map"))?;
+        open.maps
+            .clocks
+            .set_max_entries(nr_cpus as u32)
+            .map_err(bpf_err("sizing the clocks map"))?;
         if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
             ro.use_cycles = use_cycles as u32;
+            ro.nr_cpus = nr_cpus as u32;
         }
         let skel = open
             .load()
@@ -306,7 +317,32 @@ impl Sched {
             table_full: sum(CNT_TABLE_FULL)?,
             cycles_err: sum(CNT_CYCLES_ERR)?,
             unmatched: sum(CNT_UNMATCHED)?,
+            no_clock: sum(CNT_NO_CLOCK)?,
         })
+    }
+
+    /// Every CPU's rq clock now (the clock of `start_ns`), via the
+    /// snapshot program.
+    fn rq_clocks(&self) -> Result<Vec<u64>, PowerError> {
+        self.skel
+            .progs
+            .qosd_clock_snapshot
+            .test_run(libbpf_rs::ProgramInput::default())
+            .map_err(bpf_err("running the clock snapshot"))?;
+        let mut out = Vec::with_capacity(self.nr_cpus);
+        for cpu in 0..self.nr_cpus as u32 {
+            let v = self
+                .skel
+                .maps
+                .clocks
+                .lookup(&cpu.to_ne_bytes(), MapFlags::ANY)
+                .map_err(bpf_err("reading the clocks map"))?;
+            out.push(
+                v.and_then(|b| b.as_slice().try_into().ok().map(u64::from_ne_bytes))
+                    .unwrap_or(0),
+            );
+        }
+        Ok(out)
     }
 
     fn cpu_state(&self, cpu: usize) -> Result<CpuState, PowerError> {
@@ -357,9 +393,10 @@ impl Sched {
     ///
     /// A running thread's entry is read again between two reads of its
     /// CPU's state; only when that state did not change in between (no
-    /// switch) is its open slice added, so a slice is never counted both
-    /// closed and open. After three changed attempts the open slice is left
-    /// to the next reading.
+    /// switch) is its open slice, up to the CPU's rq clock, added, so a
+    /// slice is never counted both closed and open. After three changed
+    /// attempts the open slice is left to the next reading. A busy CPU's rq
+    /// clock lags by at most one scheduler tick; the next reading has it.
     pub fn read(&mut self) -> Result<SchedReading, PowerError> {
         let keys: Vec<u32> = self
             .skel
@@ -374,18 +411,21 @@ impl Sched {
                 threads.insert(tid, t);
             }
         }
-        let states = self.cpu_states()?;
+        // Clocks first: a slice open in a state read after them was open
+        // at their time too.
+        let clocks = self.rq_clocks()?;
         let now = monotonic_ns();
+        let states = self.cpu_states()?;
         let mut cpu_busy_ns = Vec::with_capacity(states.len());
         for (cpu, first) in states.iter().enumerate() {
+            let clock = clocks.get(cpu).copied().unwrap_or(0);
             let mut st = *first;
-            let mut busy = busy_until(&st, now);
+            let mut busy = busy_until(&st, clock);
             for _attempt in 0..3 {
                 if st.tid == 0 || st.start_ns == 0 {
                     break;
                 }
                 let fresh = self.thread(st.tid)?;
-                let t_now = monotonic_ns();
                 let cycles_now = match self.cycle_fds.get(cpu).and_then(Option::as_ref) {
                     Some(fd) if self.use_cycles => read_counter(fd).ok(),
                     _ => None,
@@ -395,11 +435,11 @@ impl Sched {
                     st = again; // switched meanwhile: try with the new slice
                     continue;
                 }
-                let slice = t_now.saturating_sub(st.start_ns);
+                let slice = clock.saturating_sub(st.start_ns);
                 let overlap = states
                     .get(st.sibling as usize)
                     .map(|sib| {
-                        busy_until(sib, t_now)
+                        busy_until(sib, clock)
                             .saturating_sub(st.sib_busy_at_start)
                             .min(slice)
                     })
@@ -423,7 +463,7 @@ impl Sched {
                     None => t.per_cpu.push((cpu as u32, add)),
                 }
                 threads.insert(st.tid, t);
-                busy = busy_until(&st, t_now);
+                busy = busy_until(&st, clock);
                 break;
             }
             cpu_busy_ns.push(busy);
@@ -506,6 +546,7 @@ mod tests {
             tgid: 6,
             sibling: 7,
             pad: 8,
+            rq: 9,
         };
         let key = 0u32.to_ne_bytes();
         s.skel
@@ -530,7 +571,7 @@ mod tests {
             ),
             (1, 2, 3, 4)
         );
-        assert_eq!((r.tid, r.tgid, r.sibling, r.pad), (5, 6, 7, 8));
+        assert_eq!((r.tid, r.tgid, r.sibling, r.pad, r.rq), (5, 6, 7, 8, 9));
 
         let tid = 4242u32;
         let vals: Vec<Vec<u8>> = (0..s.nr_cpus())
