@@ -18,6 +18,7 @@ mod perf;
 mod rapl;
 mod sample;
 pub mod sched;
+mod sched_abi;
 pub mod topology;
 
 use std::path::{Path, PathBuf};

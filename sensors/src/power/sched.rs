@@ -4,80 +4,20 @@
 //! typed operations. Exited threads are deleted right after being read.
 
 use std::collections::HashMap;
-use std::mem::{offset_of, size_of, MaybeUninit};
+use std::mem::{size_of, MaybeUninit};
 use std::os::fd::{AsRawFd, OwnedFd};
 
 use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
 use libbpf_rs::{MapCore, MapFlags, OpenObject};
 
 use super::perf::{open_cycle_counters, read_counter};
+use super::sched_abi::skel::{SchedSkel, SchedSkelBuilder};
+use super::sched_abi::{
+    as_bytes, from_bytes, CNT_CYCLES_ERR, CNT_NO_CLOCK, CNT_SWITCHES, CNT_TABLE_FULL, CNT_UNMATCHED,
+};
+pub use super::sched_abi::{CpuState, ThreadStats, NO_SIBLING, THR_DEAD};
 use super::topology::Topology;
 use super::PowerError;
-
-#[allow(clippy::all, dead_code, non_camel_case_types, unused_qualifications)]
-#[allow(clippy::undocumented_unsafe_blocks)]
-mod skel {
-    include!(concat!(env!("OUT_DIR"), "/sched.skel.rs"));
-}
-use skel::{SchedSkel, SchedSkelBuilder};
-
-/// `struct thread_stats` of bpf/sched.h, from the skeleton.
-pub type ThreadStats = skel::types::thread_stats;
-/// `struct cpu_state` of bpf/sched.h, from the skeleton.
-pub type CpuState = skel::types::cpu_state;
-
-// The C side pins these with _Static_assert in bpf/sched.h. Sizes equal to
-// the sum of the fields also prove there is no padding (see `as_bytes`).
-const _: () = {
-    assert!(size_of::<ThreadStats>() == 40);
-    assert!(offset_of!(ThreadStats, on_ns) == 0);
-    assert!(offset_of!(ThreadStats, sib_busy_ns) == 8);
-    assert!(offset_of!(ThreadStats, cycles) == 16);
-    assert!(offset_of!(ThreadStats, nr_switches) == 24);
-    assert!(offset_of!(ThreadStats, tgid) == 32);
-    assert!(offset_of!(ThreadStats, flags) == 36);
-    assert!(size_of::<CpuState>() == 56);
-    assert!(offset_of!(CpuState, start_ns) == 0);
-    assert!(offset_of!(CpuState, start_cycles) == 8);
-    assert!(offset_of!(CpuState, busy_acc_ns) == 16);
-    assert!(offset_of!(CpuState, sib_busy_at_start) == 24);
-    assert!(offset_of!(CpuState, tid) == 32);
-    assert!(offset_of!(CpuState, tgid) == 36);
-    assert!(offset_of!(CpuState, sibling) == 40);
-    assert!(offset_of!(CpuState, pad) == 44);
-    assert!(offset_of!(CpuState, rq) == 48);
-};
-
-/// bpf/sched.h constants.
-pub const NO_SIBLING: u32 = 0xffff_ffff;
-pub const THR_DEAD: u32 = 1;
-const CNT_SWITCHES: u32 = 0;
-const CNT_TABLE_FULL: u32 = 1;
-const CNT_CYCLES_ERR: u32 = 2;
-const CNT_UNMATCHED: u32 = 3;
-const CNT_NO_CLOCK: u32 = 4;
-
-/// The record types: `#[repr(C)]`, integer fields only, no padding.
-///
-/// # Safety
-/// Implementors must have every bit pattern valid and no padding bytes.
-unsafe trait Plain: Copy {}
-// SAFETY: integer fields only; size == sum of fields (asserted above).
-unsafe impl Plain for ThreadStats {}
-// SAFETY: integer fields only; size == sum of fields (asserted above).
-unsafe impl Plain for CpuState {}
-
-fn from_bytes<T: Plain>(b: &[u8]) -> Option<T> {
-    // SAFETY: the length is checked, T accepts any bit pattern (Plain), and
-    // read_unaligned has no alignment requirement.
-    (b.len() == size_of::<T>()).then(|| unsafe { std::ptr::read_unaligned(b.as_ptr().cast()) })
-}
-
-fn as_bytes<T: Plain>(v: &T) -> &[u8] {
-    // SAFETY: `v` is a valid T of size_of::<T>() bytes with no padding
-    // (Plain), so every byte is initialised; the slice borrows `v`.
-    unsafe { std::slice::from_raw_parts((v as *const T).cast(), size_of::<T>()) }
-}
 
 /// Cumulative figures of a thread on one CPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -286,17 +226,7 @@ impl Sched {
     }
 
     fn cpu_states(&self) -> Result<Vec<CpuState>, PowerError> {
-        let mut out = Vec::with_capacity(self.nr_cpus);
-        for cpu in 0..self.nr_cpus as u32 {
-            let v = self
-                .skel
-                .maps
-                .cpus
-                .lookup(&cpu.to_ne_bytes(), MapFlags::ANY)
-                .map_err(bpf_err("reading the cpus map"))?;
-            out.push(v.as_deref().and_then(from_bytes).unwrap_or_default());
-        }
-        Ok(out)
+        (0..self.nr_cpus).map(|cpu| self.cpu_state(cpu)).collect()
     }
 
     fn counters(&self) -> Result<SchedCounters, PowerError> {
@@ -487,34 +417,6 @@ impl Sched {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn records_round_trip_through_bytes() {
-        let t = ThreadStats {
-            on_ns: 1,
-            sib_busy_ns: 2,
-            cycles: 3,
-            nr_switches: 4,
-            tgid: 5,
-            flags: 6,
-        };
-        let b = as_bytes(&t);
-        assert_eq!(&b[32..36], &5u32.to_ne_bytes());
-        let back: ThreadStats = from_bytes(b).unwrap();
-        assert_eq!(
-            (back.on_ns, back.cycles, back.tgid, back.flags),
-            (1, 3, 5, 6)
-        );
-        assert!(from_bytes::<ThreadStats>(&b[1..]).is_none());
-        let c = CpuState {
-            start_ns: 7,
-            sibling: NO_SIBLING,
-            pad: 9,
-            ..Default::default()
-        };
-        let back: CpuState = from_bytes(as_bytes(&c)).unwrap();
-        assert_eq!((back.start_ns, back.sibling, back.pad), (7, NO_SIBLING, 9));
-    }
 
     #[test]
     fn open_slice_counts_towards_busy_time() {
