@@ -53,6 +53,12 @@ fn now(clock: libc::clockid_t) -> u64 {
 /// period (by its own CPU time, so waiting for the CPU does not count as
 /// work), for at most 60 s.
 fn spawn_duty(cpu: usize, duty: f64) -> libc::pid_t {
+    spawn_duty_at(cpu, duty, now(libc::CLOCK_MONOTONIC), 0)
+}
+
+/// As [`spawn_duty`], with periods starting at `epoch` (CLOCK_MONOTONIC ns)
+/// and the busy part of each starting `offset_ns` into it.
+fn spawn_duty_at(cpu: usize, duty: f64, epoch: u64, offset_ns: u64) -> libc::pid_t {
     const PERIOD_NS: u64 = 10_000_000;
     // Prepared before fork: the child only makes syscalls.
     let autogroup = c"/proc/self/autogroup";
@@ -64,6 +70,21 @@ fn spawn_duty(cpu: usize, duty: f64) -> libc::pid_t {
     if pid > 0 {
         return pid;
     }
+    let sleep_until = |t: u64| {
+        let ts = libc::timespec {
+            tv_sec: (t / 1_000_000_000) as libc::time_t,
+            tv_nsec: (t % 1_000_000_000) as libc::c_long,
+        };
+        // SAFETY: `ts` is valid; no remainder is asked for.
+        unsafe {
+            libc::clock_nanosleep(
+                libc::CLOCK_MONOTONIC,
+                libc::TIMER_ABSTIME,
+                &ts,
+                std::ptr::null_mut(),
+            )
+        };
+    };
     // SAFETY: syscalls on the child itself, on valid local buffers.
     unsafe {
         libc::setsid(); // a new autogroup ...
@@ -76,29 +97,22 @@ fn spawn_duty(cpu: usize, duty: f64) -> libc::pid_t {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         libc::CPU_SET(cpu, &mut set);
         libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-        let end = now(libc::CLOCK_MONOTONIC) + 60_000_000_000;
-        let busy_ns = (duty * PERIOD_NS as f64) as u64;
-        let mut t0 = now(libc::CLOCK_MONOTONIC);
-        while t0 < end {
-            let c0 = now(libc::CLOCK_THREAD_CPUTIME_ID);
-            let next = t0 + PERIOD_NS;
-            while now(libc::CLOCK_THREAD_CPUTIME_ID) - c0 < busy_ns
-                && now(libc::CLOCK_MONOTONIC) < next
-            {}
-            let ts = libc::timespec {
-                tv_sec: (next / 1_000_000_000) as libc::time_t,
-                tv_nsec: (next % 1_000_000_000) as libc::c_long,
-            };
-            libc::clock_nanosleep(
-                libc::CLOCK_MONOTONIC,
-                libc::TIMER_ABSTIME,
-                &ts,
-                std::ptr::null_mut(),
-            );
-            t0 = next;
-        }
-        libc::_exit(0);
     }
+    let end = epoch + 60_000_000_000;
+    let busy_ns = (duty * PERIOD_NS as f64) as u64;
+    let mut t0 = epoch;
+    while t0 < end {
+        sleep_until(t0 + offset_ns);
+        let c0 = now(libc::CLOCK_THREAD_CPUTIME_ID);
+        let next = t0 + PERIOD_NS;
+        while now(libc::CLOCK_THREAD_CPUTIME_ID) - c0 < busy_ns && now(libc::CLOCK_MONOTONIC) < next
+        {
+        }
+        sleep_until(next);
+        t0 = next;
+    }
+    // SAFETY: ends the child without running the parent's destructors.
+    unsafe { libc::_exit(0) }
 }
 
 /// The kernel's own CPU time of a process (schedstat sum_exec_runtime), ns.
@@ -327,4 +341,66 @@ fn root_power_without_rapl_the_model_is_flagged() {
     let json = serde_json::to_value(&s).unwrap();
     assert_eq!(json["energy_is_estimate"], true);
     assert_eq!(json["source"], "model");
+}
+
+/// The fake topology declares CPUs 0 and 1 hyperthreads of one core, so the
+/// real program splits each thread's time by whether the other CPU was busy.
+/// A is busy the first 9 ms of every 10 ms on CPU 0; B the 2.5 ms from
+/// 2 ms into the same periods on CPU 1, so all of B's time is beside A:
+/// B must see its sibling busy all the time, and A must see at least B's
+/// time as overlap (plus whatever else ran on CPU 1). Eq. (1) must weigh
+/// the overlap HT_r / 2.
+#[test]
+fn root_power_sibling_overlap_is_measured_by_the_program() {
+    assert!(nr_cpus() >= 2);
+    let _turn = pinned();
+    let root = fake_root_with_real_cpus();
+    for cpu in [0, 1] {
+        let t = root
+            .path()
+            .join(format!("sys/devices/system/cpu/cpu{cpu}/topology"));
+        fs::write(t.join("thread_siblings_list"), "0-1\n").unwrap();
+        fs::write(t.join("physical_package_id"), "0\n").unwrap();
+    }
+    let epoch = now(libc::CLOCK_MONOTONIC) + 20_000_000;
+    let kids = Children(vec![
+        spawn_duty_at(0, 0.9, epoch, 0),
+        spawn_duty_at(1, 0.25, epoch, 2_000_000),
+    ]);
+    let (a, b) = (kids.0[0], kids.0[1]);
+    let cfg = PowerConfig {
+        ht_ratio: 1.2,
+        ..PowerConfig::default()
+    };
+    let mut sensor = PowerSensor::open(&cfg, root.path()).expect("open (root)");
+    assert!(sensor.caps().smt);
+    std::thread::sleep(Duration::from_millis(300));
+    sensor.sample().unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    let s = sensor.sample().unwrap();
+    let thread_of = |pid: libc::pid_t| s.threads.iter().find(|t| t.tid == pid as u32).unwrap();
+    let (ta, tb) = (thread_of(a), thread_of(b));
+    let fb = tb.sib_busy_ns as f64 / tb.on_cpu_ns as f64;
+    let a_over_b = ta.sib_busy_ns as f64 / tb.on_cpu_ns as f64;
+    eprintln!(
+        "A on {} ns, sibling busy {} ns; B on {} ns, sibling busy {fb:.3} of it",
+        ta.on_cpu_ns, ta.sib_busy_ns, tb.on_cpu_ns
+    );
+    assert!(
+        (tb.cpu_fraction - 0.25).abs() < 0.03,
+        "B ran {}",
+        tb.cpu_fraction
+    );
+    assert!(fb > 0.95, "B ran beside A all the time, measured {fb}");
+    assert!(a_over_b > 0.95, "A's overlap {a_over_b} of B's time");
+    assert!(ta.sib_busy_ns <= ta.on_cpu_ns);
+    // eq. (1) on what the program measured.
+    for t in [ta, tb] {
+        let want = (t.on_cpu_ns - t.sib_busy_ns) as f64 + 0.6 * t.sib_busy_ns as f64;
+        assert!(
+            (t.weighted - want).abs() < 1e-6 * want,
+            "{} vs {want}",
+            t.weighted
+        );
+    }
 }
