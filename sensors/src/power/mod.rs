@@ -13,7 +13,7 @@
 mod attrib;
 mod compute;
 mod config;
-mod model;
+pub mod model;
 mod perf;
 mod rapl;
 mod sample;
