@@ -1,2 +1,159 @@
 //! qosd actuators: apply a resource setting to an app, read back what is in
-//! force, and restore what was found. (Filled by the actuators issue.)
+//! force, and restore what was found.
+//!
+//! Four knobs, each a plugin behind the small [`Actuator`] trait, with the
+//! backends the machine offers chosen at start ([`caps`]): cores (cgroup v2
+//! or v1 cpuset, or `sched_setaffinity`), frequency (cpufreq sysfs or
+//! `cpupower`), cache ways (resctrl or `pqos`) and memory bandwidth (resctrl
+//! MB). [`Actuators`] holds them for the manager. Every path goes through
+//! one [`Root`]; every change is journalled first ([`journal`]) so that it
+//! can be undone on drop, on a signal, after a panic, or after a SIGKILL.
+
+pub mod caps;
+pub mod cores;
+pub mod cpulist;
+pub mod ctx;
+pub mod error;
+pub mod freq;
+pub mod journal;
+pub mod pqos;
+pub mod proc;
+pub mod resctrl;
+pub mod root;
+pub mod set;
+pub mod signals;
+pub mod tool;
+pub mod topology;
+pub mod ways;
+
+use std::collections::BTreeMap;
+
+pub use caps::{BackendProbe, Caps, KnobCaps};
+pub use ctx::Ctx;
+pub use error::{Error, Result};
+pub use journal::restore_state_file;
+pub use qosd_core::{Allocation, Resource};
+pub use root::Root;
+pub use set::{Actuators, Config, CoresBackend, FreqBackend, WaysBackend};
+pub use topology::{allocate_cores, Topology};
+pub use ways::WayAllocator;
+
+use serde::Serialize;
+
+/// An app as the actuators see it: a name (used for its cgroup / resctrl
+/// group, `qosd-<name>`) and its processes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppTarget {
+    pub name: String,
+    pub pids: Vec<i32>,
+}
+
+impl AppTarget {
+    pub fn new(name: impl Into<String>, pids: Vec<i32>) -> Self {
+        AppTarget {
+            name: name.into(),
+            pids,
+        }
+    }
+
+    /// The app of `qosd set --pid PID`: named after the pid.
+    pub fn from_pid(pid: i32) -> Self {
+        AppTarget::new(format!("pid{pid}"), vec![pid])
+    }
+
+    /// The group directory name: `qosd-` and the name with anything but
+    /// `[A-Za-z0-9_.-]` replaced, so it is always one path component.
+    pub fn group_name(&self) -> String {
+        let clean: String = self
+            .name
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || "_.-".contains(c) {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        format!("qosd-{clean}")
+    }
+}
+
+/// One value changed (or restored), for logs and `qosd set` output.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Change {
+    pub resource: Resource,
+    /// The file, or "pid N thread T affinity", or the command run.
+    pub target: String,
+    pub from: String,
+    pub to: String,
+}
+
+impl Change {
+    pub fn new(
+        resource: Resource,
+        target: impl Into<String>,
+        from: impl Into<String>,
+        to: impl Into<String>,
+    ) -> Self {
+        Change {
+            resource,
+            target: target.into(),
+            from: from.into().trim().to_owned(),
+            to: to.into().trim().to_owned(),
+        }
+    }
+}
+
+impl std::fmt::Display for Change {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.to == "run" {
+            write!(f, "{}: ran `{}`", self.resource, self.target)
+        } else if self.from.is_empty() {
+            write!(f, "{}: {} = {}", self.resource, self.target, self.to)
+        } else {
+            write!(
+                f,
+                "{}: {}: {} -> {}",
+                self.resource, self.target, self.from, self.to
+            )
+        }
+    }
+}
+
+/// Every app the set manages with what it is to have (this app's entry is
+/// the allocation being applied).
+pub type Apps = BTreeMap<String, (AppTarget, Allocation)>;
+
+/// What one `apply` asks of a plugin.
+pub struct Plan<'a> {
+    pub app: &'a AppTarget,
+    /// The allocation wanted for `app` (only this plugin's field matters).
+    pub want: &'a Allocation,
+    /// The CPUs the app runs on after the change (for per-CPU knobs).
+    pub cpus: &'a [u32],
+    /// All apps of the set, `app` included with `want`.
+    pub all: &'a Apps,
+}
+
+/// One kind of resource with one backend. The required surface is small:
+/// put a setting in force, read back what is in force; restoring replays
+/// the journal entries of this resource.
+pub trait Actuator: Send {
+    fn resource(&self) -> Resource;
+
+    /// The backend's name as `qosd caps` shows it.
+    fn backend(&self) -> &'static str;
+
+    /// Puts `plan.want`'s field for this resource in force for `plan.app`.
+    /// Every change goes through `ctx` (journal, dry-run, rollback).
+    fn apply(&mut self, ctx: &mut Ctx, plan: &Plan<'_>) -> Result<()>;
+
+    /// What is in force for `app` (only this resource's field is set).
+    fn read(&self, ctx: &Ctx, app: &AppTarget) -> Result<Allocation>;
+
+    /// Puts back everything this resource changed.
+    fn restore(&mut self, ctx: &mut Ctx) -> (Vec<Change>, Vec<Error>) {
+        ctx.restore(Some(self.resource()))
+    }
+}

@@ -2,4 +2,8 @@
 //! subcommands. The `qosd` binary (`main.rs`) only dispatches to `cmd`.
 
 pub mod cmd;
+pub mod config;
 pub mod exit;
+pub mod policy;
+pub mod signals;
+pub mod yamlfile;

@@ -16,7 +16,8 @@ use qosd_manager::{cmd, exit};
 #[command(after_help = "Examples:\n  \
     qosd trace --pid $(pidof memcached) --json     live RPS and latency of a process\n  \
     qosd trace --pid 1234 --pid 5678 --duration 10 several processes for 10 s\n  \
-    qosd power --pid $(pidof nginx)               power of a process and its threads\n\n\
+    qosd check config.yaml policies/*.yaml         validate files (file:line:col on error)\n  \
+    qosd power --pid $(pidof nginx)                power of a process and its threads\n\n\
     Exit codes: 0 success, 1 runtime failure, 2 usage or invalid input.")]
 struct Cli {
     /// Log filter (error, warn, info, debug, trace or a tracing directive);
@@ -31,6 +32,14 @@ struct Cli {
 enum Command {
     /// Per-interval RPS and server-side latency of running processes (eBPF).
     Trace(cmd::trace::Args),
+    /// Which knobs (cores, frequency, cache ways, memory bandwidth) this machine has.
+    Caps(cmd::caps::Args),
+    /// Change one knob by hand (one-shot; `qosd restore` puts it back).
+    Set(cmd::set::Args),
+    /// Put back everything recorded in the state file.
+    Restore(cmd::restore::Args),
+    /// Validate config, policy and scenario files (exit 0 valid, 2 invalid).
+    Check(cmd::check::Args),
     /// Per-process and per-thread power and its source (RAPL, or a model).
     Power(cmd::power::Args),
 }
@@ -48,6 +57,10 @@ fn main() -> ExitCode {
     exit::init_logging(cli.log.as_deref());
     let result = match cli.command {
         Command::Trace(a) => cmd::trace::run(a),
+        Command::Caps(a) => cmd::caps::run(a),
+        Command::Set(a) => cmd::set::run(a),
+        Command::Restore(a) => cmd::restore::run(a),
+        Command::Check(a) => cmd::check::run(a),
         Command::Power(a) => cmd::power::run(a),
     };
     exit::report(result)

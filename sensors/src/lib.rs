@@ -4,5 +4,6 @@
 //! [`power`] attributes node power (RAPL, or a labelled model) to threads
 //! and apps from a `sched_switch` BPF program.
 
+pub mod ebpf;
 pub mod power;
 pub mod stats;

@@ -108,6 +108,18 @@ impl LogHistogram {
         self.sum = self.sum.wrapping_sub(v);
     }
 
+    /// Adds every value of `other` to this histogram.
+    pub fn merge(&mut self, other: &LogHistogram) {
+        for (a, b) in self.counts.iter_mut().zip(other.counts.iter()) {
+            *a += b;
+        }
+        for (a, b) in self.blocks.iter_mut().zip(other.blocks.iter()) {
+            *a += b;
+        }
+        self.total += other.total;
+        self.sum = self.sum.wrapping_add(other.sum);
+    }
+
     pub fn clear(&mut self) {
         self.counts.fill(0);
         self.blocks.fill(0);
@@ -274,6 +286,29 @@ mod tests {
             );
         }
         assert_eq!(bucket_of(u64::MAX), NR_BUCKETS - 1);
+    }
+
+    #[test]
+    fn merge_equals_recording_both() {
+        let (mut a, mut b, mut both) = (
+            LogHistogram::new(),
+            LogHistogram::new(),
+            LogHistogram::new(),
+        );
+        for v in 0..1000u64 {
+            let x = v * v * 37 % 1_000_003;
+            if v % 3 == 0 {
+                a.record(x)
+            } else {
+                b.record(x)
+            }
+            both.record(x);
+        }
+        a.merge(&b);
+        for p in [0.0, 10.0, 50.0, 99.0, 100.0] {
+            assert_eq!(a.percentile(p), both.percentile(p));
+        }
+        assert_eq!(a.mean(), both.mean());
     }
 
     #[test]

@@ -1,4 +1,8 @@
 //! One module per `qosd` subcommand: an `Args` (clap) and a `run`.
 
+pub mod caps;
+pub mod check;
 pub mod power;
+pub mod restore;
+pub mod set;
 pub mod trace;

@@ -4,7 +4,6 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -55,25 +54,6 @@ pub struct Args {
 fn parse_source(s: &str) -> Result<SourceChoice, String> {
     serde_json::from_value(json!(s))
         .map_err(|_| format!("{s:?}: expected auto, powercap, perf or model"))
-}
-
-static STOP: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_signal(_: libc::c_int) {
-    STOP.store(true, Ordering::Relaxed);
-}
-
-fn install_stop_handler() {
-    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
-    let act = SigAction::new(
-        SigHandler::Handler(on_signal),
-        SaFlags::empty(),
-        SigSet::empty(),
-    );
-    for sig in [Signal::SIGINT, Signal::SIGTERM] {
-        // SAFETY: the handler only stores to an atomic (async-signal-safe).
-        let _ = unsafe { sigaction(sig, &act) };
-    }
 }
 
 fn check_args(a: &Args) -> anyhow::Result<()> {
@@ -237,7 +217,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ..PowerConfig::default()
     };
     let mut sensor = PowerSensor::open(&cfg, &args.root).context("starting the power sensor")?;
-    install_stop_handler();
+    crate::signals::install().context("installing signal handlers")?;
     let pids: Vec<u32> = args.pid.iter().map(|p| *p as u32).collect();
     let stdout = std::io::stdout();
     if args.json {
@@ -253,7 +233,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut estimate = false;
     loop {
         let deadline = end.map_or(next, |e| next.min(e));
-        while Instant::now() < deadline && !STOP.load(Ordering::Relaxed) {
+        while Instant::now() < deadline && !crate::signals::stop_requested() {
             std::thread::sleep((deadline - Instant::now()).min(Duration::from_millis(50)));
         }
         let s = sensor.sample().context("sampling power")?;
@@ -270,7 +250,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             writeln!(out, "{}", format_text(&s, &pids, args.top, &args.root))?;
         }
         out.flush()?;
-        let done = STOP.load(Ordering::Relaxed) || end.is_some_and(|e| Instant::now() >= e);
+        let done = crate::signals::stop_requested() || end.is_some_and(|e| Instant::now() >= e);
         if done {
             break;
         }

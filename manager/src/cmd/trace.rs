@@ -1,12 +1,238 @@
-//! `qosd trace`: live per-interval RPS and latency of processes.
+//! `qosd trace`: live per-interval RPS and server-side latency of running
+//! processes, from the eBPF request sensor; a summary over the whole run at
+//! the end (duration reached, Ctrl-C, or every target exited).
+
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
 use clap::Args as ClapArgs;
+use qosd_sensors::ebpf::{
+    KindReport, Mode, RequestTracer, TargetOptions, TraceError, TracerOptions,
+};
+use serde_json::json;
+
+use crate::{signals, usage};
 
 #[derive(ClapArgs, Debug)]
+#[command(after_help = "Examples:\n  \
+    qosd trace --pid $(pidof memcached) --json\n  \
+    qosd trace --pid 1234 --pid 5678 --interval 0.5 --duration 30\n  \
+    qosd trace --pid $(pidof -s nginx) --mode connection --port 80\n\n\
+    Modes: `connection` counts one request per accepted connection (accept ->\n\
+    close); `turn` counts request/response turns on persistent connections\n\
+    (keep-alive HTTP, memcached, redis); `auto` picks one per process from\n\
+    what it sees. Latencies are server-side: from the first request bytes\n\
+    read to the last reply bytes written. Needs root.")]
 pub struct Args {
-    #[arg(long, required = true)]
-    pub pid: Vec<i32>,
+    /// Process to trace (repeat for several).
+    #[arg(long, required = true, value_name = "PID")]
+    pub pid: Vec<u32>,
+    /// Stop after this many seconds (default: until Ctrl-C or every target exits).
+    #[arg(long, value_name = "SECS")]
+    pub duration: Option<f64>,
+    /// Seconds between lines.
+    #[arg(long, default_value_t = 1.0, value_name = "SECS")]
+    pub interval: f64,
+    /// How requests are delimited.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "connection", "turn"])]
+    pub mode: String,
+    /// Only connections accepted on this local port (repeatable).
+    #[arg(long, value_name = "N")]
+    pub port: Vec<u16>,
+    /// One JSON object per line (and a last line with "summary": true).
+    #[arg(long)]
+    pub json: bool,
+    /// Ring buffer size in KiB (a power of two).
+    #[arg(long, default_value_t = 128, value_name = "KIB")]
+    pub ringbuf_kib: u32,
 }
 
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("work in progress")
+fn trace_err(e: TraceError) -> anyhow::Error {
+    if e.is_usage() {
+        usage!("{e}")
+    } else {
+        anyhow::Error::new(e)
+    }
+}
+
+fn check_args(a: &Args) -> anyhow::Result<()> {
+    if !(a.interval.is_finite() && a.interval >= 0.01) {
+        return Err(usage!(
+            "--interval {}: must be at least 0.01 seconds",
+            a.interval
+        ));
+    }
+    if let Some(d) = a.duration {
+        if !(d.is_finite() && d > 0.0) {
+            return Err(usage!(
+                "--duration {d}: must be a positive number of seconds"
+            ));
+        }
+    }
+    for &pid in &a.pid {
+        if pid == 0 || !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            return Err(usage!("no such process: pid {pid}"));
+        }
+    }
+    Ok(())
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    check_args(&a)?;
+    let mode: Mode = a.mode.parse().map_err(|e: String| usage!("{e}"))?;
+    let tracer = RequestTracer::start(TracerOptions {
+        ringbuf_bytes: a.ringbuf_kib.saturating_mul(1024),
+        ..Default::default()
+    })
+    .map_err(trace_err)?;
+    for &pid in &a.pid {
+        let opts = TargetOptions {
+            mode,
+            ports: a.port.clone(),
+        };
+        tracer.add_target(pid, opts).map_err(trace_err)?;
+    }
+    signals::install()?;
+    let start = Instant::now();
+    let interval = Duration::from_secs_f64(a.interval);
+    let end = a.duration.map(|d| start + Duration::from_secs_f64(d));
+    let mut out = std::io::stdout().lock();
+    if !a.json {
+        writeln!(out, "{}", header())?;
+    }
+    let mut next = start + interval;
+    loop {
+        // Sleep to the next deadline in small steps so Ctrl-C is prompt.
+        let stop_at = end.map_or(next, |e| e.min(next));
+        while Instant::now() < stop_at && !signals::stop_requested() {
+            std::thread::sleep((stop_at - Instant::now()).min(Duration::from_millis(50)));
+        }
+        let t_s = start.elapsed().as_secs_f64();
+        let finished = signals::stop_requested() || end.is_some_and(|e| Instant::now() >= e);
+        let mut all_exited = true;
+        for &pid in &a.pid {
+            let Some(r) = tracer.take_report(pid) else {
+                continue;
+            };
+            all_exited &= r.exited;
+            if Instant::now() >= next || finished {
+                print_line(
+                    &mut out,
+                    a.json,
+                    t_s,
+                    pid,
+                    r.mode,
+                    &r.interval,
+                    tracer.dropped(),
+                    false,
+                )?;
+            }
+        }
+        next += interval;
+        if finished || all_exited {
+            break;
+        }
+    }
+    // Replies already sent on connections still open are finished requests.
+    for &pid in &a.pid {
+        tracer.flush_open(pid).map_err(trace_err)?;
+    }
+    let t_s = start.elapsed().as_secs_f64();
+    for &pid in &a.pid {
+        if let Some(r) = tracer.take_report(pid) {
+            print_line(
+                &mut out,
+                a.json,
+                t_s,
+                pid,
+                r.mode,
+                &r.total,
+                tracer.dropped(),
+                true,
+            )?;
+            if r.exited && !a.json {
+                writeln!(out, "pid {pid} exited during the trace")?;
+            }
+        }
+    }
+    out.flush().context("writing to stdout")?;
+    Ok(())
+}
+
+fn header() -> String {
+    format!(
+        "{:>7} {:>8} {:>10} {:>9} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>7}",
+        "t_s",
+        "pid",
+        "mode",
+        "requests",
+        "rps",
+        "latest_us",
+        "mean_us",
+        "p50_us",
+        "p95_us",
+        "p99_us",
+        "dropped"
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn print_line(
+    out: &mut impl Write,
+    json: bool,
+    t_s: f64,
+    pid: u32,
+    mode: Mode,
+    k: &KindReport,
+    dropped: u64,
+    summary: bool,
+) -> anyhow::Result<()> {
+    let mode = if mode == Mode::Auto {
+        "undecided"
+    } else {
+        mode.as_str()
+    };
+    if json {
+        let mut v = json!({
+            "t_s": (t_s * 1000.0).round() / 1000.0,
+            "pid": pid,
+            "mode": mode,
+            "requests": k.requests,
+            "rps": (k.rps * 10.0).round() / 10.0,
+            "latest_us": k.latest_us,
+            "mean_us": k.mean_us,
+            "p50_us": k.p50_us,
+            "p95_us": k.p95_us,
+            "p99_us": k.p99_us,
+            "dropped": dropped,
+        });
+        if summary {
+            v["summary"] = json!(true);
+            v["max_us"] = json!(k.max_us);
+        }
+        writeln!(out, "{v}")?;
+    } else {
+        let f = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{x:.1}"));
+        if summary {
+            writeln!(out, "summary over {t_s:.1} s:")?;
+        }
+        writeln!(
+            out,
+            "{:>7.1} {:>8} {:>10} {:>9} {:>10.1} {:>10} {:>10} {:>10} {:>10} {:>10} {:>7}",
+            t_s,
+            pid,
+            mode,
+            k.requests,
+            k.rps,
+            f(k.latest_us),
+            f(k.mean_us),
+            f(k.p50_us),
+            f(k.p95_us),
+            f(k.p99_us),
+            dropped
+        )?;
+    }
+    out.flush()?;
+    Ok(())
 }

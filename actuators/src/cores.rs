@@ -1,0 +1,228 @@
+//! The cores knob: which CPUs an app runs on. Backends: a cpuset cgroup
+//! (v2 or v1) per app, which holds threads created later by construction,
+//! or `sched_setaffinity` on every thread, which new threads inherit from
+//! the thread that creates them (and which the manager re-applies each tick
+//! for apps that reset their own affinity).
+
+use std::path::{Path, PathBuf};
+
+use qosd_core::{Allocation, Resource};
+
+use crate::error::{Error, Result};
+use crate::root::Root;
+use crate::topology::Topology;
+use crate::{cpulist, proc, Actuator, AppTarget, Ctx, Plan};
+
+const R: Resource = Resource::Cores;
+
+/// A mounted filesystem from `/proc/self/mounts`: (mount point, fstype, options).
+fn mounts(root: &Root) -> Vec<(String, String, String)> {
+    let Ok(s) = root.read("/proc/self/mounts") else {
+        return Vec::new();
+    };
+    s.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() >= 4).then(|| (f[1].to_owned(), f[2].to_owned(), f[3].to_owned()))
+        })
+        .collect()
+}
+
+/// Finds the cgroup2 mount with the cpuset controller usable: the
+/// prefixed mount directory, or why not.
+pub fn probe_cgroup2(root: &Root) -> std::result::Result<PathBuf, String> {
+    let mut cands: Vec<String> = mounts(root)
+        .into_iter()
+        .filter(|(_, t, _)| t == "cgroup2")
+        .map(|(m, _, _)| m)
+        .collect();
+    if cands.is_empty() {
+        cands = vec!["/sys/fs/cgroup".into(), "/sys/fs/cgroup/unified".into()];
+    }
+    let Some(m) = cands
+        .iter()
+        .find(|m| root.exists(format!("{m}/cgroup.controllers")))
+    else {
+        return Err(format!(
+            "no cgroup2 mount (no cgroup.controllers in {})",
+            cands.join(" or ")
+        ));
+    };
+    let ctrls = root
+        .read(format!("{m}/cgroup.controllers"))
+        .unwrap_or_default();
+    if !ctrls.split_whitespace().any(|c| c == "cpuset") {
+        return Err(format!(
+            "cgroup2 at {m}: cpuset not in cgroup.controllers (the controller is bound to a cgroup v1 hierarchy or not built)"
+        ));
+    }
+    let sub = root
+        .read(format!("{m}/cgroup.subtree_control"))
+        .unwrap_or_default();
+    if !sub.split_whitespace().any(|c| c == "cpuset") {
+        return Err(format!(
+            "cgroup2 at {m}: cpuset not enabled in cgroup.subtree_control (echo +cpuset > {m}/cgroup.subtree_control)"
+        ));
+    }
+    Ok(root.path(m))
+}
+
+/// Finds the cgroup v1 hierarchy that has the cpuset controller.
+pub fn probe_cgroup1(root: &Root) -> std::result::Result<PathBuf, String> {
+    let m = mounts(root)
+        .into_iter()
+        .find(|(_, t, o)| t == "cgroup" && o.split(',').any(|x| x == "cpuset"))
+        .map(|(m, _, _)| m)
+        .unwrap_or_else(|| "/sys/fs/cgroup/cpuset".into());
+    if root.exists(format!("{m}/cpuset.cpus")) && root.exists(format!("{m}/cgroup.procs")) {
+        Ok(root.path(m))
+    } else {
+        Err(format!(
+            "no cgroup v1 cpuset hierarchy (no {m}/cpuset.cpus)"
+        ))
+    }
+}
+
+/// Affinity needs `/proc/PID/task` under the root to find the threads.
+pub fn probe_affinity(root: &Root) -> std::result::Result<(), String> {
+    if root.exists("/proc/self/task") {
+        Ok(())
+    } else {
+        Err("no /proc/self/task under the root (not a real /proc)".into())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CoresImpl {
+    Affinity,
+    /// A cpuset cgroup per app under `mount` (prefixed).
+    Cgroup {
+        v2: bool,
+        mount: PathBuf,
+    },
+}
+
+pub struct CoresActuator {
+    pub imp: CoresImpl,
+    pub topo: Topology,
+}
+
+impl CoresActuator {
+    fn group(&self, app: &AppTarget) -> Option<PathBuf> {
+        match &self.imp {
+            CoresImpl::Cgroup { mount, .. } => Some(mount.join(app.group_name())),
+            CoresImpl::Affinity => None,
+        }
+    }
+
+    fn apply_cgroup(
+        &self,
+        ctx: &mut Ctx,
+        v2: bool,
+        mount: &Path,
+        app: &AppTarget,
+        cpus: &[u32],
+    ) -> Result<()> {
+        let group = mount.join(app.group_name());
+        let created = ctx.mkdir(R, &group)?;
+        ctx.write(R, &group.join("cpuset.cpus"), &cpulist::format(cpus), false)?;
+        // A cpuset needs memory nodes before it can hold a task: the
+        // parent's (the root group's effective nodes in v2).
+        let mems = group.join("cpuset.mems");
+        let empty = created
+            || crate::root::read_file(&mems)
+                .map(|s| s.trim().is_empty())
+                .unwrap_or(true);
+        if empty {
+            let parent = mount.join(if v2 {
+                "cpuset.mems.effective"
+            } else {
+                "cpuset.mems"
+            });
+            let m = crate::root::read_file(&parent)?;
+            ctx.write(R, &mems, m.trim(), false)?;
+        }
+        let controller = if v2 { None } else { Some("cpuset") };
+        for &pid in &app.pids {
+            let current = proc::cgroup_of(&ctx.root, pid, controller)?;
+            let from = mount.join(current.trim_start_matches('/'));
+            if from == group {
+                continue;
+            }
+            ctx.move_pid(
+                R,
+                pid,
+                &group.join("cgroup.procs"),
+                &from.join("cgroup.procs"),
+            )?;
+        }
+        Ok(())
+    }
+}
+
+impl Actuator for CoresActuator {
+    fn resource(&self) -> Resource {
+        R
+    }
+
+    fn backend(&self) -> &'static str {
+        match self.imp {
+            CoresImpl::Affinity => "affinity",
+            CoresImpl::Cgroup { v2: true, .. } => "cgroup2",
+            CoresImpl::Cgroup { v2: false, .. } => "cgroup1",
+        }
+    }
+
+    fn apply(&mut self, ctx: &mut Ctx, plan: &Plan<'_>) -> Result<()> {
+        let Some(cpus) = &plan.want.cpus else {
+            return Ok(());
+        };
+        self.topo.check_cpus(cpus)?;
+        for (name, (_, other)) in plan.all {
+            if name == &plan.app.name {
+                continue;
+            }
+            if let Some(oc) = &other.cpus {
+                let shared = self.topo.shared_cores(cpus, oc);
+                if !shared.is_empty() {
+                    let s: Vec<u32> = shared
+                        .iter()
+                        .flat_map(|&i| self.topo.cores[i].clone())
+                        .collect();
+                    return Err(Error::Invalid(format!(
+                        "CPUs {} of app {} share physical cores (CPUs {}) with app {name}",
+                        cpulist::format(cpus),
+                        plan.app.name,
+                        cpulist::format(&s)
+                    )));
+                }
+            }
+        }
+        match self.imp.clone() {
+            CoresImpl::Affinity => {
+                for &pid in &plan.app.pids {
+                    ctx.set_affinity(R, pid, cpus)?;
+                }
+                Ok(())
+            }
+            CoresImpl::Cgroup { v2, mount } => self.apply_cgroup(ctx, v2, &mount, plan.app, cpus),
+        }
+    }
+
+    fn read(&self, ctx: &Ctx, app: &AppTarget) -> Result<Allocation> {
+        let pid = *app
+            .pids
+            .first()
+            .ok_or_else(|| Error::Invalid(format!("app {} has no pid", app.name)))?;
+        let cpus = match self.group(app) {
+            Some(g) if g.join("cpuset.cpus").exists() => {
+                cpulist::parse(&crate::root::read_file(&g.join("cpuset.cpus"))?)?
+            }
+            _ => proc::cpus_allowed(&ctx.root, pid)?,
+        };
+        Ok(Allocation {
+            cpus: Some(cpus),
+            ..Default::default()
+        })
+    }
+}

@@ -1,0 +1,318 @@
+//! The context every actuator changes the machine through: the root
+//! prefix, dry-run, the journal of originals and the undo log of the
+//! change in progress (so a change that fails midway is rolled back).
+
+use std::path::{Path, PathBuf};
+
+use qosd_core::Resource;
+
+use crate::error::{Error, Result};
+use crate::journal::{Entry, Journal};
+use crate::root::{read_file, write_file, Root};
+use crate::{proc, Change};
+
+pub struct Ctx {
+    pub root: Root,
+    pub dry_run: bool,
+    journal: Journal,
+    /// Undo log of the current change: the value before each step.
+    txn: Vec<Entry>,
+    /// Journal length when the current change began.
+    txn_journal_len: usize,
+    /// Directories created so far (files in them need no journal entry:
+    /// removing the directory restores them).
+    created: Vec<PathBuf>,
+    changes: Vec<Change>,
+}
+
+impl Ctx {
+    pub fn new(root: Root, dry_run: bool, journal: Journal) -> Self {
+        let created = journal
+            .entries()
+            .iter()
+            .filter_map(|e| match e {
+                Entry::CreatedDir { path, .. } => Some(path.clone()),
+                _ => None,
+            })
+            .collect();
+        Ctx {
+            root,
+            dry_run,
+            journal,
+            txn: Vec::new(),
+            txn_journal_len: 0,
+            created,
+            changes: Vec::new(),
+        }
+    }
+
+    pub fn journal(&self) -> &Journal {
+        &self.journal
+    }
+
+    pub fn journal_mut(&mut self) -> &mut Journal {
+        &mut self.journal
+    }
+
+    /// Starts a change that is applied whole or not at all.
+    pub fn begin(&mut self) {
+        self.txn.clear();
+        self.changes.clear();
+        self.txn_journal_len = self.journal.entries().len();
+    }
+
+    /// Ends the change; returns what it did.
+    pub fn commit(&mut self) -> Vec<Change> {
+        self.txn.clear();
+        std::mem::take(&mut self.changes)
+    }
+
+    /// Undoes every step of the current change, newest first, drops the
+    /// journal entries it added, and returns `err` (or both errors when the
+    /// undo fails too).
+    pub fn rollback(&mut self, err: Error) -> Error {
+        let mut failures = Vec::new();
+        let undone = self.txn.len();
+        for e in std::mem::take(&mut self.txn).into_iter().rev() {
+            if let Err(u) = e.undo(&self.root, self.dry_run) {
+                failures.push(u.to_string());
+            }
+        }
+        self.changes.clear();
+        let len = self.txn_journal_len;
+        self.created.retain(|p| p.exists());
+        if let Err(e) = self.journal.truncate(len) {
+            failures.push(e.to_string());
+        }
+        if failures.is_empty() {
+            if undone > 0 {
+                tracing::warn!("rolled back {undone} steps after: {err}");
+            }
+            err
+        } else {
+            Error::RollbackFailed {
+                error: Box::new(err),
+                rollback: failures.join("; "),
+            }
+        }
+    }
+
+    fn note(&mut self, c: Change) {
+        if self.dry_run {
+            tracing::info!("dry run: would change {c}");
+        } else {
+            tracing::info!("changed {c}");
+        }
+        self.changes.push(c);
+    }
+
+    fn in_created_dir(&self, p: &Path) -> bool {
+        self.created.iter().any(|d| p.starts_with(d))
+    }
+
+    /// Writes `value` to an already-prefixed path, recording the original
+    /// first. `best_effort`: see [`Entry::File`].
+    pub fn write(
+        &mut self,
+        resource: Resource,
+        path: &Path,
+        value: &str,
+        best_effort: bool,
+    ) -> Result<()> {
+        let own = self.in_created_dir(path);
+        let prior = match read_file(path) {
+            Ok(s) => s,
+            // Inside a group qosd just made (not made at all in a dry run).
+            Err(_) if own => String::new(),
+            Err(e) => return Err(e),
+        };
+        // Re-applying the same allocation every tick writes nothing.
+        if prior.trim() == value.trim() && !(own && prior.is_empty()) {
+            return Ok(());
+        }
+        let entry = Entry::File {
+            resource,
+            path: path.to_owned(),
+            original: prior.clone(),
+            best_effort,
+        };
+        if !own {
+            self.journal.record(entry.clone())?;
+        }
+        if !self.dry_run {
+            write_file(path, value, own)?;
+        }
+        // A file of a group made by this change goes with the group.
+        if !(own && prior.is_empty()) {
+            self.txn.push(entry);
+        }
+        self.note(Change::new(resource, self.root.show(path), prior, value));
+        Ok(())
+    }
+
+    /// Creates a group directory (cgroup or resctrl) unless it exists.
+    /// Returns whether it was created.
+    pub fn mkdir(&mut self, resource: Resource, path: &Path) -> Result<bool> {
+        if path.is_dir() {
+            return Ok(false);
+        }
+        let entry = Entry::CreatedDir {
+            resource,
+            path: path.to_owned(),
+        };
+        self.journal.record(entry.clone())?;
+        if !self.dry_run {
+            std::fs::create_dir(path).map_err(|e| Error::io("creating", path, e))?;
+        }
+        self.created.push(path.to_owned());
+        self.txn.push(entry);
+        self.note(Change::new(resource, self.root.show(path), "", "created"));
+        Ok(true)
+    }
+
+    /// Sets the affinity of every thread of `pid` to `cpus`, repeating
+    /// until no new thread shows up (threads created meanwhile inherit from
+    /// a thread already changed or are caught by the next pass).
+    pub fn set_affinity(&mut self, resource: Resource, pid: i32, cpus: &[u32]) -> Result<()> {
+        let start_time = proc::start_time(&self.root, pid)?;
+        let want = crate::cpulist::format(cpus);
+        let mut done: Vec<(i32, String)> = Vec::new();
+        for _pass in 0..8 {
+            let fresh: Vec<i32> = proc::tids(&self.root, pid)?
+                .into_iter()
+                .filter(|t| !done.iter().any(|(d, _)| d == t))
+                .collect();
+            if fresh.is_empty() {
+                break;
+            }
+            let mut prior = Vec::new();
+            for &tid in &fresh {
+                match proc::get_affinity(tid) {
+                    Ok(c) => prior.push((tid, crate::cpulist::format(&c))),
+                    Err(Error::Sys {
+                        source: nix::Error::ESRCH,
+                        ..
+                    }) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            let entry = Entry::Affinity {
+                resource,
+                pid,
+                start_time,
+                threads: prior.clone(),
+            };
+            // The first record of a pid holds the originals; later threads
+            // restore to the main thread's original.
+            self.journal.record(entry.clone())?;
+            self.txn.push(entry);
+            for (tid, before) in prior {
+                if !self.dry_run {
+                    match proc::set_affinity(tid, cpus) {
+                        Ok(()) => {}
+                        Err(Error::Sys {
+                            source: nix::Error::ESRCH,
+                            ..
+                        }) => continue,
+                        Err(e) => return Err(e),
+                    }
+                }
+                done.push((tid, before.clone()));
+                if before != want {
+                    self.note(Change::new(
+                        resource,
+                        format!("pid {pid} thread {tid} affinity"),
+                        before,
+                        want.clone(),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves `pid` into the cgroup whose `cgroup.procs` is `into`,
+    /// recording `back_to` (the `cgroup.procs` of its current group).
+    pub fn move_pid(
+        &mut self,
+        resource: Resource,
+        pid: i32,
+        into: &Path,
+        back_to: &Path,
+    ) -> Result<()> {
+        let start_time = proc::start_time(&self.root, pid)?;
+        let entry = Entry::Moved {
+            resource,
+            pid,
+            start_time,
+            back_to: back_to.to_owned(),
+        };
+        // A pid already moved by qosd keeps its first origin.
+        let first = !self.journal.entries().iter().any(|e| matches!(e, Entry::Moved { pid: p, start_time: s, .. } if *p == pid && *s == start_time));
+        if first {
+            self.journal.record(entry.clone())?;
+        }
+        if !self.dry_run {
+            write_file(into, &format!("{pid}\n"), self.in_created_dir(into)).map_err(
+                |e| match e {
+                    Error::Io { ref source, .. } if source.raw_os_error() == Some(libc::ESRCH) => {
+                        Error::NoSuchPid(pid)
+                    }
+                    e => e,
+                },
+            )?;
+        }
+        self.txn.push(entry);
+        self.note(Change::new(
+            resource,
+            format!("pid {pid} cgroup"),
+            self.root.show(back_to.parent().unwrap_or(back_to)),
+            self.root.show(into.parent().unwrap_or(into)),
+        ));
+        Ok(())
+    }
+
+    /// Runs an external tool after recording `undos`: (key, command)
+    /// pairs that put back what it changes (the first per key is kept).
+    pub fn run(
+        &mut self,
+        resource: Resource,
+        argv: &[String],
+        undos: Vec<(String, Vec<String>)>,
+    ) -> Result<()> {
+        for (key, undo) in undos {
+            let entry = Entry::Command {
+                resource,
+                key,
+                argv: undo,
+            };
+            self.journal.record(entry.clone())?;
+            self.txn.push(entry);
+        }
+        if !self.dry_run {
+            crate::tool::run(argv)?;
+        }
+        self.note(Change::new(resource, argv.join(" "), "", "run"));
+        Ok(())
+    }
+
+    /// Writes into a group qosd made (a task id into `tasks`): nothing to
+    /// record, removing the group undoes it.
+    pub fn assign(&mut self, resource: Resource, path: &Path, value: &str) -> Result<()> {
+        if !self.dry_run {
+            write_file(path, value, self.in_created_dir(path))?;
+        }
+        self.note(Change::new(resource, self.root.show(path), "", value));
+        Ok(())
+    }
+
+    /// Restores the entries of one resource (or all with `None`).
+    pub fn restore(&mut self, resource: Option<Resource>) -> (Vec<Change>, Vec<Error>) {
+        let r = self.journal.restore_where(|e| match resource {
+            Some(r) => e.resource() == r,
+            None => true,
+        });
+        self.created.retain(|p| p.exists());
+        r
+    }
+}

@@ -1,0 +1,56 @@
+//! `qosd restore`: replay the state file (what `qosd set`, or a qosd that
+//! was killed, changed) and remove it.
+
+use std::path::PathBuf;
+
+use clap::Args as ClapArgs;
+use qosd_actuators::{restore_state_file, Config};
+
+#[derive(ClapArgs, Debug)]
+#[command(after_help = "Examples:\n  \
+    qosd restore                          put back everything in /run/qosd/state.json\n  \
+    qosd restore --dry-run                show what would be put back\n  \
+    qosd restore --state-file /tmp/s.json a state file of another run\n\n\
+    The state file records each original before the first change, so this\n\
+    works after `qosd set`, and after a qosd that was killed with SIGKILL.")]
+pub struct Args {
+    /// State file to replay; default <root>/run/qosd/state.json.
+    #[arg(long, value_name = "PATH")]
+    pub state_file: Option<PathBuf>,
+    /// Root prefix the default state file is under (the root the changes
+    /// were made under is recorded in the file itself).
+    #[arg(long, value_name = "DIR", default_value = "/")]
+    pub root: PathBuf,
+    /// Show what would be restored; change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let cfg = Config {
+        root: args.root,
+        state_file: args.state_file,
+        ..Config::default()
+    };
+    let path = cfg.state_path();
+    if !path.exists() {
+        println!("nothing to restore: no {}", path.display());
+        return Ok(());
+    }
+    let changes = restore_state_file(&path, args.dry_run).map_err(super::set::to_anyhow)?;
+    let verb = if args.dry_run {
+        "would restore"
+    } else {
+        "restored"
+    };
+    for c in &changes {
+        println!("{verb} {c}");
+    }
+    if changes.is_empty() {
+        println!(
+            "nothing to restore (the processes recorded in {} are gone)",
+            path.display()
+        );
+    }
+    Ok(())
+}

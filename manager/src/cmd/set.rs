@@ -1,0 +1,233 @@
+//! `qosd set cores|freq|ways|mb`: one knob by hand. One-shot: the change
+//! stays after qosd exits, its original is recorded in the state file and
+//! `qosd restore` puts it back (or `--hold` keeps it until Ctrl-C/SIGTERM
+//! and restores it then).
+
+use std::path::PathBuf;
+
+use clap::{Args as ClapArgs, Subcommand};
+use qosd_actuators::{
+    cpulist, signals, Actuators, Allocation, AppTarget, Change, Config, CoresBackend, FreqBackend,
+    WaysBackend,
+};
+
+#[derive(ClapArgs, Debug)]
+#[command(after_help = "Examples:\n  \
+    qosd set cores --pid $(pidof memcached) --cpus 1      run every thread of memcached on CPU 1\n  \
+    qosd set cores --pid 1234 --cpus 0-1 --backend affinity\n  \
+    qosd set freq --cpus 0-3 --mhz 1800                   DVFS: 1.8 GHz on CPUs 0-3\n  \
+    qosd set ways --pid 1234 --ways 4                     4 LLC ways (resctrl group qosd-pid1234)\n  \
+    qosd set mb --pid 1234 --percent 50                   memory bandwidth ceiling 50%\n  \
+    qosd set --dry-run cores --pid 1234 --cpus 1          print what would change\n  \
+    qosd set --hold cores --pid 1234 --cpus 1             keep it until Ctrl-C, then restore\n  \
+    qosd restore                                          put back everything qosd set changed\n\n\
+    `qosd caps` says which knobs and backends this machine has.")]
+pub struct Args {
+    #[command(subcommand)]
+    pub knob: Knob,
+    /// Root prefix for /sys, /proc, cgroup and resctrl paths (tests use a fake tree).
+    #[arg(long, value_name = "DIR", default_value = "/", global = true)]
+    pub root: PathBuf,
+    /// Where originals are recorded; default <root>/run/qosd/state.json.
+    #[arg(long, value_name = "PATH", global = true)]
+    pub state_file: Option<PathBuf>,
+    /// Print each change that would be made; make none.
+    #[arg(long, global = true)]
+    pub dry_run: bool,
+    /// Keep the change until SIGINT/SIGTERM/SIGHUP, then restore it.
+    #[arg(long, global = true)]
+    pub hold: bool,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Knob {
+    /// CPUs every thread of a process may run on.
+    Cores {
+        /// Process to move (all its threads, and threads it creates later).
+        #[arg(long, required = true)]
+        pid: Vec<i32>,
+        /// CPU list, e.g. 0-3,8.
+        #[arg(long, value_name = "LIST")]
+        cpus: String,
+        #[arg(long, value_enum, default_value = "auto")]
+        backend: CoresArg,
+    },
+    /// Frequency of a CPU list (DVFS).
+    Freq {
+        /// CPU list, e.g. 0-3.
+        #[arg(long, value_name = "LIST")]
+        cpus: String,
+        /// Frequency in MHz (rounded down to an available step).
+        #[arg(long)]
+        mhz: u32,
+        #[arg(long, value_enum, default_value = "auto")]
+        backend: FreqArg,
+    },
+    /// Last-level-cache ways of a process (contiguous, its own).
+    Ways {
+        #[arg(long, required = true)]
+        pid: Vec<i32>,
+        /// Number of ways.
+        #[arg(long)]
+        ways: u32,
+        #[arg(long, value_enum, default_value = "auto")]
+        backend: WaysArg,
+    },
+    /// Memory bandwidth ceiling of a process (resctrl MB).
+    Mb {
+        #[arg(long, required = true)]
+        pid: Vec<i32>,
+        /// Percent of the memory bandwidth, 1-100 (rounded up to the granularity).
+        #[arg(long)]
+        percent: u32,
+    },
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum CoresArg {
+    Auto,
+    Cgroup2,
+    Cgroup1,
+    Affinity,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum FreqArg {
+    Auto,
+    Cpufreq,
+    Cpupower,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum WaysArg {
+    Auto,
+    Resctrl,
+    Pqos,
+}
+
+/// Maps a library error to the CLI's exit codes: the user's input is a
+/// usage error (exit 2), the rest a runtime failure (exit 1).
+pub fn to_anyhow(e: qosd_actuators::Error) -> anyhow::Error {
+    if e.is_invalid_input() {
+        crate::usage!("{e}")
+    } else {
+        anyhow::Error::new(e)
+    }
+}
+
+fn parse_cpus(s: &str) -> anyhow::Result<Vec<u32>> {
+    let v = cpulist::parse(s).map_err(|e| crate::usage!("--cpus: {e}"))?;
+    if v.is_empty() {
+        return Err(crate::usage!("--cpus: empty CPU list"));
+    }
+    Ok(v)
+}
+
+fn app(pids: &[i32]) -> AppTarget {
+    let mut a = AppTarget::from_pid(pids[0]);
+    a.pids = pids.to_vec();
+    a
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let mut cfg = Config {
+        root: args.root.clone(),
+        dry_run: args.dry_run,
+        state_file: args.state_file.clone(),
+        restore_on_drop: false,
+        ..Config::default()
+    };
+    match &args.knob {
+        Knob::Cores { backend, .. } => {
+            cfg.cores_backend = match backend {
+                CoresArg::Auto => CoresBackend::Auto,
+                CoresArg::Cgroup2 => CoresBackend::Cgroup2,
+                CoresArg::Cgroup1 => CoresBackend::Cgroup1,
+                CoresArg::Affinity => CoresBackend::Affinity,
+            }
+        }
+        Knob::Freq { backend, .. } => {
+            cfg.frequency_backend = match backend {
+                FreqArg::Auto => FreqBackend::Auto,
+                FreqArg::Cpufreq => FreqBackend::Cpufreq,
+                FreqArg::Cpupower => FreqBackend::Cpupower,
+            }
+        }
+        Knob::Ways { backend, .. } => {
+            cfg.cache_ways_backend = match backend {
+                WaysArg::Auto => WaysBackend::Auto,
+                WaysArg::Resctrl => WaysBackend::Resctrl,
+                WaysArg::Pqos => WaysBackend::Pqos,
+            }
+        }
+        Knob::Mb { .. } => {}
+    }
+    // Block the termination signals before changing anything, so that
+    // with --hold a signal arriving mid-change waits and then restores.
+    let sigs = if args.hold {
+        Some(signals::block_termination().map_err(to_anyhow)?)
+    } else {
+        None
+    };
+    let mut acts = Actuators::new(&cfg).map_err(to_anyhow)?;
+    let changes = match &args.knob {
+        Knob::Cores { pid, cpus, .. } => {
+            let alloc = Allocation {
+                cpus: Some(parse_cpus(cpus)?),
+                ..Default::default()
+            };
+            acts.apply(&app(pid), &alloc)
+        }
+        Knob::Freq { cpus, mhz, .. } => acts.set_cpu_freq(&parse_cpus(cpus)?, *mhz),
+        Knob::Ways { pid, ways, .. } => acts.apply(
+            &app(pid),
+            &Allocation {
+                llc_ways: Some(*ways),
+                ..Default::default()
+            },
+        ),
+        Knob::Mb { pid, percent, .. } => acts.apply(
+            &app(pid),
+            &Allocation {
+                mb_percent: Some(*percent),
+                ..Default::default()
+            },
+        ),
+    }
+    .map_err(to_anyhow)?;
+    print_changes(&changes, args.dry_run);
+    let state = cfg.state_path();
+    match sigs {
+        Some(set) if !args.dry_run => {
+            println!("holding; SIGINT/SIGTERM restores");
+            let sig = signals::wait(&set).map_err(to_anyhow)?;
+            let restored = acts.restore_all().map_err(to_anyhow)?;
+            for c in &restored {
+                println!("restored {c}");
+            }
+            println!("restored on {sig}");
+        }
+        _ if !args.dry_run && !changes.is_empty() => {
+            acts.keep_changes();
+            println!(
+                "originals recorded in {}; `qosd restore` puts them back",
+                state.display()
+            );
+        }
+        _ => acts.keep_changes(),
+    }
+    Ok(())
+}
+
+fn print_changes(changes: &[Change], dry_run: bool) {
+    if changes.is_empty() {
+        println!("nothing to change: already in force");
+    }
+    for c in changes {
+        if dry_run {
+            println!("would change {c}");
+        } else {
+            println!("changed {c}");
+        }
+    }
+}

@@ -1,0 +1,313 @@
+//! `qosd caps`, `qosd set`, `qosd restore` end to end: the binary on this
+//! machine and on fake trees, exit codes, and the SIGTERM and SIGKILL
+//! paths of a `qosd set --hold` child.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+use common::*;
+
+#[test]
+fn caps_json_tells_what_this_machine_has() {
+    let out = qosd(&["caps", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for k in ["cores", "frequency", "cache_ways", "memory_bandwidth"] {
+        let knob = &v[k];
+        assert!(knob["available"].is_boolean(), "{k}");
+        assert!(
+            !knob["reason"].as_str().unwrap().is_empty(),
+            "{k} has a reason"
+        );
+        assert_eq!(
+            knob["available"].as_bool().unwrap(),
+            knob["backend"].is_string(),
+            "{k}"
+        );
+    }
+    // Affinity works on any Linux; cpuset where the cgroup fs has it.
+    assert_eq!(v["cores"]["available"], true);
+    let names = |k: &str| -> Vec<String> {
+        v[k]["backends"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|b| b["available"] == true)
+            .map(|b| b["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert!(names("cores").contains(&"affinity".to_owned()));
+    assert_eq!(
+        names("cores").contains(&"cgroup1".to_owned()),
+        Path::new("/sys/fs/cgroup/cpuset/cpuset.cpus").exists()
+    );
+    assert_eq!(
+        v["frequency"]["available"].as_bool().unwrap(),
+        Path::new("/sys/devices/system/cpu/cpu0/cpufreq").exists()
+    );
+    assert_eq!(
+        v["cache_ways"]["available"].as_bool().unwrap(),
+        Path::new("/sys/fs/resctrl/info/L3").exists()
+            || names("cache_ways").contains(&"pqos".to_owned())
+    );
+    assert_eq!(
+        v["memory_bandwidth"]["available"].as_bool().unwrap(),
+        Path::new("/sys/fs/resctrl/info/MB").exists()
+    );
+    if !Path::new("/sys/devices/system/cpu/cpu0/cpufreq").exists() {
+        assert!(v["frequency"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("no /sys/devices/system/cpu/cpu0/cpufreq"));
+    }
+    let table = qosd(&["caps"]);
+    assert!(text(&table.stdout).starts_with("cores"));
+}
+
+#[test]
+fn bad_input_exits_2_and_names_what_is_wrong() {
+    let d = tempfile::tempdir().unwrap();
+    let state = d.path().join("s.json");
+    let s = state.to_str().unwrap();
+    let out = qosd(&[
+        "set",
+        "--state-file",
+        s,
+        "cores",
+        "--pid",
+        "999999999",
+        "--cpus",
+        "0",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("no process with pid 999999999"),
+        "{}",
+        text(&out.stderr)
+    );
+    let me = std::process::id().to_string();
+    let out = qosd(&[
+        "set",
+        "--state-file",
+        s,
+        "cores",
+        "--pid",
+        &me,
+        "--cpus",
+        "4096",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("CPU 4096 is not online"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = qosd(&[
+        "set",
+        "--state-file",
+        s,
+        "cores",
+        "--pid",
+        &me,
+        "--cpus",
+        "1-x",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("--cpus"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!state.exists(), "nothing recorded, nothing changed");
+    // A fake tree where the knob is missing: a runtime failure, with why.
+    let root = d.path().join("root");
+    put(&root, "/sys/devices/system/cpu/online", "0-1\n");
+    let out = qosd(&[
+        "set",
+        "--root",
+        root.to_str().unwrap(),
+        "freq",
+        "--cpus",
+        "0",
+        "--mhz",
+        "1000",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr)
+            .contains("frequency: unavailable: cpufreq: no /sys/devices/system/cpu/cpu0/cpufreq"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn set_and_restore_on_a_fake_tree_with_dry_run() {
+    let d = tempfile::tempdir().unwrap();
+    let root = d.path().join("root");
+    cpufreq_tree(&root, true);
+    let before = snapshot(&root);
+    let r = root.to_str().unwrap();
+    let out = qosd(&[
+        "set",
+        "--root",
+        r,
+        "--dry-run",
+        "freq",
+        "--cpus",
+        "0-1",
+        "--mhz",
+        "1300",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout)
+        .contains("would change frequency: /sys/devices/system/cpu/cpu0/cpufreq/scaling_setspeed"));
+    assert_eq!(snapshot(&root), before);
+
+    let out = qosd(&["set", "--root", r, "freq", "--cpus", "0-1", "--mhz", "1300"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        get(
+            &root,
+            "/sys/devices/system/cpu/cpu1/cpufreq/scaling_setspeed"
+        ),
+        "1200000"
+    );
+    // The default state file lives under the root.
+    assert!(root.join("run/qosd/state.json").exists());
+    let out = qosd(&["restore", "--root", r]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    std::fs::remove_file(root.join("run/qosd/state.lock")).unwrap();
+    std::fs::remove_dir_all(root.join("run")).unwrap();
+    assert_eq!(snapshot(&root), before);
+}
+
+/// Starts `qosd set --hold ...` and waits until the change is made. The
+/// caller signals and waits for the returned child.
+#[allow(clippy::zombie_processes)]
+fn hold(args: &[&str]) -> (Child, BufReader<std::process::ChildStdout>) {
+    let mut child = Command::new(QOSD)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    loop {
+        line.clear();
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "qosd exited before holding"
+        );
+        if line.starts_with("holding") {
+            return (child, out);
+        }
+    }
+}
+
+fn kill(child: &Child, sig: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), sig).unwrap();
+}
+
+#[test]
+fn sigterm_restores_and_sigkill_leaves_a_state_file_for_restore() {
+    let d = tempfile::tempdir().unwrap();
+    let root = d.path().join("root");
+    cpufreq_tree(&root, false);
+    let before = snapshot(&root);
+    let r = root.to_str().unwrap();
+    let state = d.path().join("s.json");
+    let s = state.to_str().unwrap();
+    let args = [
+        "set",
+        "--root",
+        r,
+        "--state-file",
+        s,
+        "--hold",
+        "freq",
+        "--cpus",
+        "0-1",
+        "--mhz",
+        "1500",
+    ];
+
+    let (mut child, _out) = hold(&args);
+    assert_eq!(
+        get(
+            &root,
+            "/sys/devices/system/cpu/cpu0/cpufreq/scaling_max_freq"
+        ),
+        "1500000"
+    );
+    kill(&child, nix::sys::signal::Signal::SIGTERM);
+    assert!(child.wait().unwrap().success());
+    assert_eq!(snapshot(&root), before, "SIGTERM: qosd restored on its own");
+    assert!(!state.exists());
+
+    let (mut child, _out) = hold(&args);
+    kill(&child, nix::sys::signal::Signal::SIGKILL);
+    child.wait().unwrap();
+    assert_eq!(
+        get(
+            &root,
+            "/sys/devices/system/cpu/cpu1/cpufreq/scaling_max_freq"
+        ),
+        "1500000"
+    );
+    assert!(
+        state.exists(),
+        "SIGKILL: the originals are in the state file"
+    );
+    let out = qosd(&["restore", "--state-file", s]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("restored frequency"));
+    assert_eq!(snapshot(&root), before);
+    assert!(!state.exists());
+}
+
+#[test]
+fn real_sigkill_then_restore_puts_the_affinity_back() {
+    let mut sleeper = Command::new("sleep").arg("60").spawn().unwrap();
+    let pid = sleeper.id().to_string();
+    let status = format!("/proc/{pid}/status");
+    let mask = || {
+        std::fs::read_to_string(&status)
+            .unwrap()
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("Cpus_allowed_list:")
+                    .map(|s| s.trim().to_owned())
+            })
+            .unwrap()
+    };
+    let orig = mask();
+    let d = tempfile::tempdir().unwrap();
+    let s = d.path().join("s.json");
+    let (mut child, _out) = hold(&[
+        "set",
+        "--state-file",
+        s.to_str().unwrap(),
+        "--hold",
+        "cores",
+        "--pid",
+        &pid,
+        "--cpus",
+        "0",
+        "--backend",
+        "affinity",
+    ]);
+    assert_eq!(mask(), "0");
+    kill(&child, nix::sys::signal::Signal::SIGKILL);
+    child.wait().unwrap();
+    assert_eq!(mask(), "0", "a killed qosd restores nothing itself");
+    let out = qosd(&["restore", "--state-file", s.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(mask(), orig);
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
+}

@@ -1,0 +1,312 @@
+//! The eBPF request sensor: per-request, server-side latency and throughput
+//! of running processes, from syscall tracepoints, with no change to the
+//! application and no client feedback.
+//!
+//! [`RequestTracer`] loads `bpf/requests.bpf.c` once and traces any number
+//! of processes. Per pid it answers the four calls of the eBeeMetrics paper
+//! (`rps`, `latest_latency`, `average_latency`, `latency_percentile`) over a
+//! window of the last N requests, plus counts, drops and the request
+//! boundary mode in use. The kernel side emits one record per request; the
+//! statistics are all done here (see [`crate::stats`]).
+
+mod bpf;
+mod probe;
+mod seed;
+mod target;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+pub use probe::{check_environment, monotonic_ns};
+pub use target::{KindReport, TargetReport};
+
+use target::TargetStats;
+
+/// How a target's byte stream is cut into requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Mode {
+    /// Pick `Connection` or `Turn` per target from what is observed.
+    #[default]
+    Auto,
+    /// One request per accepted connection: accept -> close.
+    Connection,
+    /// Request/response turns on persistent connections: first inbound bytes
+    /// after the server last wrote -> last outbound bytes before the next
+    /// inbound bytes or the close.
+    Turn,
+}
+
+impl Mode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Auto => "auto",
+            Mode::Connection => "connection",
+            Mode::Turn => "turn",
+        }
+    }
+}
+
+impl std::str::FromStr for Mode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Mode::Auto),
+            "connection" => Ok(Mode::Connection),
+            "turn" => Ok(Mode::Turn),
+            _ => Err(format!(
+                "unknown mode {s:?}: expected auto, connection or turn"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Settings of the tracer as a whole.
+#[derive(Debug, Clone)]
+pub struct TracerOptions {
+    /// Size of the BPF ring buffer, bytes: a power of two, at least 4096.
+    pub ringbuf_bytes: u32,
+    /// Latencies kept per target for the windowed calls.
+    pub window: usize,
+}
+
+impl Default for TracerOptions {
+    fn default() -> Self {
+        Self {
+            ringbuf_bytes: 128 * 1024,
+            window: 100_000,
+        }
+    }
+}
+
+/// Settings of one traced process.
+#[derive(Debug, Clone, Default)]
+pub struct TargetOptions {
+    pub mode: Mode,
+    /// Only connections accepted on these local ports count (empty: all).
+    pub ports: Vec<u16>,
+}
+
+/// Why tracing could not start or a target could not be added.
+#[derive(Debug, thiserror::Error)]
+pub enum TraceError {
+    #[error("{0}")]
+    Environment(String),
+    #[error("no such process: pid {0}")]
+    NoSuchProcess(u32),
+    #[error("invalid option: {0}")]
+    InvalidOption(String),
+    #[error("eBPF: {0}")]
+    Bpf(String),
+}
+
+impl TraceError {
+    /// Whether the caller's input is at fault (exit code 2 in the CLI).
+    pub fn is_usage(&self) -> bool {
+        matches!(
+            self,
+            TraceError::NoSuchProcess(_) | TraceError::InvalidOption(_)
+        )
+    }
+}
+
+type Reply = mpsc::Sender<Result<(), TraceError>>;
+
+enum Cmd {
+    Add(u32, TargetOptions, Reply),
+    Remove(u32, Reply),
+    /// Count the requests whose reply was sent but whose connection is
+    /// still open (their end is otherwise only known at the next inbound
+    /// bytes or the close).
+    FlushOpen(u32, Reply),
+    Stop,
+}
+
+/// State shared between the tracer thread and the callers.
+struct Shared {
+    targets: Mutex<HashMap<u32, TargetStats>>,
+    dropped: AtomicU64,
+}
+
+/// A running request tracer. Cheap to share (`Send + Sync`); stopping it
+/// (drop) detaches every program.
+pub struct RequestTracer {
+    shared: Arc<Shared>,
+    cmd: mpsc::Sender<Cmd>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl RequestTracer {
+    /// Checks the environment, loads and attaches the BPF programs.
+    pub fn start(opts: TracerOptions) -> Result<Self, TraceError> {
+        if opts.ringbuf_bytes < 4096 || !opts.ringbuf_bytes.is_power_of_two() {
+            return Err(TraceError::InvalidOption(format!(
+                "ring buffer size {} bytes: must be a power of two, at least 4096",
+                opts.ringbuf_bytes
+            )));
+        }
+        if opts.window == 0 {
+            return Err(TraceError::InvalidOption(
+                "window must hold at least 1 request".into(),
+            ));
+        }
+        probe::check_environment()?;
+        let shared = Arc::new(Shared {
+            targets: Mutex::new(HashMap::new()),
+            dropped: AtomicU64::new(0),
+        });
+        let (cmd_tx, cmd_rx) = mpsc::channel();
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let thread_shared = Arc::clone(&shared);
+        let thread = std::thread::Builder::new()
+            .name("qosd-bpf".into())
+            .spawn(move || bpf::run(opts, thread_shared, cmd_rx, ready_tx))
+            .map_err(|e| TraceError::Bpf(format!("spawning the tracer thread: {e}")))?;
+        match ready_rx.recv() {
+            Ok(Ok(())) => Ok(Self {
+                shared,
+                cmd: cmd_tx,
+                thread: Some(thread),
+            }),
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                Err(e)
+            }
+            Err(_) => {
+                let _ = thread.join();
+                Err(TraceError::Bpf(
+                    "the tracer thread died while loading".into(),
+                ))
+            }
+        }
+    }
+
+    fn call(&self, make: impl FnOnce(Reply) -> Cmd) -> Result<(), TraceError> {
+        let (tx, rx) = mpsc::channel();
+        self.cmd
+            .send(make(tx))
+            .map_err(|_| TraceError::Bpf("the tracer thread has stopped".into()))?;
+        rx.recv()
+            .map_err(|_| TraceError::Bpf("the tracer thread has stopped".into()))?
+    }
+
+    /// Starts tracing `pid`. Connections it accepted before this call are
+    /// picked up too (from /proc), so a long-lived keep-alive connection is
+    /// followed from its next request on.
+    pub fn add_target(&self, pid: u32, opts: TargetOptions) -> Result<(), TraceError> {
+        self.call(|r| Cmd::Add(pid, opts, r))
+    }
+
+    pub fn remove_target(&self, pid: u32) -> Result<(), TraceError> {
+        self.call(|r| Cmd::Remove(pid, r))
+    }
+
+    /// Counts requests answered on connections that are still open; call it
+    /// once when a trace ends, before the final report.
+    pub fn flush_open(&self, pid: u32) -> Result<(), TraceError> {
+        self.call(|r| Cmd::FlushOpen(pid, r))
+    }
+
+    fn targets(&self) -> MutexGuard<'_, HashMap<u32, TargetStats>> {
+        // A panic while holding the lock leaves plain counters behind:
+        // still readable.
+        self.shared
+            .targets
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn with<T>(&self, pid: u32, f: impl FnOnce(&TargetStats) -> T) -> Option<T> {
+        self.targets().get(&pid).map(f)
+    }
+
+    /// Requests per second over the last second (`get_RPS`).
+    pub fn rps(&self, pid: u32) -> Option<f64> {
+        let now = monotonic_ns();
+        self.with(pid, |t| t.chosen().window.rps(now))
+    }
+
+    /// Latency of the most recent request (`get_latest_latency`).
+    pub fn latest_latency(&self, pid: u32) -> Option<Duration> {
+        self.with(pid, |t| {
+            t.chosen().window.latest().map(Duration::from_nanos)
+        })
+        .flatten()
+    }
+
+    /// Mean latency over the window (`get_average_latency`).
+    pub fn average_latency(&self, pid: u32) -> Option<Duration> {
+        self.with(pid, |t| {
+            t.chosen()
+                .window
+                .mean()
+                .map(|m| Duration::from_nanos(m as u64))
+        })
+        .flatten()
+    }
+
+    /// Any latency percentile over the window (`get_latency_percentile`),
+    /// `p` in [0, 100].
+    pub fn latency_percentile(&self, pid: u32, p: f64) -> Option<Duration> {
+        self.with(pid, |t| {
+            t.chosen().window.percentile(p).map(Duration::from_nanos)
+        })
+        .flatten()
+    }
+
+    /// Requests counted since tracing of `pid` began.
+    pub fn requests(&self, pid: u32) -> Option<u64> {
+        self.with(pid, |t| t.chosen().total_count)
+    }
+
+    /// The boundary mode in use for `pid` (`Auto` until it has seen enough).
+    pub fn mode(&self, pid: u32) -> Option<Mode> {
+        self.with(pid, |t| t.effective_mode())
+    }
+
+    /// Whether `pid` has exited since tracing began.
+    pub fn exited(&self, pid: u32) -> Option<bool> {
+        self.with(pid, |t| t.exited)
+    }
+
+    /// Records lost because the ring buffer was full (all targets).
+    pub fn dropped(&self) -> u64 {
+        self.shared.dropped.load(Ordering::Relaxed)
+    }
+
+    /// The window figures of `pid` in one call (one lock).
+    pub fn summary(&self, pid: u32) -> Option<qosd_core::LatencySummary> {
+        let now = monotonic_ns();
+        self.with(pid, |t| t.window_summary(now))
+    }
+
+    /// The figures since the last call (interval) and since the start
+    /// (total), and resets the interval.
+    pub fn take_report(&self, pid: u32) -> Option<TargetReport> {
+        self.targets().get_mut(&pid).map(|t| t.take_report())
+    }
+
+    /// Pids being traced.
+    pub fn pids(&self) -> Vec<u32> {
+        let mut v: Vec<u32> = self.targets().keys().copied().collect();
+        v.sort_unstable();
+        v
+    }
+}
+
+impl Drop for RequestTracer {
+    fn drop(&mut self) {
+        let _ = self.cmd.send(Cmd::Stop);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

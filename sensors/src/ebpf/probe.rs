@@ -1,0 +1,61 @@
+//! What the kernel must offer before we load anything, each checked with a
+//! message that names what is missing and how to fix it.
+
+use std::path::Path;
+
+use super::TraceError;
+
+const CAP_SYS_ADMIN: u32 = 21;
+const CAP_PERFMON: u32 = 38;
+const CAP_BPF: u32 = 39;
+
+const BTF: &str = "/sys/kernel/btf/vmlinux";
+const TRACEFS: [&str; 2] = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"];
+
+/// CLOCK_MONOTONIC in ns: the clock of `bpf_ktime_get_ns()`.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the timespec we own; CLOCK_MONOTONIC
+    // is always supported on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn effective_caps() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("CapEff:"))?;
+    u64::from_str_radix(line["CapEff:".len()..].trim(), 16).ok()
+}
+
+/// Privileges, BTF and tracefs: everything the tracer needs from the node.
+pub fn check_environment() -> Result<(), TraceError> {
+    let caps = effective_caps().unwrap_or(0);
+    let has = |c: u32| caps & (1 << c) != 0;
+    if !(has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON))) {
+        return Err(TraceError::Environment(
+            "loading eBPF programs needs root (CAP_BPF and CAP_PERFMON, or CAP_SYS_ADMIN); \
+             run qosd as root"
+                .into(),
+        ));
+    }
+    if !Path::new(BTF).exists() {
+        return Err(TraceError::Environment(format!(
+            "{BTF} is missing: this kernel exposes no BTF (CONFIG_DEBUG_INFO_BTF), \
+             which the CO-RE programs need"
+        )));
+    }
+    if !TRACEFS
+        .iter()
+        .any(|d| Path::new(d).join("events/syscalls").is_dir())
+    {
+        return Err(TraceError::Environment(format!(
+            "tracefs is not mounted ({}/events is missing); libbpf needs it for \
+             tracepoint ids: mount -t tracefs tracefs {}",
+            TRACEFS[0], TRACEFS[0]
+        )));
+    }
+    Ok(())
+}

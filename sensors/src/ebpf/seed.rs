@@ -1,0 +1,131 @@
+//! Connections a process accepted before tracing began, found in /proc, so
+//! that a keep-alive connection already open is followed from its next
+//! request on instead of being invisible until it reconnects.
+
+use std::collections::{HashMap, HashSet};
+use std::fs;
+
+/// TCP states in /proc/net/tcp.
+const TCP_ESTABLISHED: u8 = 0x01;
+const TCP_LISTEN: u8 = 0x0A;
+
+/// One row of /proc/PID/net/tcp{,6}: local port, state, socket inode.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct TcpRow {
+    pub local_port: u16,
+    pub state: u8,
+    pub inode: u64,
+}
+
+pub(crate) fn parse_tcp_table(text: &str) -> Vec<TcpRow> {
+    text.lines()
+        .skip(1)
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            // sl local_address rem_address st tx:rx tr:tm retrnsmt uid timeout inode
+            let local = f.get(1)?;
+            let port = u16::from_str_radix(local.rsplit(':').next()?, 16).ok()?;
+            let state = u8::from_str_radix(f.get(3)?, 16).ok()?;
+            let inode = f.get(9)?.parse().ok()?;
+            Some(TcpRow {
+                local_port: port,
+                state,
+                inode,
+            })
+        })
+        .collect()
+}
+
+/// (fd, local port) of every established TCP connection of `pid` whose
+/// local port is one the process listens on, i.e. one it accepted.
+pub(crate) fn accepted_connections(pid: u32) -> Vec<(u32, u16)> {
+    let mut rows = Vec::new();
+    for table in ["tcp", "tcp6"] {
+        if let Ok(text) = fs::read_to_string(format!("/proc/{pid}/net/{table}")) {
+            rows.extend(parse_tcp_table(&text));
+        }
+    }
+    let listening: HashSet<u16> = rows
+        .iter()
+        .filter(|r| r.state == TCP_LISTEN)
+        .map(|r| r.local_port)
+        .collect();
+    let accepted: HashMap<u64, u16> = rows
+        .iter()
+        .filter(|r| r.state == TCP_ESTABLISHED && listening.contains(&r.local_port))
+        .map(|r| (r.inode, r.local_port))
+        .collect();
+    let Ok(dir) = fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for entry in dir.flatten() {
+        let Ok(fd) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(link) = fs::read_link(entry.path()) else {
+            continue;
+        };
+        let link = link.to_string_lossy();
+        let Some(inode) = link
+            .strip_prefix("socket:[")
+            .and_then(|s| s.strip_suffix(']'))
+            .and_then(|s| s.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        if let Some(&port) = accepted.get(&inode) {
+            out.push((fd, port));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_proc_net_tcp() {
+        let text = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
+   0: 0100007F:2BCB 00000000:0000 0A 00000000:00000000 00:00000000 00000000   100        0 31337 1 0000000000000000 100 0 0 10 0\n\
+   1: 0100007F:2BCB 0100007F:D2F0 01 00000000:00000000 00:00000000 00000000   100        0 41414 1 0000000000000000 20 4 30 10 -1\n";
+        let rows = parse_tcp_table(text);
+        assert_eq!(
+            rows,
+            vec![
+                TcpRow {
+                    local_port: 11211,
+                    state: TCP_LISTEN,
+                    inode: 31337
+                },
+                TcpRow {
+                    local_port: 11211,
+                    state: TCP_ESTABLISHED,
+                    inode: 41414
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn finds_connections_this_process_accepted() {
+        use std::io::Read;
+        use std::net::{TcpListener, TcpStream};
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let _client = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let (mut server_side, _) = l.accept().unwrap();
+        server_side.set_nonblocking(true).unwrap();
+        let _ = server_side.read(&mut [0u8; 1]);
+        use std::os::fd::AsRawFd;
+        let fd = server_side.as_raw_fd() as u32;
+        let found = accepted_connections(std::process::id());
+        assert!(
+            found.contains(&(fd, port)),
+            "{found:?} lacks ({fd}, {port})"
+        );
+        // The client side's local port is ephemeral, not a listening port.
+        assert_eq!(found.iter().filter(|(_, p)| *p == port).count(), 1);
+    }
+}

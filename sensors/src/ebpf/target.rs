@@ -1,0 +1,221 @@
+//! Per-target statistics and the `auto` choice between boundary modes.
+//!
+//! The kernel sends TURN and CONN records side by side (for `auto`); each
+//! kind has its own window, interval and total, so whichever mode is chosen
+//! covers every request since tracing began, and a late decision loses
+//! nothing.
+
+use qosd_core::LatencySummary;
+use serde::Serialize;
+
+use super::Mode;
+use crate::stats::{LogHistogram, Window};
+
+/// Figures of one record kind.
+#[derive(Debug)]
+pub(crate) struct KindStats {
+    pub window: Window,
+    pub interval: LogHistogram,
+    pub total: LogHistogram,
+    pub interval_count: u64,
+    pub total_count: u64,
+    pub interval_latest: Option<u64>,
+}
+
+impl KindStats {
+    fn new(window: usize) -> Self {
+        Self {
+            window: Window::new(window),
+            interval: LogHistogram::new(),
+            total: LogHistogram::new(),
+            interval_count: 0,
+            total_count: 0,
+            interval_latest: None,
+        }
+    }
+
+    #[inline]
+    pub fn record(&mut self, end_ns: u64, latency_ns: u64) {
+        self.window.push(end_ns, latency_ns);
+        self.interval.record(latency_ns);
+        self.total.record(latency_ns);
+        self.interval_count += 1;
+        self.total_count += 1;
+        self.interval_latest = Some(latency_ns);
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct TargetStats {
+    pub requested: Mode,
+    pub turn: KindStats,
+    pub conn: KindStats,
+    /// TURN records that were the first turn of their connection: the
+    /// number of connections seen through turns.
+    pub first_turns: u64,
+    pub exited: bool,
+    pub started_ns: u64,
+    pub interval_start_ns: u64,
+}
+
+/// Connections average at least this many turns: keep-alive, use `turn`.
+const TURNS_PER_CONN_FOR_TURN: f64 = 1.5;
+
+impl TargetStats {
+    pub fn new(requested: Mode, window: usize, now_ns: u64) -> Self {
+        Self {
+            requested,
+            turn: KindStats::new(window),
+            conn: KindStats::new(window),
+            first_turns: 0,
+            exited: false,
+            started_ns: now_ns,
+            interval_start_ns: now_ns,
+        }
+    }
+
+    /// The mode in use: the requested one, or for `auto` what the records
+    /// show (`Auto` while nothing has been seen).
+    pub fn effective_mode(&self) -> Mode {
+        if self.requested != Mode::Auto {
+            return self.requested;
+        }
+        if self.first_turns == 0 {
+            return Mode::Auto;
+        }
+        let turns_per_conn = self.turn.total_count as f64 / self.first_turns as f64;
+        // One turn per connection *and* connections that actually close
+        // (not kept open with closes deferred to the end).
+        let closing = self.conn.total_count * 2 >= self.first_turns;
+        if turns_per_conn < TURNS_PER_CONN_FOR_TURN && closing {
+            Mode::Connection
+        } else {
+            Mode::Turn
+        }
+    }
+
+    /// The statistics of the mode in use (turns while undecided).
+    pub fn chosen(&self) -> &KindStats {
+        match self.effective_mode() {
+            Mode::Connection => &self.conn,
+            _ => &self.turn,
+        }
+    }
+
+    pub fn window_summary(&self, now_ns: u64) -> LatencySummary {
+        let w = &self.chosen().window;
+        let us = |v: u64| v as f64 / 1e3;
+        LatencySummary {
+            rps: w.rps(now_ns),
+            requests: w.len() as u64,
+            latest_us: w.latest().map(us),
+            mean_us: w.mean().map(|m| m / 1e3),
+            p50_us: w.percentile(50.0).map(us),
+            p95_us: w.percentile(95.0).map(us),
+            p99_us: w.percentile(99.0).map(us),
+        }
+    }
+
+    pub fn take_report(&mut self) -> TargetReport {
+        let now = super::monotonic_ns();
+        let mode = self.effective_mode();
+        let secs = (now.saturating_sub(self.interval_start_ns)) as f64 / 1e9;
+        let total_secs = (now.saturating_sub(self.started_ns)) as f64 / 1e9;
+        let k = match mode {
+            Mode::Connection => &self.conn,
+            _ => &self.turn,
+        };
+        let report = TargetReport {
+            mode,
+            interval: KindReport::from_hist(&k.interval, k.interval_count, secs, k.interval_latest),
+            total: KindReport::from_hist(&k.total, k.total_count, total_secs, k.window.latest()),
+            exited: self.exited,
+        };
+        for k in [&mut self.turn, &mut self.conn] {
+            k.interval.clear();
+            k.interval_count = 0;
+            k.interval_latest = None;
+        }
+        self.interval_start_ns = now;
+        report
+    }
+}
+
+/// Figures over a span of time (an interval or the whole trace).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct KindReport {
+    pub requests: u64,
+    pub rps: f64,
+    pub latest_us: Option<f64>,
+    pub mean_us: Option<f64>,
+    pub p50_us: Option<f64>,
+    pub p95_us: Option<f64>,
+    pub p99_us: Option<f64>,
+    pub max_us: Option<f64>,
+}
+
+impl KindReport {
+    fn from_hist(h: &LogHistogram, count: u64, secs: f64, latest: Option<u64>) -> Self {
+        let us = |v: u64| v as f64 / 1e3;
+        Self {
+            requests: count,
+            rps: if secs > 0.0 { count as f64 / secs } else { 0.0 },
+            latest_us: latest.map(us),
+            mean_us: h.mean().map(|m| m / 1e3),
+            p50_us: h.percentile(50.0).map(us),
+            p95_us: h.percentile(95.0).map(us),
+            p99_us: h.percentile(99.0).map(us),
+            max_us: h.percentile(100.0).map(us),
+        }
+    }
+}
+
+/// What [`super::RequestTracer::take_report`] returns.
+#[derive(Debug, Clone)]
+pub struct TargetReport {
+    pub mode: Mode,
+    pub interval: KindReport,
+    pub total: KindReport,
+    pub exited: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stats_with(turns: u64, first_turns: u64, conns: u64) -> TargetStats {
+        let mut t = TargetStats::new(Mode::Auto, 100, 0);
+        t.turn.total_count = turns;
+        t.first_turns = first_turns;
+        t.conn.total_count = conns;
+        t
+    }
+
+    #[test]
+    fn auto_picks_connection_for_one_turn_per_closed_connection() {
+        assert_eq!(stats_with(100, 100, 100).effective_mode(), Mode::Connection);
+    }
+
+    #[test]
+    fn auto_picks_turn_for_keepalive() {
+        assert_eq!(stats_with(1000, 10, 10).effective_mode(), Mode::Turn);
+    }
+
+    #[test]
+    fn auto_picks_turn_when_connections_stay_open() {
+        // One request each so far, but nothing closed: deferred closes.
+        assert_eq!(stats_with(20, 20, 0).effective_mode(), Mode::Turn);
+    }
+
+    #[test]
+    fn auto_is_undecided_before_any_request() {
+        assert_eq!(stats_with(0, 0, 0).effective_mode(), Mode::Auto);
+    }
+
+    #[test]
+    fn a_forced_mode_is_kept() {
+        let mut t = stats_with(1000, 10, 10);
+        t.requested = Mode::Connection;
+        assert_eq!(t.effective_mode(), Mode::Connection);
+    }
+}
