@@ -5,6 +5,7 @@
 
 pub mod measure;
 pub mod policy;
+pub mod power;
 pub mod resources;
 
 pub use measure::{Feedback, LatencySummary};
@@ -12,4 +13,5 @@ pub use policy::{
     Allocations, AppClass, AppState, Decision, DecisionKind, FreqRange, Limits, MbRange, NodeCaps,
     Plan, Policy, QosTarget, Share, Snapshot,
 };
+pub use power::{AppPower, PowerSource};
 pub use resources::{Allocation, Resource};

@@ -16,7 +16,8 @@ use qosd_manager::{cmd, exit};
 #[command(after_help = "Examples:\n  \
     qosd trace --pid $(pidof memcached) --json     live RPS and latency of a process\n  \
     qosd trace --pid 1234 --pid 5678 --duration 10 several processes for 10 s\n  \
-    qosd check config.yaml policies/*.yaml         validate files (file:line:col on error)\n\n\
+    qosd check config.yaml policies/*.yaml         validate files (file:line:col on error)\n  \
+    qosd power --pid $(pidof nginx)                power of a process and its threads\n\n\
     Exit codes: 0 success, 1 runtime failure, 2 usage or invalid input.")]
 struct Cli {
     /// Log filter (error, warn, info, debug, trace or a tracing directive);
@@ -50,6 +51,8 @@ enum Command {
     Restore(cmd::restore::Args),
     /// Validate config, policy and scenario files (exit 0 valid, 2 invalid).
     Check(cmd::check::Args),
+    /// Per-process and per-thread power and its source (RAPL, or a model).
+    Power(cmd::power::Args),
 }
 
 fn main() -> ExitCode {
@@ -74,6 +77,7 @@ fn main() -> ExitCode {
         Command::Set(a) => cmd::set::run(a),
         Command::Restore(a) => cmd::restore::run(a),
         Command::Check(a) => cmd::check::run(a),
+        Command::Power(a) => cmd::power::run(a),
     };
     exit::report(result)
 }

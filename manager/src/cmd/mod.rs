@@ -6,6 +6,7 @@ pub mod check;
 pub mod compare;
 pub mod fixture;
 pub mod load;
+pub mod power;
 pub mod replay;
 pub mod replay_real;
 pub mod restore;
