@@ -131,3 +131,30 @@ fn missing_file_exits_2_naming_it() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("/nonexistent/qosd.yaml: cannot read"), "{err}");
 }
+
+#[test]
+fn shipped_scenarios_pass_and_a_bad_one_is_located() {
+    let root = repo();
+    let mut files = Vec::new();
+    for e in std::fs::read_dir(root.join("scenarios")).expect("scenarios/") {
+        let p = e.expect("entry").path();
+        if p.extension().is_some_and(|x| x == "yaml") {
+            files.push(p);
+        }
+    }
+    assert!(files.len() >= 4, "{files:?}");
+    let refs: Vec<&Path> = files.iter().map(PathBuf::as_path).collect();
+    let (code, out, err) = qosd_check(&refs);
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    assert!(out.contains("scenario `ramp`"), "{out}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.yaml");
+    let text = std::fs::read_to_string(root.join("scenarios/ramp.yaml"))
+        .unwrap()
+        .replacen("duration_s:", "duration_s: -5\nbogus_key:", 1);
+    std::fs::write(&bad, text).unwrap();
+    let (code, _, err) = qosd_check(&[&bad]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("bad.yaml:"), "{err}");
+}

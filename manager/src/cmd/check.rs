@@ -115,14 +115,18 @@ fn guess(text: &str) -> Kind {
 /// Hook for scenario files. The scenario model lives in the scenarios
 /// crate; until its validator is wired in here, a scenario file is
 /// reported as not checkable (exit 2) rather than passed unchecked.
-fn check_scenario(path: &Path, _text: &str) -> Result<String, FileError> {
-    Err(FileError {
-        path: path.to_owned(),
-        line: 0,
-        col: 0,
-        key: String::new(),
-        msg: "looks like a scenario file; this build of `qosd check` cannot validate \
-              scenarios yet (scenarios crate validator not wired in)"
-            .to_owned(),
-    })
+fn check_scenario(path: &Path, text: &str) -> Result<String, FileError> {
+    let s = qosd_scenarios::scenario::Scenario::parse(path, text).map_err(|e| FileError {
+        path: e.path,
+        line: e.line,
+        col: e.col,
+        key: e.key,
+        msg: e.msg,
+    })?;
+    Ok(format!(
+        "scenario `{}` ({} app(s), {} s)",
+        s.name,
+        s.apps.len(),
+        s.duration_s
+    ))
 }
