@@ -4,6 +4,7 @@
 pub mod cmd;
 pub mod config;
 pub mod exit;
+pub mod paths;
 pub mod policy;
 pub mod signals;
 pub mod yamlfile;

@@ -6,7 +6,7 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use qosd_manager::{cmd, exit};
 
 /// Keep latency-critical services within their QoS targets with the fewest
@@ -39,6 +39,8 @@ enum Command {
     Restore(cmd::restore::Args),
     /// Validate config, policy and scenario files (exit 0 valid, 2 invalid).
     Check(cmd::check::Args),
+    /// Shell completions (bash, zsh, fish) or man pages, from these definitions.
+    Completions(cmd::completions::Args),
 }
 
 fn main() -> ExitCode {
@@ -58,6 +60,7 @@ fn main() -> ExitCode {
         Command::Set(a) => cmd::set::run(a),
         Command::Restore(a) => cmd::restore::run(a),
         Command::Check(a) => cmd::check::run(a),
+        Command::Completions(a) => cmd::completions::run(a, Cli::command()),
     };
     exit::report(result)
 }

@@ -2,6 +2,7 @@
 
 pub mod caps;
 pub mod check;
+pub mod completions;
 pub mod restore;
 pub mod set;
 pub mod trace;
