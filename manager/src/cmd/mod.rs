@@ -2,6 +2,8 @@
 
 pub mod caps;
 pub mod check;
+pub mod metrics;
 pub mod restore;
+pub mod run;
 pub mod set;
 pub mod trace;
