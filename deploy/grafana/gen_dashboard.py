@@ -61,11 +61,12 @@ ts("Knobs in use", "1 when the policy turns the knob on that node; 0 when the no
 ], 12, extra={"options": {"legend": {"displayMode": "table", "placement": "right"}}})
 nl()
 row("Power")
-ts("Power", "Power attributed to each app and the node's; estimate=\"true\" when it comes from qosd's model (no RAPL), not a measurement.", "watt", [
+NO_POWER = " Needs qosd's power sensor: the power metrics are not in this build of qosd yet, so this panel stays empty."
+ts("Power", "Power attributed to each app and the node's; estimate=\"true\" when it comes from qosd's model (no RAPL), not a measurement." + NO_POWER, "watt", [
     (f'qosd_app_power_watts{{{SEL}}}', "{{app}} ({{instance}}, estimate={{estimate}})"),
     ('qosd_node_power_watts{instance=~"$instance"}', "node ({{instance}}, estimate={{estimate}})"),
 ], 0)
-ts("Energy per request", "Joules per request: the app's power divided by its request rate.", "joule", [
+ts("Energy per request", "Joules per request: the app's power divided by its request rate." + NO_POWER, "joule", [
     (f'sum without(estimate) (qosd_app_power_watts{{{SEL}}}) / rate(qosd_app_requests_total{{{SEL}}}[$__rate_interval])', "{{app}} ({{instance}})"),
 ], 12)
 nl()

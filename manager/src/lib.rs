@@ -3,6 +3,7 @@
 
 pub mod cmd;
 pub mod config;
+pub mod daemon;
 pub mod exit;
 pub mod paths;
 pub mod policy;

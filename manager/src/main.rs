@@ -16,7 +16,9 @@ use qosd_manager::{cmd, exit};
 #[command(after_help = "Examples:\n  \
     qosd trace --pid $(pidof memcached) --json     live RPS and latency of a process\n  \
     qosd trace --pid 1234 --pid 5678 --duration 10 several processes for 10 s\n  \
-    qosd check config.yaml policies/*.yaml         validate files (file:line:col on error)\n\n\
+    qosd check config.yaml policies/*.yaml         validate files (file:line:col on error)\n  \
+    qosd run --config config.yaml                  the daemon (API on 127.0.0.1:9477)\n  \
+    qosd metrics --app memcached                   ask a running daemon\n\n\
     Exit codes: 0 success, 1 runtime failure, 2 usage or invalid input.")]
 struct Cli {
     /// Log filter (error, warn, info, debug, trace or a tracing directive);
@@ -39,6 +41,10 @@ enum Command {
     Restore(cmd::restore::Args),
     /// Validate config, policy and scenario files (exit 0 valid, 2 invalid).
     Check(cmd::check::Args),
+    /// The node daemon: control loop, HTTP API and Prometheus /metrics.
+    Run(cmd::run::Args),
+    /// Figures of a running daemon (per app or per pid).
+    Metrics(cmd::metrics::Args),
     /// Shell completions (bash, zsh, fish) or man pages, from these definitions.
     Completions(cmd::completions::Args),
 }
@@ -60,6 +66,8 @@ fn main() -> ExitCode {
         Command::Set(a) => cmd::set::run(a),
         Command::Restore(a) => cmd::restore::run(a),
         Command::Check(a) => cmd::check::run(a),
+        Command::Run(a) => cmd::run::run(a),
+        Command::Metrics(a) => cmd::metrics::run(a),
         Command::Completions(a) => cmd::completions::run(a, Cli::command()),
     };
     exit::report(result)

@@ -277,3 +277,101 @@ fn unit_command_lines_restore_after_a_crash_with_only_the_unit_caps() {
     assert!(text(&post.stdout).contains("nothing to restore"));
     assert!(Path::new(&d.path().join("run/qosd")).is_dir());
 }
+
+/// GET `path` on the daemon's API; None until it answers 200.
+fn api(port: u16, path: &str) -> Option<serde_json::Value> {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(std::time::Duration::from_secs(5)))
+        .build()
+        .into();
+    let mut r = agent
+        .get(&format!("http://127.0.0.1:{port}{path}"))
+        .call()
+        .ok()?;
+    r.body_mut().read_json().ok()
+}
+
+fn wait_until(secs: u64, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while std::time::Instant::now() < deadline {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    false
+}
+
+/// ExecStart (`qosd run`, the real daemon with eBPF feedback) with only the
+/// unit's capabilities manages a memcached run as `nobody`; SIGTERM (what
+/// `systemctl stop` sends) restores its cores and exits 0; after SIGKILL
+/// the cores stay changed until ExecStopPost restores them.
+#[test]
+fn unit_exec_start_runs_the_daemon_with_only_the_unit_caps() {
+    let d = tempfile::tempdir().unwrap();
+    make_install(d.path(), &[]);
+    let unit = d.path().join("usr/local/lib/systemd/system/qosd.service");
+    let s = unit_settings(&unit);
+    let start = exec_argv(&s, "ExecStart");
+    assert_eq!(start[1..], ["run", "--config", "/etc/qosd/config.yaml"]);
+    let ns = UnitNs::new(d.path(), &s);
+    for kill in [
+        nix::sys::signal::Signal::SIGTERM,
+        nix::sys::signal::Signal::SIGKILL,
+    ] {
+        let mc = support::memcached(2);
+        let pid = mc.pid();
+        let cpus0 = cpus_allowed(pid);
+        let port = support::free_port();
+        // The installed config, pointed at this memcached and a free port.
+        let conf = d.path().join("etc/qosd/config.yaml");
+        let shipped = std::fs::read_to_string(repo().join("config.yaml")).unwrap();
+        let edited = shipped
+            .replace(
+                "match: { comm: memcached }",
+                &format!("match: {{ pid: {pid} }}"),
+            )
+            .replace(
+                "listen: 127.0.0.1:9477",
+                &format!("listen: 127.0.0.1:{port}"),
+            );
+        assert_ne!(edited, shipped);
+        std::fs::write(&conf, edited).unwrap();
+
+        let mut daemon = ns
+            .command(&start)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let managed = wait_until(30, || {
+            api(port, "/v1/apps/memcached").is_some_and(|v| v["managed"] == true)
+                && cpus_allowed(pid) != cpus0
+        });
+        if !managed {
+            let _ = daemon.kill();
+            let _ = daemon.wait();
+            panic!("qosd run did not take memcached's cores within 30 s ({kill})");
+        }
+        let status = api(port, "/v1/status").unwrap();
+        assert!(
+            status["ebpf_dropped_records"].is_u64(),
+            "the eBPF tracer runs: {status}"
+        );
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(daemon.id() as i32), kill).unwrap();
+        let st = daemon.wait().unwrap();
+        let post = ns.command(&exec_argv(&s, "ExecStopPost")).output().unwrap();
+        assert!(post.status.success(), "{}", text(&post.stderr));
+        if kill == nix::sys::signal::Signal::SIGTERM {
+            assert!(st.success(), "SIGTERM: {st}");
+            assert!(text(&post.stdout).contains("nothing to restore"));
+        } else {
+            assert!(
+                text(&post.stdout).contains("restored cores"),
+                "{}",
+                text(&post.stdout)
+            );
+        }
+        assert_eq!(cpus_allowed(pid), cpus0, "{kill}: cores back");
+    }
+}

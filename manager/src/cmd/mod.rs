@@ -3,6 +3,8 @@
 pub mod caps;
 pub mod check;
 pub mod completions;
+pub mod metrics;
 pub mod restore;
+pub mod run;
 pub mod set;
 pub mod trace;
