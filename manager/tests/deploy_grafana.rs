@@ -384,6 +384,35 @@ fn grafana_dashboard_matches_a_live_daemon_and_prometheus() {
             "{name} is exported now ({why} no longer holds): take it out of NOT_EXPORTED_YET"
         );
     }
+    // README's metric table lists exactly what is exported (+ pending).
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let table: BTreeSet<String> = readme
+        .split("### Metrics (`GET /metrics`)")
+        .nth(1)
+        .expect("README has a Metrics section")
+        .lines()
+        .take_while(|l| !l.starts_with("## ") && !l.starts_with("### Completions"))
+        .filter_map(|l| l.strip_prefix("| `"))
+        .filter_map(|l| l.split('`').next())
+        .map(str::to_owned)
+        .collect();
+    let families: BTreeSet<String> = live
+        .iter()
+        .map(|n| {
+            let base = n.trim_end_matches("_sum").trim_end_matches("_count");
+            if base != n && live.contains(base) {
+                base.to_owned()
+            } else {
+                n.clone()
+            }
+        })
+        .chain(pending.keys().map(|k| k.to_string()))
+        .collect();
+    assert_eq!(
+        table, families,
+        "README's metric table vs the live /metrics"
+    );
+
     let mut failures = Vec::new();
     for (title, expr) in &exprs {
         let names = metric_names(expr);

@@ -375,3 +375,139 @@ fn unit_exec_start_runs_the_daemon_with_only_the_unit_caps() {
         assert_eq!(cpus_allowed(pid), cpus0, "{kill}: cores back");
     }
 }
+
+/// `argv` as root limited to `caps` (setpriv bounding set syntax).
+fn with_caps(caps: &str, argv: &[&str]) -> std::process::Output {
+    Command::new("setpriv")
+        .args(["--no-new-privs", "--inh-caps=-all"])
+        .arg(format!("--bounding-set={caps}"))
+        .arg("--")
+        .arg(QOSD)
+        .args(argv)
+        .output()
+        .expect("setpriv (util-linux)")
+}
+
+/// `qosd trace` of a memcached (user nobody) on a connection opened before
+/// the trace started, under `caps`: the requests it counted.
+fn traced_on_an_old_connection(caps: &str, mc: &support::Server) -> (bool, u64, String) {
+    use std::io::{BufRead, Write};
+    let s = std::net::TcpStream::connect(("127.0.0.1", mc.port)).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .unwrap();
+    let pid = mc.pid().to_string();
+    let caps = caps.to_owned();
+    let tracer = std::thread::spawn(move || {
+        with_caps(
+            &caps,
+            &["trace", "--pid", &pid, "--duration", "4", "--json"],
+        )
+    });
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let mut r = std::io::BufReader::new(s);
+    let mut line = String::new();
+    for i in 0..300 {
+        r.get_mut()
+            .write_all(format!("set k{i} 0 0 1\r\nx\r\n").as_bytes())
+            .unwrap();
+        line.clear();
+        r.read_line(&mut line).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(3));
+    }
+    let out = tracer.join().unwrap();
+    let summary = text(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["summary"] == true);
+    let n = summary.and_then(|v| v["requests"].as_u64()).unwrap_or(0);
+    (out.status.success(), n, text(&out.stderr))
+}
+
+/// Each capability of the unit is needed: with the unit's set the part of
+/// qosd that uses it works, without that one capability it fails.
+#[test]
+fn each_unit_capability_is_needed() {
+    let s = unit_settings(&repo().join("deploy/systemd/qosd.service"));
+    let all = bounding_set(&s);
+    let without = |cap: &str| {
+        let c = all.replace(&format!(",+{cap}"), "");
+        assert_ne!(c, all, "{cap} is in the unit");
+        c
+    };
+    let mc = support::memcached(2);
+    let pid = mc.pid().to_string();
+
+    // CAP_BPF, CAP_PERFMON: loading and attaching the eBPF programs.
+    let ok = with_caps(&all, &["trace", "--pid", &pid, "--duration", "1"]);
+    assert!(ok.status.success(), "{}", text(&ok.stderr));
+    for cap in ["bpf", "perfmon"] {
+        let out = with_caps(&without(cap), &["trace", "--pid", &pid, "--duration", "1"]);
+        assert_eq!(out.status.code(), Some(1), "without {cap}");
+        assert!(
+            text(&out.stderr).contains("CAP_BPF and CAP_PERFMON"),
+            "{}",
+            text(&out.stderr)
+        );
+    }
+
+    // CAP_SYS_PTRACE: the connections a process accepted before qosd
+    // started are found through /proc/PID/fd.
+    let (ok, n, err) = traced_on_an_old_connection(&all, &mc);
+    assert!(ok && n >= 50, "with the unit's caps: {n} requests; {err}");
+    let (ok, n, err) = traced_on_an_old_connection(&without("sys_ptrace"), &mc);
+    assert!(ok && n == 0, "without CAP_SYS_PTRACE: {n} requests; {err}");
+
+    // CAP_SYS_NICE: affinity of another user's threads; CAP_DAC_OVERRIDE:
+    // a group in a cgroup root (mode 0555), where this machine has one.
+    let caps = Command::new(QOSD)
+        .args(["caps", "--json"])
+        .output()
+        .unwrap();
+    let caps: serde_json::Value = serde_json::from_slice(&caps.stdout).unwrap();
+    let cgroup = caps["cores"]["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["available"] == true && b["name"].as_str().unwrap().starts_with("cgroup"))
+        .map(|b| b["name"].as_str().unwrap().to_owned());
+    let mut cases = vec![("sys_nice", "affinity".to_owned())];
+    match cgroup {
+        Some(b) => cases.push(("dac_override", b)),
+        None => eprintln!("CAP_DAC_OVERRIDE not checked: no cgroup cpuset on this machine"),
+    }
+    let d = tempfile::tempdir().unwrap();
+    let state = d.path().join("state.json");
+    let st = state.to_str().unwrap();
+    for (cap, backend) in cases {
+        let set = [
+            "set",
+            "--state-file",
+            st,
+            "cores",
+            "--pid",
+            &pid,
+            "--cpus",
+            "1",
+            "--backend",
+            &backend,
+        ];
+        let ok = with_caps(&all, &set);
+        assert!(ok.status.success(), "{backend}: {}", text(&ok.stderr));
+        let back = Command::new(QOSD)
+            .args(["restore", "--state-file", st])
+            .output()
+            .unwrap();
+        assert!(back.status.success());
+        let out = with_caps(&without(cap), &set);
+        assert_eq!(out.status.code(), Some(1), "{backend} without {cap}");
+        assert!(
+            text(&out.stderr).contains("EPERM") || text(&out.stderr).contains("Permission denied"),
+            "{}",
+            text(&out.stderr)
+        );
+        let _ = Command::new(QOSD)
+            .args(["restore", "--state-file", st])
+            .output();
+        assert_eq!(cpus_allowed(mc.pid()), "0-1");
+    }
+}
