@@ -98,7 +98,7 @@ fn alloc(a: &Value) -> String {
     }
     let mut parts = Vec::new();
     if let (Some(n), Some(c)) = (al["cores"].as_u64(), al["cpus"].as_str()) {
-        parts.push(format!("{n} cores ({c})"));
+        parts.push(format!("{n} core{} ({c})", if n == 1 { "" } else { "s" }));
     }
     for (k, unit) in [
         ("llc_ways", " ways"),
