@@ -3,7 +3,9 @@
 
 pub mod cmd;
 pub mod config;
+pub mod daemon;
 pub mod exit;
+pub mod paths;
 pub mod policy;
 pub mod signals;
 pub mod yamlfile;

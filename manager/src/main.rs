@@ -6,7 +6,7 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use qosd_manager::{cmd, exit};
 
 /// Keep latency-critical services within their QoS targets with the fewest
@@ -17,7 +17,9 @@ use qosd_manager::{cmd, exit};
     qosd trace --pid $(pidof memcached) --json     live RPS and latency of a process\n  \
     qosd trace --pid 1234 --pid 5678 --duration 10 several processes for 10 s\n  \
     qosd check config.yaml policies/*.yaml         validate files (file:line:col on error)\n  \
-    qosd power --pid $(pidof nginx)                power of a process and its threads\n\n\
+    qosd power --pid $(pidof nginx)                power of a process and its threads\n  \
+    qosd run --config config.yaml                  the daemon (API on 127.0.0.1:9477)\n  \
+    qosd metrics --app memcached                   ask a running daemon\n\n\
     Exit codes: 0 success, 1 runtime failure, 2 usage or invalid input.")]
 struct Cli {
     /// Log filter (error, warn, info, debug, trace or a tracing directive);
@@ -53,6 +55,12 @@ enum Command {
     Check(cmd::check::Args),
     /// Per-process and per-thread power and its source (RAPL, or a model).
     Power(cmd::power::Args),
+    /// The node daemon: control loop, HTTP API and Prometheus /metrics.
+    Run(cmd::run::Args),
+    /// Figures of a running daemon (per app or per pid).
+    Metrics(cmd::metrics::Args),
+    /// Shell completions (bash, zsh, fish) or man pages, from these definitions.
+    Completions(cmd::completions::Args),
 }
 
 fn main() -> ExitCode {
@@ -78,6 +86,9 @@ fn main() -> ExitCode {
         Command::Restore(a) => cmd::restore::run(a),
         Command::Check(a) => cmd::check::run(a),
         Command::Power(a) => cmd::power::run(a),
+        Command::Run(a) => cmd::run::run(a),
+        Command::Metrics(a) => cmd::metrics::run(a),
+        Command::Completions(a) => cmd::completions::run(a, Cli::command()),
     };
     exit::report(result)
 }

@@ -22,6 +22,7 @@ pub enum Kind {
 
 #[derive(ClapArgs, Debug)]
 #[command(after_help = "Examples:\n  \
+    qosd check                             the default config (./config.yaml, else /etc/qosd/config.yaml)\n  \
     qosd check config.yaml                 the config and the policy it names\n  \
     qosd check policies/*.yaml             every shipped policy\n  \
     qosd check --kind policy my-rules.yml  force the file kind\n\n\
@@ -29,15 +30,19 @@ pub enum Kind {
     config.yaml:5:15: apps[0].target.p99: `25 parsecs`: unknown unit `parsecs` (us, ms or s)\n\n\
     Exit codes: 0 all files valid, 2 some file invalid or unreadable.")]
 pub struct Args {
-    /// Files to check.
-    #[arg(required = true, value_name = "FILE")]
+    /// Files to check; none: the config `qosd run` would use without
+    /// --config (./config.yaml, else /etc/qosd/config.yaml).
+    #[arg(value_name = "FILE")]
     pub files: Vec<PathBuf>,
     /// Treat every file as this kind instead of guessing.
     #[arg(long, value_enum, default_value_t = Kind::Auto)]
     pub kind: Kind,
 }
 
-pub fn run(args: Args) -> anyhow::Result<()> {
+pub fn run(mut args: Args) -> anyhow::Result<()> {
+    if args.files.is_empty() {
+        args.files.push(crate::paths::resolve_config(None)?);
+    }
     let mut bad = 0;
     for f in &args.files {
         match check_file(f, args.kind) {

@@ -125,11 +125,18 @@ impl TargetStats {
             Mode::Connection => &self.conn,
             _ => &self.turn,
         };
-        let report = TargetReport {
+        let mut report = TargetReport {
             mode,
             interval: KindReport::from_hist(&k.interval, k.interval_count, secs, k.interval_latest),
             total: KindReport::from_hist(&k.total, k.total_count, total_secs, k.window.latest()),
+            histogram: LogHistogram::default(),
             exited: self.exited,
+        };
+        // The interval's latencies go to the caller whole (the daemon merges
+        // them over its own time horizon and across a process group).
+        report.histogram = match mode {
+            Mode::Connection => std::mem::take(&mut self.conn.interval),
+            _ => std::mem::take(&mut self.turn.interval),
         };
         for k in [&mut self.turn, &mut self.conn] {
             k.interval.clear();
@@ -176,6 +183,8 @@ pub struct TargetReport {
     pub mode: Mode,
     pub interval: KindReport,
     pub total: KindReport,
+    /// Every latency of the interval, ns (of the mode in use).
+    pub histogram: LogHistogram,
     pub exited: bool,
 }
 
