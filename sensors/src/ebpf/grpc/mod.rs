@@ -1,0 +1,344 @@
+//! Finding a process's gRPC server library and where to put the uprobes of
+//! `bpf/grpc.bpf.c`: grpc-go in the executable (`/proc/PID/exe`), or gRPC
+//! C-core in a shared object the process maps (`/proc/PID/maps`) or in the
+//! executable itself. What cannot be probed (a stripped binary, a Go too old
+//! for the register ABI, a library without symbols) is said in one sentence
+//! that names the file, so the caller can warn and fall back.
+
+mod elf;
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use elf::{go_minor_version, module_version, Elf, Symbols};
+
+/// The four programs of grpc.bpf.c.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Prog {
+    GoHandleStream,
+    GoWriteStatus,
+    CcoreStreamNew,
+    CcoreStreamClosed,
+}
+
+/// One uprobe to attach: program, file (a path through /proc/PID, so the
+/// process's own file is probed even in another mount namespace or after
+/// being replaced on disk), file offset.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Site {
+    pub prog: Prog,
+    pub path: PathBuf,
+    pub offset: u64,
+    pub symbol: String,
+}
+
+/// What [`discover`] found in a process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Discovery {
+    /// No gRPC server library anywhere in the process.
+    NotGrpc,
+    /// A gRPC server library with the symbols: attach these.
+    Probes { stack: String, sites: Vec<Site> },
+    /// gRPC is there but cannot be probed; the reason names the file.
+    Unusable(String),
+}
+
+pub(crate) const GO_HANDLE_STREAM: &str = "google.golang.org/grpc.(*Server).handleStream";
+/// grpc-go < 1.69.
+pub(crate) const GO_WRITE_STATUS_OLD: &str =
+    "google.golang.org/grpc/internal/transport.(*http2Server).WriteStatus";
+/// grpc-go >= 1.69.
+pub(crate) const GO_WRITE_STATUS_NEW: &str =
+    "google.golang.org/grpc/internal/transport.(*http2Server).writeStatus";
+const GRPC_GO_MODULE: &str = "google.golang.org/grpc";
+/// First Go release whose amd64 functions take their arguments in registers.
+const GO_REGABI_MINOR: u32 = 17;
+
+/// `grpc_chttp2_stream::grpc_chttp2_stream(grpc_chttp2_transport*,
+/// grpc_stream_refcount*, const void* server_data, ...)`, complete (C1) or
+/// base (C2) constructor. The argument prefix pins `server_data` to RCX.
+const CCORE_CTOR: [&str; 2] = [
+    "_ZN18grpc_chttp2_streamC1EP21grpc_chttp2_transportP20grpc_stream_refcountPKv",
+    "_ZN18grpc_chttp2_streamC2EP21grpc_chttp2_transportP20grpc_stream_refcountPKv",
+];
+/// `grpc_chttp2_mark_stream_closed(grpc_chttp2_transport*,
+/// grpc_chttp2_stream*, int close_reads, int close_writes, error)`.
+const CCORE_CLOSED: &str =
+    "_Z30grpc_chttp2_mark_stream_closedP21grpc_chttp2_transportP18grpc_chttp2_streamii";
+
+impl fmt::Display for Prog {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Prog::GoHandleStream => "go_handle_stream",
+            Prog::GoWriteStatus => "go_write_status",
+            Prog::CcoreStreamNew => "ccore_stream_new",
+            Prog::CcoreStreamClosed => "ccore_stream_closed",
+        })
+    }
+}
+
+/// Looks for a gRPC server library in `pid`.
+pub(crate) fn discover(pid: u32) -> Discovery {
+    let exe = PathBuf::from(format!("/proc/{pid}/exe"));
+    let real_exe = std::fs::read_link(&exe).unwrap_or_else(|_| exe.clone());
+    if let Ok(elf) = Elf::open(&exe) {
+        if let Some((go, modinfo)) = elf.go_build_info() {
+            let d = go_discovery(&elf, &exe, &real_exe, &go, &modinfo);
+            if d != Discovery::NotGrpc {
+                return d;
+            }
+        }
+    }
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+    let mut unusable = None;
+    // The executable first: a C++ server may link C-core statically.
+    let candidates = std::iter::once(real_exe.clone()).chain(grpc_libraries(&maps));
+    for file in candidates {
+        let attach = if file == real_exe {
+            exe.clone()
+        } else {
+            Path::new(&format!("/proc/{pid}/root")).join(file.strip_prefix("/").unwrap_or(&file))
+        };
+        let Ok(elf) = Elf::open(&attach) else {
+            continue;
+        };
+        let Ok(syms) = elf.functions(is_ccore_symbol) else {
+            continue;
+        };
+        match ccore_sites(&syms, &attach) {
+            Ok(sites) => {
+                return Discovery::Probes {
+                    stack: format!(
+                        "gRPC C-core in {} (grpc_chttp2_stream constructor .. \
+                         grpc_chttp2_mark_stream_closed)",
+                        file.display()
+                    ),
+                    sites,
+                }
+            }
+            Err(missing) if file != real_exe => {
+                unusable.get_or_insert(format!(
+                    "{} (gRPC C-core) has no {}{}: per-call latency of multiplexed \
+                     gRPC streams cannot be traced in pid {pid}",
+                    file.display(),
+                    missing,
+                    if syms.has_symtab {
+                        ""
+                    } else {
+                        " (it is stripped: no symbol table)"
+                    },
+                ));
+            }
+            Err(_) => {}
+        }
+    }
+    unusable.map_or(Discovery::NotGrpc, Discovery::Unusable)
+}
+
+/// Shared objects mapped by the process whose file name says gRPC
+/// (libgrpc.so, libgrpc_unsecure.so, Python's cygrpc*.so, Ruby's grpc_c.so).
+pub(crate) fn grpc_libraries(maps: &str) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = Vec::new();
+    for line in maps.lines() {
+        // addr perms offset dev inode path (the path may hold spaces)
+        let Some(path) = line.splitn(6, char::is_whitespace).nth(5).map(str::trim) else {
+            continue;
+        };
+        let path = path.strip_suffix(" (deleted)").unwrap_or(path);
+        if !path.starts_with('/') {
+            continue;
+        }
+        let p = PathBuf::from(path);
+        let name = p
+            .file_name()
+            .map(|n| n.to_string_lossy().to_lowercase())
+            .unwrap_or_default();
+        if name.contains("grpc") && name.contains(".so") && !out.contains(&p) {
+            out.push(p);
+        }
+    }
+    out
+}
+
+fn is_ccore_symbol(name: &str) -> bool {
+    name.starts_with(CCORE_CLOSED) || CCORE_CTOR.iter().any(|c| name.starts_with(c))
+}
+
+/// The C-core sites, or the name of what is missing.
+fn ccore_sites(syms: &Symbols, attach: &Path) -> Result<Vec<Site>, &'static str> {
+    let site = |prog, (name, off): (&String, &u64)| Site {
+        prog,
+        path: attach.to_path_buf(),
+        offset: *off,
+        symbol: name.clone(),
+    };
+    let mut ctors: Vec<Site> = Vec::new();
+    for (name, off) in &syms.offsets {
+        // C1 and C2 are usually one function under two names: probe it once.
+        if CCORE_CTOR.iter().any(|c| name.starts_with(c)) && !ctors.iter().any(|s| s.offset == *off)
+        {
+            ctors.push(site(Prog::CcoreStreamNew, (name, off)));
+        }
+    }
+    if ctors.is_empty() {
+        return Err("symbol for the grpc_chttp2_stream constructor");
+    }
+    let closed = syms
+        .offsets
+        .iter()
+        .find(|(n, _)| n.starts_with(CCORE_CLOSED))
+        .ok_or("symbol for grpc_chttp2_mark_stream_closed")?;
+    ctors.push(site(Prog::CcoreStreamClosed, closed));
+    Ok(ctors)
+}
+
+/// The end-of-call symbol present in `syms`: `writeStatus` (grpc-go >=
+/// 1.69) or `WriteStatus` (older).
+pub(crate) fn go_end_symbol(syms: &Symbols) -> Option<&'static str> {
+    [GO_WRITE_STATUS_NEW, GO_WRITE_STATUS_OLD]
+        .into_iter()
+        .find(|n| syms.offsets.contains_key(*n))
+}
+
+fn go_discovery(elf: &Elf, exe: &Path, real: &Path, go: &str, modinfo: &str) -> Discovery {
+    let grpc_version = module_version(modinfo, GRPC_GO_MODULE);
+    let syms = match elf.functions(|n| {
+        n == GO_HANDLE_STREAM || n == GO_WRITE_STATUS_OLD || n == GO_WRITE_STATUS_NEW
+    }) {
+        Ok(s) => s,
+        Err(e) => return Discovery::Unusable(format!("{}: {e}", real.display())),
+    };
+    let with = grpc_version
+        .as_deref()
+        .map_or(String::new(), |v| format!(" {v}"));
+    let start = syms.offsets.get(GO_HANDLE_STREAM);
+    if grpc_version.is_none() && start.is_none() {
+        return Discovery::NotGrpc;
+    }
+    let who = format!("{} (Go {go}, grpc-go{with})", real.display());
+    if !syms.has_symtab {
+        return Discovery::Unusable(format!(
+            "{who} is stripped (no symbol table): the gRPC uprobes cannot be placed; \
+             build it without -ldflags=-s for per-call latency"
+        ));
+    }
+    if !matches!(go_minor_version(go), Some(m) if m >= GO_REGABI_MINOR) {
+        return Discovery::Unusable(format!(
+            "{who}: Go before 1.17 passes arguments on the stack, which these \
+             probes do not read"
+        ));
+    }
+    let (Some(&start), Some(end)) = (start, go_end_symbol(&syms)) else {
+        return Discovery::Unusable(format!(
+            "{who} has no {GO_HANDLE_STREAM} and (*http2Server).WriteStatus/writeStatus: \
+             not a grpc-go server, or a grpc-go version these probes do not know"
+        ));
+    };
+    let end_name = end.rsplit('.').next().unwrap_or(end);
+    Discovery::Probes {
+        stack: format!("grpc-go{with} (handleStream .. {end_name})"),
+        sites: vec![
+            Site {
+                prog: Prog::GoHandleStream,
+                path: exe.to_path_buf(),
+                offset: start,
+                symbol: GO_HANDLE_STREAM.into(),
+            },
+            Site {
+                prog: Prog::GoWriteStatus,
+                path: exe.to_path_buf(),
+                offset: syms.offsets[end],
+                symbol: end.into(),
+            },
+        ],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn syms(names: &[&str]) -> Symbols {
+        Symbols {
+            has_symtab: true,
+            offsets: names
+                .iter()
+                .enumerate()
+                .map(|(i, n)| (n.to_string(), i as u64 * 16))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn picks_either_spelling_of_write_status() {
+        assert_eq!(
+            go_end_symbol(&syms(&[GO_HANDLE_STREAM, GO_WRITE_STATUS_OLD])),
+            Some(GO_WRITE_STATUS_OLD)
+        );
+        assert_eq!(
+            go_end_symbol(&syms(&[GO_HANDLE_STREAM, GO_WRITE_STATUS_NEW])),
+            Some(GO_WRITE_STATUS_NEW)
+        );
+        // The ServerStream method of >= 1.69 is not the transport's.
+        assert_eq!(
+            go_end_symbol(&syms(&[
+                "google.golang.org/grpc/internal/transport.(*ServerStream).WriteStatus"
+            ])),
+            None
+        );
+    }
+
+    #[test]
+    fn finds_grpc_libraries_in_maps() {
+        let maps = "\
+7f0000000000-7f0000001000 r--p 00000000 08:01 1234 /usr/lib/x86_64-linux-gnu/libgrpc.so.29.0.0
+7f0000001000-7f0000002000 r-xp 00001000 08:01 1234 /usr/lib/x86_64-linux-gnu/libgrpc.so.29.0.0
+7f0000003000-7f0000004000 r-xp 00000000 08:01 99 /opt/py/site-packages/grpc/_cython/cygrpc.cpython-311-x86_64-linux-gnu.so (deleted)
+7f0000005000-7f0000006000 r-xp 00000000 08:01 98 /usr/lib/libc.so.6
+7f0000007000-7f0000008000 rw-p 00000000 00:00 0 [heap]
+7f0000009000-7f000000a000 r-xp 00000000 08:01 97 /srv/my grpc app/libgrpc++.so.1
+";
+        assert_eq!(
+            grpc_libraries(maps),
+            vec![
+                PathBuf::from("/usr/lib/x86_64-linux-gnu/libgrpc.so.29.0.0"),
+                PathBuf::from(
+                    "/opt/py/site-packages/grpc/_cython/cygrpc.cpython-311-x86_64-linux-gnu.so"
+                ),
+                PathBuf::from("/srv/my grpc app/libgrpc++.so.1"),
+            ]
+        );
+    }
+
+    #[test]
+    fn ccore_needs_both_symbols_and_probes_an_aliased_constructor_once() {
+        let ctor1 = format!("{}PN9grpc_core5ArenaE", CCORE_CTOR[0]);
+        let ctor2 = format!("{}PN9grpc_core5ArenaE", CCORE_CTOR[1]);
+        let closed = format!("{CCORE_CLOSED}N4absl6StatusE");
+        let mut s = syms(&[&ctor1, &closed]);
+        s.offsets.insert(ctor2.clone(), s.offsets[&ctor1]);
+        let sites = ccore_sites(&s, Path::new("/x")).unwrap();
+        assert_eq!(
+            sites
+                .iter()
+                .filter(|s| s.prog == Prog::CcoreStreamNew)
+                .count(),
+            1
+        );
+        assert_eq!(
+            sites
+                .iter()
+                .filter(|s| s.prog == Prog::CcoreStreamClosed)
+                .count(),
+            1
+        );
+        assert!(ccore_sites(&syms(&[&ctor1]), Path::new("/x")).is_err());
+        assert!(ccore_sites(&syms(&[&closed]), Path::new("/x")).is_err());
+    }
+
+    #[test]
+    fn a_process_without_grpc_is_not_grpc() {
+        // This test binary: Rust, no gRPC library mapped.
+        assert_eq!(discover(std::process::id()), Discovery::NotGrpc);
+    }
+}
