@@ -6,10 +6,10 @@ CARGO ?= cargo
 # Debian packages the build, the tests and the demo need.
 APT_PKGS := clang llvm libelf-dev zlib1g-dev pkg-config make bpftool \
             memcached nginx-light redis-server wrk stress-ng linux-cpupower \
-            prometheus libfontconfig-dev curl procps iproute2
+            prometheus libfontconfig-dev curl procps iproute2 ruby-grpc
 QOSD := target/release/qosd
 
-.PHONY: all deps tracefs build test demo bench fmt lint clean
+.PHONY: all deps tracefs build fixtures test demo bench fmt lint clean
 
 all: build
 
@@ -33,8 +33,13 @@ tracefs:
 build: deps
 	$(CARGO) build --release --workspace --all-targets
 
+## fixtures: the gRPC fixture servers and load client (Go: PATH or
+## /usr/local/go/bin/go), grpcio from PyPI
+fixtures:
+	bash scenarios/fixtures/grpc-server/build.sh target/grpc-fixture
+
 ## test: every test, real eBPF and real servers included (run as root)
-test: build
+test: build fixtures
 	$(CARGO) test --release --workspace -- --test-threads=2
 
 ## demo: a real server under load, followed live by `qosd trace`
@@ -42,7 +47,7 @@ demo: build
 	bash scenarios/demo.sh
 
 ## bench: figures into BENCHMARKS.md
-bench: build
+bench: build fixtures
 	bash scenarios/bench.sh
 
 fmt:

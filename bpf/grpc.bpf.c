@@ -14,9 +14,14 @@
  *
  * Hooks (x86-64 only: the registers are read by name):
  *   grpc-go (Go register ABI: RAX, RBX, RCX, RDI, RSI, ... in order; an
- *   interface takes two registers; no uretprobes on Go: they corrupt moving
- *   goroutine stacks, so both ends are function entries):
- *     go_handle_stream   google.golang.org/grpc.(*Server).handleStream(
+ *   interface takes two registers; a closure's context is in RDX, not an
+ *   argument; no uretprobes on Go: they corrupt moving goroutine stacks, so
+ *   both ends are function entries; sensors/src/ebpf/grpc/go.rs picks):
+ *     go_stream_handoff  the closure google.golang.org/grpc.(*Server).
+ *                        serveStreams.funcN(stream RAX) that the transport
+ *                        calls with each new stream (HEADERS decoded)
+ *     go_handle_stream   or, where that closure cannot be told apart,
+ *                        google.golang.org/grpc.(*Server).handleStream(
  *                          s RAX, t ServerTransport RBX:RCX, stream RDI, ...)
  *     go_write_status    .../internal/transport.(*http2Server).WriteStatus
  *                        (< 1.69) or .writeStatus (>= 1.69)(t RAX, s RBX, ...)
@@ -101,6 +106,13 @@ static __always_inline void call_end(__u64 stream)
 	r->kind = QOSD_REC_GRPC;
 	r->pad[0] = r->pad[1] = r->pad[2] = 0;
 	bpf_ringbuf_submit(r, 0);
+}
+
+SEC("uprobe")
+int go_stream_handoff(struct pt_regs *ctx)
+{
+	call_start(ctx->ax);
+	return 0;
 }
 
 SEC("uprobe")

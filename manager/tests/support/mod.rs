@@ -3,6 +3,8 @@
 //! and `qosd` run as a child process.
 #![allow(dead_code)]
 
+pub mod grpc;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
@@ -14,7 +16,11 @@ pub const QOSD: &str = env!("CARGO_BIN_EXE_qosd");
 const IO_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// A child process killed (and reaped) on drop.
@@ -77,7 +83,11 @@ pub fn nginx() -> Server {
         .spawn()
         .expect("starting nginx (apt-get install nginx-light)");
     wait_listening(port, &mut child, "nginx");
-    Server { child, port, _dir: Some(dir) }
+    Server {
+        child,
+        port,
+        _dir: Some(dir),
+    }
 }
 
 /// memcached with `threads` worker threads on 127.0.0.1.
@@ -90,7 +100,11 @@ pub fn memcached(threads: u32) -> Server {
         .spawn()
         .expect("starting memcached (apt-get install memcached)");
     wait_listening(port, &mut child, "memcached");
-    Server { child, port, _dir: None }
+    Server {
+        child,
+        port,
+        _dir: None,
+    }
 }
 
 fn connect(port: u16) -> TcpStream {
@@ -153,7 +167,10 @@ pub fn http_load(port: u16, n: usize, concurrency: usize, keepalive: bool) -> Ve
             })
         })
         .collect();
-    threads.into_iter().flat_map(|t| t.join().unwrap()).collect()
+    threads
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect()
 }
 
 /// memcached text protocol: `conns` threads, each doing `per_conn`
@@ -184,7 +201,9 @@ pub fn memcache_load(
                         r.read_line(&mut line).unwrap();
                         assert_eq!(line, "STORED\r\n");
                     } else {
-                        r.get_mut().write_all(format!("get {key}\r\n").as_bytes()).unwrap();
+                        r.get_mut()
+                            .write_all(format!("get {key}\r\n").as_bytes())
+                            .unwrap();
                         loop {
                             line.clear();
                             assert!(r.read_line(&mut line).unwrap() > 0, "closed");
@@ -199,7 +218,10 @@ pub fn memcache_load(
             })
         })
         .collect();
-    threads.into_iter().flat_map(|t| t.join().unwrap()).collect()
+    threads
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect()
 }
 
 /// `qosd trace --json` running as a child; lines are collected as they come.
@@ -218,7 +240,9 @@ impl Trace {
         for p in pids {
             cmd.args(["--pid", &p.to_string()]);
         }
-        cmd.args(extra).stdout(Stdio::piped()).stderr(Stdio::inherit());
+        cmd.args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
         let mut child = cmd.spawn().expect("running qosd");
         let out = child.stdout.take().unwrap();
         let (tx, rx) = mpsc::channel();
@@ -229,12 +253,17 @@ impl Trace {
                 }
             }
         });
-        let mut t = Trace { child, lines: rx, seen: Vec::new() };
+        let mut t = Trace {
+            child,
+            lines: rx,
+            seen: Vec::new(),
+        };
         let first = t
             .lines
             .recv_timeout(Duration::from_secs(20))
             .expect("qosd trace printed nothing within 20 s");
-        t.seen.push(serde_json::from_str(&first).expect("JSON line"));
+        t.seen
+            .push(serde_json::from_str(&first).expect("JSON line"));
         t
     }
 
@@ -298,8 +327,15 @@ pub fn client_pct(lat: &[Duration], p: f64) -> f64 {
 /// and report the p50 gap.
 pub fn assert_server_le_client(what: &str, s: &serde_json::Value, lat: &[Duration]) {
     let tol = |c: f64| c * 1.004 + 0.001;
-    for (key, p) in [("p50_us", 50.0), ("p95_us", 95.0), ("p99_us", 99.0), ("max_us", 100.0)] {
-        let server = s[key].as_f64().unwrap_or_else(|| panic!("{what}: no {key} in {s}"));
+    for (key, p) in [
+        ("p50_us", 50.0),
+        ("p95_us", 95.0),
+        ("p99_us", 99.0),
+        ("max_us", 100.0),
+    ] {
+        let server = s[key]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{what}: no {key} in {s}"));
         let client = client_pct(lat, p);
         assert!(
             server <= tol(client),
@@ -315,7 +351,10 @@ pub fn assert_server_le_client(what: &str, s: &serde_json::Value, lat: &[Duratio
 }
 
 pub fn qosd(args: &[&str]) -> std::process::Output {
-    Command::new(QOSD).args(args).output().expect("running qosd")
+    Command::new(QOSD)
+        .args(args)
+        .output()
+        .expect("running qosd")
 }
 
 pub fn target_dir_bin() -> PathBuf {

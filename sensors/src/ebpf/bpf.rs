@@ -10,9 +10,8 @@ use std::time::{Duration, Instant};
 use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
 use libbpf_rs::{MapCore, MapFlags, OpenObject, RingBufferBuilder};
 
-use super::grpc::{self, Discovery};
 use super::target::TargetStats;
-use super::uprobes::GrpcProbes;
+use super::uprobes::{attach_grpc, GrpcProbes};
 use super::{seed, Cmd, Mode, Shared, TargetOptions, TraceError, TracerOptions};
 
 #[allow(clippy::all, clippy::undocumented_unsafe_blocks)]
@@ -111,45 +110,6 @@ fn emit_bits(mode: Mode) -> u8 {
         // connections carry them.
         Mode::Grpc => EMIT_H2,
     }
-}
-
-/// For `auto` and `grpc`: finds the process's gRPC library and attaches the
-/// uprobes. Returns the mode to trace with (`grpc` falls back to `turn`),
-/// the probed stack, and a warning when gRPC is there but not traceable.
-fn attach_grpc(
-    grpc: &mut Result<GrpcProbes<'_>, String>,
-    pid: u32,
-    mode: Mode,
-) -> (Mode, Option<String>, Option<String>) {
-    if !matches!(mode, Mode::Auto | Mode::Grpc) {
-        return (mode, None, None);
-    }
-    let problem = match (grpc::discover(pid), grpc.as_mut()) {
-        (Discovery::Probes { stack, sites }, Ok(probes)) => match probes.attach(pid, &sites) {
-            Ok(()) => {
-                tracing::info!(pid, %stack, "gRPC uprobes attached");
-                return (mode, Some(stack), None);
-            }
-            Err(e) => e,
-        },
-        (Discovery::Probes { stack, .. }, Err(e)) => {
-            format!("found {stack} in pid {pid}, but the gRPC uprobes did not load: {e}")
-        }
-        (Discovery::Unusable(why), _) => why,
-        (Discovery::NotGrpc, _) if mode == Mode::Grpc => format!(
-            "no gRPC server library in pid {pid} (neither grpc-go symbols in /proc/{pid}/exe \
-             nor a gRPC C-core library in /proc/{pid}/maps)"
-        ),
-        (Discovery::NotGrpc, _) => return (mode, None, None),
-    };
-    let (mode, then) = if mode == Mode::Grpc {
-        (Mode::Turn, "falling back to turn mode")
-    } else {
-        (mode, "auto mode chooses between connection and turn")
-    };
-    let warning = format!("{problem}; {then}");
-    tracing::warn!(pid, "{warning}");
-    (mode, None, Some(warning))
 }
 
 fn add_target(

@@ -15,7 +15,8 @@ use std::os::fd::AsFd;
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{Link, OpenObject};
 
-use super::grpc::{Prog, Site};
+use super::grpc::{self, Discovery, Prog, Site};
+use super::Mode;
 
 #[allow(clippy::all, clippy::undocumented_unsafe_blocks)]
 mod skel {
@@ -75,6 +76,7 @@ impl<'o> GrpcProbes<'o> {
         for s in sites {
             let p = &self.skel.progs;
             let prog = match s.prog {
+                Prog::GoStreamHandOff => &p.go_stream_handoff,
                 Prog::GoHandleStream => &p.go_handle_stream,
                 Prog::GoWriteStatus => &p.go_write_status,
                 Prog::CcoreStreamNew => &p.ccore_stream_new,
@@ -102,4 +104,43 @@ impl<'o> GrpcProbes<'o> {
     pub fn detach(&mut self, pid: u32) {
         self.links.remove(&pid);
     }
+}
+
+/// For `auto` and `grpc`: finds the process's gRPC library and attaches the
+/// uprobes. Returns the mode to trace with (`grpc` falls back to `turn`),
+/// the probed stack, and a warning when gRPC is there but not traceable.
+pub(crate) fn attach_grpc(
+    grpc: &mut Result<GrpcProbes<'_>, String>,
+    pid: u32,
+    mode: Mode,
+) -> (Mode, Option<String>, Option<String>) {
+    if !matches!(mode, Mode::Auto | Mode::Grpc) {
+        return (mode, None, None);
+    }
+    let problem = match (grpc::discover(pid), grpc.as_mut()) {
+        (Discovery::Probes { stack, sites }, Ok(probes)) => match probes.attach(pid, &sites) {
+            Ok(()) => {
+                tracing::info!(pid, %stack, "gRPC uprobes attached");
+                return (mode, Some(stack), None);
+            }
+            Err(e) => e,
+        },
+        (Discovery::Probes { stack, .. }, Err(e)) => {
+            format!("found {stack} in pid {pid}, but the gRPC uprobes did not load: {e}")
+        }
+        (Discovery::Unusable(why), _) => why,
+        (Discovery::NotGrpc, _) if mode == Mode::Grpc => format!(
+            "no gRPC server library in pid {pid} (neither grpc-go symbols in /proc/{pid}/exe \
+             nor a gRPC C-core library in /proc/{pid}/maps)"
+        ),
+        (Discovery::NotGrpc, _) => return (mode, None, None),
+    };
+    let (mode, then) = if mode == Mode::Grpc {
+        (Mode::Turn, "falling back to turn mode")
+    } else {
+        (mode, "auto mode chooses between connection and turn")
+    };
+    let warning = format!("{problem}; {then}");
+    tracing::warn!(pid, "{warning}");
+    (mode, None, Some(warning))
 }

@@ -6,15 +6,17 @@
 //! that names the file, so the caller can warn and fall back.
 
 mod elf;
+mod go;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use elf::{go_minor_version, module_version, Elf, Symbols};
+use elf::{Elf, Symbols};
 
 /// The four programs of grpc.bpf.c.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Prog {
+    GoStreamHandOff,
     GoHandleStream,
     GoWriteStatus,
     CcoreStreamNew,
@@ -43,17 +45,6 @@ pub(crate) enum Discovery {
     Unusable(String),
 }
 
-pub(crate) const GO_HANDLE_STREAM: &str = "google.golang.org/grpc.(*Server).handleStream";
-/// grpc-go < 1.69.
-pub(crate) const GO_WRITE_STATUS_OLD: &str =
-    "google.golang.org/grpc/internal/transport.(*http2Server).WriteStatus";
-/// grpc-go >= 1.69.
-pub(crate) const GO_WRITE_STATUS_NEW: &str =
-    "google.golang.org/grpc/internal/transport.(*http2Server).writeStatus";
-const GRPC_GO_MODULE: &str = "google.golang.org/grpc";
-/// First Go release whose amd64 functions take their arguments in registers.
-const GO_REGABI_MINOR: u32 = 17;
-
 /// `grpc_chttp2_stream::grpc_chttp2_stream(grpc_chttp2_transport*,
 /// grpc_stream_refcount*, const void* server_data, ...)`, complete (C1) or
 /// base (C2) constructor. The argument prefix pins `server_data` to RCX.
@@ -69,6 +60,7 @@ const CCORE_CLOSED: &str =
 impl fmt::Display for Prog {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
+            Prog::GoStreamHandOff => "go_stream_handoff",
             Prog::GoHandleStream => "go_handle_stream",
             Prog::GoWriteStatus => "go_write_status",
             Prog::CcoreStreamNew => "ccore_stream_new",
@@ -83,7 +75,7 @@ pub(crate) fn discover(pid: u32) -> Discovery {
     let real_exe = std::fs::read_link(&exe).unwrap_or_else(|_| exe.clone());
     if let Ok(elf) = Elf::open(&exe) {
         if let Some((go, modinfo)) = elf.go_build_info() {
-            let d = go_discovery(&elf, &exe, &real_exe, &go, &modinfo);
+            let d = go::discovery(&elf, &exe, &real_exe, &go, &modinfo);
             if d != Discovery::NotGrpc {
                 return d;
             }
@@ -192,73 +184,11 @@ fn ccore_sites(syms: &Symbols, attach: &Path) -> Result<Vec<Site>, &'static str>
     Ok(ctors)
 }
 
-/// The end-of-call symbol present in `syms`: `writeStatus` (grpc-go >=
-/// 1.69) or `WriteStatus` (older).
-pub(crate) fn go_end_symbol(syms: &Symbols) -> Option<&'static str> {
-    [GO_WRITE_STATUS_NEW, GO_WRITE_STATUS_OLD]
-        .into_iter()
-        .find(|n| syms.offsets.contains_key(*n))
-}
-
-fn go_discovery(elf: &Elf, exe: &Path, real: &Path, go: &str, modinfo: &str) -> Discovery {
-    let grpc_version = module_version(modinfo, GRPC_GO_MODULE);
-    let syms = match elf.functions(|n| {
-        n == GO_HANDLE_STREAM || n == GO_WRITE_STATUS_OLD || n == GO_WRITE_STATUS_NEW
-    }) {
-        Ok(s) => s,
-        Err(e) => return Discovery::Unusable(format!("{}: {e}", real.display())),
-    };
-    let with = grpc_version
-        .as_deref()
-        .map_or(String::new(), |v| format!(" {v}"));
-    let start = syms.offsets.get(GO_HANDLE_STREAM);
-    if grpc_version.is_none() && start.is_none() {
-        return Discovery::NotGrpc;
-    }
-    let who = format!("{} (Go {go}, grpc-go{with})", real.display());
-    if !syms.has_symtab {
-        return Discovery::Unusable(format!(
-            "{who} is stripped (no symbol table): the gRPC uprobes cannot be placed; \
-             build it without -ldflags=-s for per-call latency"
-        ));
-    }
-    if !matches!(go_minor_version(go), Some(m) if m >= GO_REGABI_MINOR) {
-        return Discovery::Unusable(format!(
-            "{who}: Go before 1.17 passes arguments on the stack, which these \
-             probes do not read"
-        ));
-    }
-    let (Some(&start), Some(end)) = (start, go_end_symbol(&syms)) else {
-        return Discovery::Unusable(format!(
-            "{who} has no {GO_HANDLE_STREAM} and (*http2Server).WriteStatus/writeStatus: \
-             not a grpc-go server, or a grpc-go version these probes do not know"
-        ));
-    };
-    let end_name = end.rsplit('.').next().unwrap_or(end);
-    Discovery::Probes {
-        stack: format!("grpc-go{with} (handleStream .. {end_name})"),
-        sites: vec![
-            Site {
-                prog: Prog::GoHandleStream,
-                path: exe.to_path_buf(),
-                offset: start,
-                symbol: GO_HANDLE_STREAM.into(),
-            },
-            Site {
-                prog: Prog::GoWriteStatus,
-                path: exe.to_path_buf(),
-                offset: syms.offsets[end],
-                symbol: end.into(),
-            },
-        ],
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn syms(names: &[&str]) -> Symbols {
+    pub(super) fn syms(names: &[&str]) -> Symbols {
         Symbols {
             has_symtab: true,
             offsets: names
@@ -267,25 +197,6 @@ mod tests {
                 .map(|(i, n)| (n.to_string(), i as u64 * 16))
                 .collect(),
         }
-    }
-
-    #[test]
-    fn picks_either_spelling_of_write_status() {
-        assert_eq!(
-            go_end_symbol(&syms(&[GO_HANDLE_STREAM, GO_WRITE_STATUS_OLD])),
-            Some(GO_WRITE_STATUS_OLD)
-        );
-        assert_eq!(
-            go_end_symbol(&syms(&[GO_HANDLE_STREAM, GO_WRITE_STATUS_NEW])),
-            Some(GO_WRITE_STATUS_NEW)
-        );
-        // The ServerStream method of >= 1.69 is not the transport's.
-        assert_eq!(
-            go_end_symbol(&syms(&[
-                "google.golang.org/grpc/internal/transport.(*ServerStream).WriteStatus"
-            ])),
-            None
-        );
     }
 
     #[test]
