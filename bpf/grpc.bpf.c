@@ -33,9 +33,14 @@
  *                          close_reads EDX, close_writes ECX, ...); the call
  *                        ends when writes close, i.e. once the trailing
  *                        metadata (the status) has been written out
- * A Go function whose prologue grows the stack runs its first instruction
- * twice: a second start only moves the start a few ns later, a second end
- * finds its entry gone. Calls begun before tracing have no start: skipped.
+ * Userspace places each probe on the function's first `push` (past Go's
+ * stack check, past an endbr64) where it can: the kernel emulates a push
+ * but single-steps other instructions (two traps, ten times the cost), and
+ * the argument registers are still those of the entry there. Where it
+ * cannot, the probe is on the entry, which a Go function that grows its
+ * stack runs twice: a second start only moves the start a few ns later, a
+ * second end finds its entry gone. Calls begun before tracing have no
+ * start: skipped.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>

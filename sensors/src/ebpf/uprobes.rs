@@ -13,7 +13,7 @@ use std::mem::MaybeUninit;
 use std::os::fd::AsFd;
 
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-use libbpf_rs::{Link, OpenObject};
+use libbpf_rs::{Link, MapCore, OpenObject};
 
 use super::grpc::{self, Discovery, Prog, Site};
 use super::Mode;
@@ -94,15 +94,27 @@ impl<'o> GrpcProbes<'o> {
                         s.offset
                     )
                 })?;
+            tracing::debug!(pid, path = %s.path.display(), symbol = %s.symbol, offset = s.offset, "uprobe attached");
             links.push(link);
         }
         self.links.insert(pid, links);
         Ok(())
     }
 
-    /// Detaches the probes of `pid` (no-op if it has none).
+    /// Detaches the probes of `pid` (no-op if it has none) and forgets its
+    /// calls in flight, so that a reused pid cannot end one of them.
     pub fn detach(&mut self, pid: u32) {
-        self.links.remove(&pid);
+        if self.links.remove(&pid).is_none() {
+            return;
+        }
+        let calls = &self.skel.maps.grpc_calls;
+        let stale: Vec<Vec<u8>> = calls
+            .keys()
+            .filter(|k| k.get(..4).is_some_and(|t| t == pid.to_ne_bytes()))
+            .collect();
+        for k in stale {
+            let _ = calls.delete(&k);
+        }
     }
 }
 

@@ -58,6 +58,15 @@ impl Elf {
         Ok(out)
     }
 
+    /// `len` bytes of the file at `offset` (fewer at its end).
+    pub fn read_at(&self, offset: u64, len: u64) -> Option<Vec<u8>> {
+        use object::ReadRef;
+        (&self.cache)
+            .read_bytes_at(offset, len)
+            .ok()
+            .map(<[u8]>::to_vec)
+    }
+
     /// The `.go.buildinfo` of a Go executable: (Go version, module info).
     /// `None` for anything that is not a Go program.
     pub fn go_build_info(&self) -> Option<(String, String)> {
