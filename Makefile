@@ -6,10 +6,28 @@ CARGO ?= cargo
 # Debian packages the build, the tests and the demo need.
 APT_PKGS := clang llvm libelf-dev zlib1g-dev pkg-config make bpftool \
             memcached nginx-light redis-server wrk stress-ng linux-cpupower \
-            prometheus libfontconfig-dev curl procps iproute2 ruby-grpc
+            prometheus libfontconfig-dev curl procps iproute2 \
+            systemd util-linux man-db ruby-grpc
 QOSD := target/release/qosd
 
-.PHONY: all deps tracefs build fixtures test demo bench fmt lint clean
+# `make install` layout; `make install PREFIX=/usr DESTDIR=pkgroot` for a
+# package. The binary looks for /etc/qosd/config.yaml whatever PREFIX is.
+PREFIX ?= /usr/local
+DESTDIR ?=
+BINDIR ?= $(PREFIX)/bin
+SYSCONFDIR ?= /etc
+MANDIR ?= $(PREFIX)/share/man
+UNITDIR ?= $(PREFIX)/lib/systemd/system
+DATADIR ?= $(PREFIX)/share
+RUNDIR ?= /run/qosd
+# The binary to install (tests install the one cargo test built).
+QOSD_BIN ?= $(QOSD)
+# Tools the deployment tests use, built from the Go module proxy.
+GO ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
+TOOLS := target/tools
+KUBECONFORM_VERSION := v0.8.0
+
+.PHONY: all deps tools tracefs build fixtures test demo bench fmt lint clean install uninstall man
 
 all: build
 
@@ -23,7 +41,14 @@ deps:
 	fi
 	@# The packaged servers must not hold the ports or CPUs the tests use.
 	@-systemctl stop nginx memcached redis-server prometheus >/dev/null 2>&1 || true
-	@$(MAKE) --no-print-directory tracefs
+	@$(MAKE) --no-print-directory tracefs tools
+
+## tools: kubeconform (Kubernetes manifest validator) into target/tools
+tools: $(TOOLS)/kubeconform
+
+$(TOOLS)/kubeconform:
+	@mkdir -p $(TOOLS)
+	GOBIN=$(abspath $(TOOLS)) GOFLAGS=-mod=mod $(GO) install github.com/yannh/kubeconform/cmd/kubeconform@$(KUBECONFORM_VERSION)
 
 tracefs:
 	@if [ ! -d /sys/kernel/tracing/events ]; then \
@@ -49,6 +74,47 @@ demo: build
 ## bench: figures into BENCHMARKS.md
 bench: build fixtures
 	bash scenarios/bench.sh
+
+## install: binary, config, policies, systemd unit, man pages, completions
+install:
+	@if [ "$(QOSD_BIN)" = "$(QOSD)" ]; then $(CARGO) build --release -p qosd-manager --bin qosd; fi
+	install -D -m 0755 $(QOSD_BIN) $(DESTDIR)$(BINDIR)/qosd
+	install -d -m 0755 $(DESTDIR)$(SYSCONFDIR)/qosd/policies $(DESTDIR)$(RUNDIR)
+	@# An operator's edited config is kept; the new default goes beside it.
+	@for f in config.yaml policies/*.yaml; do \
+	  dst=$(DESTDIR)$(SYSCONFDIR)/qosd/$$f; \
+	  if [ -e $$dst ] && ! cmp -s $$f $$dst; then \
+	    install -m 0644 $$f $$dst.new; echo "kept $$dst (edited); new default: $$dst.new"; \
+	  else install -m 0644 $$f $$dst; fi; \
+	done
+	install -d $(DESTDIR)$(UNITDIR)
+	sed 's|/usr/local/bin/qosd|$(BINDIR)/qosd|g; s|/etc/qosd/|$(SYSCONFDIR)/qosd/|g' \
+	  deploy/systemd/qosd.service > $(DESTDIR)$(UNITDIR)/qosd.service
+	install -d $(DESTDIR)$(MANDIR)/man1
+	$(DESTDIR)$(BINDIR)/qosd completions --man $(DESTDIR)$(MANDIR)/man1 >/dev/null
+	install -d $(DESTDIR)$(DATADIR)/bash-completion/completions \
+	  $(DESTDIR)$(DATADIR)/zsh/site-functions $(DESTDIR)$(DATADIR)/fish/vendor_completions.d
+	$(DESTDIR)$(BINDIR)/qosd completions bash > $(DESTDIR)$(DATADIR)/bash-completion/completions/qosd
+	$(DESTDIR)$(BINDIR)/qosd completions zsh > $(DESTDIR)$(DATADIR)/zsh/site-functions/_qosd
+	$(DESTDIR)$(BINDIR)/qosd completions fish > $(DESTDIR)$(DATADIR)/fish/vendor_completions.d/qosd.fish
+	@if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
+	@echo "installed; start with: systemctl start qosd (config: $(SYSCONFDIR)/qosd/config.yaml)"
+
+## uninstall: what install put there, except the config (PURGE=1 removes it too)
+uninstall:
+	rm -f $(DESTDIR)$(BINDIR)/qosd $(DESTDIR)$(UNITDIR)/qosd.service \
+	  $(DESTDIR)$(MANDIR)/man1/qosd.1 $(DESTDIR)$(MANDIR)/man1/qosd-*.1 \
+	  $(DESTDIR)$(DATADIR)/bash-completion/completions/qosd \
+	  $(DESTDIR)$(DATADIR)/zsh/site-functions/_qosd \
+	  $(DESTDIR)$(DATADIR)/fish/vendor_completions.d/qosd.fish
+	@if [ "$(PURGE)" = 1 ]; then rm -rf $(DESTDIR)$(SYSCONFDIR)/qosd; \
+	else echo "kept $(DESTDIR)$(SYSCONFDIR)/qosd (PURGE=1 removes it)"; fi
+
+## man: man pages from the clap definitions into target/man
+man:
+	$(CARGO) build --release -p qosd-manager --bin qosd
+	$(QOSD) completions --man target/man
+	@echo "read with: man -l target/man/qosd.1"
 
 fmt:
 	$(CARGO) fmt --all

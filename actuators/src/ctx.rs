@@ -308,10 +308,15 @@ impl Ctx {
 
     /// Restores the entries of one resource (or all with `None`).
     pub fn restore(&mut self, resource: Option<Resource>) -> (Vec<Change>, Vec<Error>) {
-        let r = self.journal.restore_where(|e| match resource {
+        self.restore_where(|e| match resource {
             Some(r) => e.resource() == r,
             None => true,
-        });
+        })
+    }
+
+    /// Restores the entries `which` selects, newest first.
+    pub fn restore_where(&mut self, which: impl Fn(&Entry) -> bool) -> (Vec<Change>, Vec<Error>) {
+        let r = self.journal.restore_where(which);
         self.created.retain(|p| p.exists());
         r
     }

@@ -16,6 +16,7 @@ pub mod ctx;
 pub mod error;
 pub mod freq;
 pub mod journal;
+pub mod manage;
 pub mod pqos;
 pub mod proc;
 pub mod resctrl;

@@ -253,10 +253,12 @@ pub fn detect(cfg: &Config) -> Result<(Caps, Plugins)> {
 
 /// The knobs of one machine, for the manager.
 pub struct Actuators {
-    ctx: Ctx,
+    pub(crate) ctx: Ctx,
     caps: Caps,
     plugins: Plugins,
-    apps: Apps,
+    pub(crate) apps: Apps,
+    /// What the policy may hand out (see [`crate::manage`]).
+    pub(crate) node: qosd_core::NodeCaps,
     /// The frequency backend again, for per-CPU changes.
     freq: Option<FreqActuator>,
     restore_on_drop: bool,
@@ -284,12 +286,14 @@ impl Actuators {
             None => None,
         };
         let root = Root::new(&cfg.root);
+        let node = crate::manage::node_caps(&root, &caps, cfg.pqos_cbm_bits);
         let journal = Journal::open(root.clone(), Some(cfg.state_path()), cfg.dry_run)?;
         Ok(Actuators {
             ctx: Ctx::new(root, cfg.dry_run, journal),
             caps,
             plugins,
             apps: Apps::new(),
+            node,
             freq,
             restore_on_drop: cfg.restore_on_drop,
         })

@@ -1,8 +1,17 @@
-//! Types shared by every qosd crate: what a sensor measures and which
-//! resources exist. Kept tiny so that sensors and actuators stay independent.
+//! Types shared by every qosd crate: what a sensor measures, which
+//! resources exist and what an app is given of each, and the policy
+//! interface (snapshot → plan) that the daemon and the simulator both
+//! drive. Kept tiny so that sensors and actuators stay independent.
 
 pub mod measure;
+pub mod policy;
+pub mod power;
 pub mod resources;
 
 pub use measure::{Feedback, LatencySummary};
+pub use policy::{
+    Allocations, AppClass, AppState, Decision, DecisionKind, FreqRange, Limits, MbRange, NodeCaps,
+    Plan, Policy, QosTarget, Share, Snapshot,
+};
+pub use power::{AppPower, PowerSource};
 pub use resources::{Allocation, Resource};

@@ -10,10 +10,13 @@ pub enum Resource {
     /// CPU cores (a CPU list; hyperthread siblings stay with one app).
     Cores,
     /// CPU frequency (DVFS) of the app's CPUs.
+    #[serde(alias = "freq")]
     Frequency,
     /// Last-level-cache ways (Intel CAT / resctrl L3).
+    #[serde(alias = "ways")]
     CacheWays,
     /// Memory bandwidth throttling (Intel MBA / resctrl MB).
+    #[serde(alias = "mem_bandwidth", alias = "mb")]
     MemoryBandwidth,
 }
 

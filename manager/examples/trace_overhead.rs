@@ -15,7 +15,11 @@ use std::time::{Duration, Instant};
 use qosd_sensors::stats::LogHistogram;
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// One closed-loop run: (requests per second, client p50 µs).
@@ -62,7 +66,20 @@ fn run_load(port: u16, conns: usize, secs: f64) -> (f64, f64) {
         total += n;
         all.merge(&h);
     }
-    (total as f64 / secs, all.percentile(50.0).unwrap_or(0) as f64 / 1e3)
+    (
+        total as f64 / secs,
+        all.percentile(50.0).unwrap_or(0) as f64 / 1e3,
+    )
+}
+
+/// The server goes away with the benchmark, even when it panics.
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -77,14 +94,23 @@ fn median(v: &mut [f64]) -> f64 {
 
 fn start_trace(qosd: &str, pid: u32) -> Child {
     let mut c = Command::new(qosd)
-        .args(["trace", "--pid", &pid.to_string(), "--interval", "1", "--json"])
+        .args([
+            "trace",
+            "--pid",
+            &pid.to_string(),
+            "--interval",
+            "1",
+            "--json",
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
         .expect("running qosd");
     // Wait for the first line: the programs are attached by then.
     let mut first = String::new();
-    BufReader::new(c.stdout.as_mut().unwrap()).read_line(&mut first).unwrap();
+    BufReader::new(c.stdout.as_mut().unwrap())
+        .read_line(&mut first)
+        .unwrap();
     c
 }
 
@@ -95,22 +121,37 @@ fn main() {
     let conns: usize = args.get(3).and_then(|a| a.parse().ok()).unwrap_or(8);
     let qosd = std::env::var("QOSD").unwrap_or_else(|_| "target/release/qosd".into());
     let port = free_port();
-    let mut mc = Command::new("memcached")
-        .args(["-u", "nobody", "-l", "127.0.0.1", "-t", "2", "-p", &port.to_string()])
+    let mc = Command::new("memcached")
+        .args([
+            "-u",
+            "nobody",
+            "-l",
+            "127.0.0.1",
+            "-t",
+            "2",
+            "-p",
+            &port.to_string(),
+        ])
         .spawn()
         .expect("memcached");
+    let mc = KillOnDrop(mc);
     while TcpStream::connect(("127.0.0.1", port)).is_err() {
         std::thread::sleep(Duration::from_millis(20));
     }
     run_load(port, conns, 1.0); // warm-up
-    let (mut ratios, mut p50_deltas, mut base_rps, mut traced_rps) = (vec![], vec![], vec![], vec![]);
+    let (mut ratios, mut p50_deltas, mut base_rps, mut traced_rps) =
+        (vec![], vec![], vec![], vec![]);
     let (mut base_p50, mut traced_p50) = (vec![], vec![]);
     for round in 0..rounds {
         // Alternate which goes first so drift hits both sides alike.
-        let order = if round % 2 == 0 { [false, true] } else { [true, false] };
+        let order = if round % 2 == 0 {
+            [false, true]
+        } else {
+            [true, false]
+        };
         let mut res = [(0.0, 0.0); 2];
         for traced in order {
-            let mut t = traced.then(|| start_trace(&qosd, mc.id()));
+            let mut t = traced.then(|| start_trace(&qosd, mc.0.id()));
             res[usize::from(traced)] = run_load(port, conns, secs);
             if let Some(c) = t.as_mut() {
                 let _ = c.kill();
@@ -126,8 +167,7 @@ fn main() {
         base_p50.push(a_p50);
         traced_p50.push(b_p50);
     }
-    let _ = mc.kill();
-    let _ = mc.wait();
+    drop(mc);
     println!("## Request tracing overhead (memcached at saturation)\n");
     println!(
         "memcached -t 2 on loopback, closed-loop `get` from {conns} connections, {rounds} interleaved \

@@ -2,5 +2,10 @@
 //! subcommands. The `qosd` binary (`main.rs`) only dispatches to `cmd`.
 
 pub mod cmd;
+pub mod config;
+pub mod daemon;
 pub mod exit;
+pub mod paths;
+pub mod policy;
 pub mod signals;
+pub mod yamlfile;

@@ -46,7 +46,10 @@ fn without_privileges_it_says_root_is_needed() {
         .expect("setpriv (util-linux)");
     assert_eq!(out.status.code(), Some(1), "{}", stderr_of(&out));
     let err = stderr_of(&out);
-    assert!(err.contains("needs root") && err.contains("CAP_BPF"), "{err}");
+    assert!(
+        err.contains("needs root") && err.contains("CAP_BPF"),
+        "{err}"
+    );
 }
 
 fn in_private_mounts(hide: &str) -> std::process::Output {
@@ -54,7 +57,15 @@ fn in_private_mounts(hide: &str) -> std::process::Output {
         "for d in {hide}; do [ -d $d ] && mount -t tmpfs qosd-test $d; done; exec \"$0\" trace --pid $$"
     );
     Command::new("unshare")
-        .args(["--mount", "--propagation", "private", "sh", "-c", &script, QOSD])
+        .args([
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            &script,
+            QOSD,
+        ])
         .output()
         .expect("unshare (util-linux)")
 }
@@ -64,7 +75,10 @@ fn missing_tracefs_is_reported_with_the_fix() {
     let out = in_private_mounts("/sys/kernel/tracing /sys/kernel/debug");
     assert_eq!(out.status.code(), Some(1), "{}", stderr_of(&out));
     let err = stderr_of(&out);
-    assert!(err.contains("tracefs is not mounted") && err.contains("mount -t tracefs"), "{err}");
+    assert!(
+        err.contains("tracefs is not mounted") && err.contains("mount -t tracefs"),
+        "{err}"
+    );
 }
 
 #[test]

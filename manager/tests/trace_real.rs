@@ -67,7 +67,9 @@ fn connections_open_before_tracing_are_followed() {
     let mut line = String::new();
     for mut c in conns {
         for i in 0..50 {
-            c.get_mut().write_all(format!("set a{i} 0 0 1\r\nx\r\n").as_bytes()).unwrap();
+            c.get_mut()
+                .write_all(format!("set a{i} 0 0 1\r\nx\r\n").as_bytes())
+                .unwrap();
             line.clear();
             c.read_line(&mut line).unwrap();
             assert_eq!(line, "STORED\r\n");
@@ -112,10 +114,22 @@ fn interval_lines_have_the_documented_keys() {
     memcache_load(srv.port, 2, 50, None);
     let lines = trace.stop();
     for key in [
-        "t_s", "pid", "mode", "requests", "rps", "latest_us", "mean_us", "p50_us", "p95_us",
-        "p99_us", "dropped",
+        "t_s",
+        "pid",
+        "mode",
+        "requests",
+        "rps",
+        "latest_us",
+        "mean_us",
+        "p50_us",
+        "p95_us",
+        "p99_us",
+        "dropped",
     ] {
-        assert!(lines.iter().all(|l| l.get(key).is_some()), "key {key} missing: {lines:?}");
+        assert!(
+            lines.iter().all(|l| l.get(key).is_some()),
+            "key {key} missing: {lines:?}"
+        );
     }
     let total: u64 = lines
         .iter()
@@ -124,4 +138,27 @@ fn interval_lines_have_the_documented_keys() {
         .sum();
     assert_eq!(total, 100, "interval counts add up to the total");
     assert_eq!(summary(&lines, srv.pid())["dropped"], 0);
+}
+
+/// With one connection there is no queueing in front of the server, so the
+/// gap between client and server latency is the loopback stack and the
+/// client itself. (Under concurrency the gap also holds the time requests
+/// wait in the socket queue, which no syscall hook can see.)
+#[test]
+fn single_connection_gap_is_the_network_stack() {
+    let mc = memcached(1);
+    let trace = Trace::start(&[mc.pid()], &[]);
+    let lat = memcache_load(mc.port, 1, 2000, None);
+    let lines = trace.stop();
+    let s = summary(&lines, mc.pid());
+    assert_eq!(s["requests"], 2000, "{s}");
+    assert_server_le_client("memcached, 1 connection", &s, &lat);
+
+    let ngx = nginx();
+    let trace = Trace::start(&[ngx.pid()], &[]);
+    let lat = http_load(ngx.port, 2000, 1, true);
+    let lines = trace.stop();
+    let s = summary(&lines, ngx.pid());
+    assert_eq!(s["requests"], 2000, "{s}");
+    assert_server_le_client("nginx keep-alive, 1 connection", &s, &lat);
 }

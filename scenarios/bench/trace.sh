@@ -3,6 +3,7 @@
 # `qosd trace` on a saturated memcached (interleaved A/B).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+cargo build -q --release -p qosd-manager --bin qosd
 echo "## Stats engine (criterion, \`cargo bench -p qosd-sensors --bench stats\`)"
 echo
 log=$(mktemp)

@@ -1,2 +1,15 @@
-//! qosd scenarios: scenario files, the open-loop load generator and the
-//! simulated node. (Filled by the scenarios issue.)
+//! qosd scenarios: the open-loop load generator ([`load`]), scenario files
+//! ([`scenario`]), calibration ([`calibrate`]), the simulated node that
+//! replays scenarios with the daemon's policy code ([`sim`]), and the
+//! outputs of a replay ([`timeline`]).
+
+pub mod calibrate;
+pub mod fixture;
+pub mod load;
+pub mod output;
+pub mod plot;
+pub mod scenario;
+pub mod servers;
+pub mod sim;
+pub mod sweep;
+pub mod timeline;

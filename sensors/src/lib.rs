@@ -1,6 +1,11 @@
 //! qosd sensors. The heart is [`ebpf`]: per-request, server-side latency and
 //! throughput of a process, observed from syscalls with no change to the
-//! application. [`stats`] is the windowed statistics engine behind it.
+//! application. [`stats`] is the windowed statistics engine behind it;
+//! [`procfs`] reads CPU utilisation per process and node. [`power`]
+//! attributes node power (RAPL, or a labelled model) to threads and apps
+//! from a `sched_switch` BPF program.
 
 pub mod ebpf;
+pub mod power;
+pub mod procfs;
 pub mod stats;

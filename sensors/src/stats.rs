@@ -290,10 +290,18 @@ mod tests {
 
     #[test]
     fn merge_equals_recording_both() {
-        let (mut a, mut b, mut both) = (LogHistogram::new(), LogHistogram::new(), LogHistogram::new());
+        let (mut a, mut b, mut both) = (
+            LogHistogram::new(),
+            LogHistogram::new(),
+            LogHistogram::new(),
+        );
         for v in 0..1000u64 {
             let x = v * v * 37 % 1_000_003;
-            if v % 3 == 0 { a.record(x) } else { b.record(x) }
+            if v % 3 == 0 {
+                a.record(x)
+            } else {
+                b.record(x)
+            }
             both.record(x);
         }
         a.merge(&b);

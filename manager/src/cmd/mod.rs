@@ -1,6 +1,17 @@
 //! One module per `qosd` subcommand: an `Args` (clap) and a `run`.
 
+pub mod calibrate;
 pub mod caps;
+pub mod check;
+pub mod compare;
+pub mod completions;
+pub mod fixture;
+pub mod load;
+pub mod metrics;
+pub mod power;
+pub mod replay;
+pub mod replay_real;
 pub mod restore;
+pub mod run;
 pub mod set;
 pub mod trace;

@@ -10,10 +10,15 @@ use qosd_actuators::{restore_state_file, Config};
 #[command(after_help = "Examples:\n  \
     qosd restore                          put back everything in /run/qosd/state.json\n  \
     qosd restore --dry-run                show what would be put back\n  \
-    qosd restore --state-file /tmp/s.json a state file of another run\n\n\
+    qosd restore --state-file /tmp/s.json a state file of another run\n  \
+    qosd restore --config /etc/qosd/config.yaml  the state file of that config's `qosd run`\n\n\
     The state file records each original before the first change, so this\n\
     works after `qosd set`, and after a qosd that was killed with SIGKILL.")]
 pub struct Args {
+    /// Take the state file and root from this config (what `qosd run
+    /// --config FILE` journals to); the systemd unit's ExecStopPost uses it.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["state_file", "root"])]
+    pub config: Option<PathBuf>,
     /// State file to replay; default <root>/run/qosd/state.json.
     #[arg(long, value_name = "PATH")]
     pub state_file: Option<PathBuf>,
@@ -27,9 +32,17 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    let (root, state_file) = match &args.config {
+        Some(path) => {
+            let (c, _policy) =
+                crate::config::Config::load(path).map_err(|e| crate::usage!("{e}"))?;
+            (c.actuators.root, c.state_file)
+        }
+        None => (args.root, args.state_file),
+    };
     let cfg = Config {
-        root: args.root,
-        state_file: args.state_file,
+        root,
+        state_file,
         ..Config::default()
     };
     let path = cfg.state_path();

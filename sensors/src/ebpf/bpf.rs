@@ -277,27 +277,17 @@ fn lost_records(skel: &RequestsSkel<'_>) -> u64 {
     per_cpu.iter().filter_map(|v| read_pod::<u64>(v)).sum()
 }
 
-fn mark_exited(
-    skel: &RequestsSkel<'_>,
-    grpc: &mut Result<GrpcProbes<'_>, String>,
-    shared: &Shared,
-) {
-    let gone: Vec<u32> = {
-        let mut targets = shared.targets.lock().unwrap_or_else(|e| e.into_inner());
-        targets
-            .iter_mut()
-            .filter(|(pid, t)| !t.exited && !std::path::Path::new(&format!("/proc/{pid}")).exists())
-            .map(|(pid, t)| {
-                t.exited = true;
-                *pid
-            })
-            .collect()
-    };
-    for pid in gone {
-        tracing::info!(pid, "traced process exited");
-        // Its pid may be reused: stop matching it in the kernel.
-        remove_target(skel, grpc, pid);
-    }
+/// Pids that have exited since the last check, marked as such.
+fn newly_exited(shared: &Shared) -> Vec<u32> {
+    let mut targets = shared.targets.lock().unwrap_or_else(|e| e.into_inner());
+    targets
+        .iter_mut()
+        .filter(|(pid, t)| !t.exited && !std::path::Path::new(&format!("/proc/{pid}")).exists())
+        .map(|(pid, t)| {
+            t.exited = true;
+            *pid
+        })
+        .collect()
 }
 
 /// The thread body: load, report readiness, then poll until told to stop.
@@ -345,14 +335,26 @@ pub(super) fn run(
         }
     };
     let _ = ready.send(Ok(()));
+    // Everything the kernel has sent so far, into the statistics.
+    let drain = |batch: &mut Vec<req_record>| {
+        let _ = ring.consume();
+        std::mem::swap(batch, &mut *pending.borrow_mut());
+        ingest(&shared, batch);
+    };
+    // Replies already sent on connections still open are finished requests
+    // (their end is otherwise only known at the next inbound bytes).
+    let flush = |batch: &mut Vec<req_record>, pid: u32| {
+        drain(batch); // a close already sent must not count twice
+        let mut open = flush_open(&skel, pid);
+        ingest(&shared, &mut open);
+    };
     let mut last_check = Instant::now();
     let mut batch = Vec::with_capacity(4096);
     loop {
         if let Err(e) = ring.poll(Duration::from_millis(20)) {
             tracing::warn!("polling the ring buffer: {e}");
         }
-        std::mem::swap(&mut batch, &mut *pending.borrow_mut());
-        ingest(&shared, &mut batch);
+        drain(&mut batch);
         loop {
             match cmds.try_recv() {
                 Ok(Cmd::Add(pid, t, reply)) => {
@@ -369,13 +371,7 @@ pub(super) fn run(
                     let _ = reply.send(Ok(()));
                 }
                 Ok(Cmd::FlushOpen(pid, reply)) => {
-                    // Drain what the kernel already sent first: a close
-                    // record must not be counted again as an open turn.
-                    let _ = ring.consume();
-                    std::mem::swap(&mut batch, &mut *pending.borrow_mut());
-                    ingest(&shared, &mut batch);
-                    let mut open = flush_open(&skel, pid);
-                    ingest(&shared, &mut open);
+                    flush(&mut batch, pid);
                     let _ = reply.send(Ok(()));
                 }
                 Ok(Cmd::Stop) | Err(mpsc::TryRecvError::Disconnected) => return,
@@ -385,7 +381,13 @@ pub(super) fn run(
         if last_check.elapsed() >= Duration::from_millis(200) {
             last_check = Instant::now();
             shared.dropped.store(lost_records(&skel), Ordering::Relaxed);
-            mark_exited(&skel, &mut grpc, &shared);
+            for pid in newly_exited(&shared) {
+                tracing::info!(pid, "traced process exited");
+                // Its last replies were complete; then stop matching the
+                // pid in the kernel (it may be reused).
+                flush(&mut batch, pid);
+                remove_target(&skel, &mut grpc, pid);
+            }
         }
     }
 }

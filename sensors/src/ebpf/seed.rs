@@ -55,8 +55,20 @@ pub(crate) fn accepted_connections(pid: u32) -> Vec<(u32, u16)> {
         .filter(|r| r.state == TCP_ESTABLISHED && listening.contains(&r.local_port))
         .map(|r| (r.inode, r.local_port))
         .collect();
-    let Ok(dir) = fs::read_dir(format!("/proc/{pid}/fd")) else {
-        return Vec::new();
+    let dir = match fs::read_dir(format!("/proc/{pid}/fd")) {
+        Ok(d) => d,
+        Err(e) => {
+            // Without CAP_SYS_PTRACE another user's fds cannot be listed:
+            // connections it accepted before tracing began stay unseen.
+            if !accepted.is_empty() {
+                tracing::warn!(
+                    pid,
+                    "cannot list /proc/{pid}/fd ({e}): {} connection(s) accepted before                      tracing began are not followed (needs CAP_SYS_PTRACE)",
+                    accepted.len()
+                );
+            }
+            return Vec::new();
+        }
     };
     let mut out = Vec::new();
     for entry in dir.flatten() {

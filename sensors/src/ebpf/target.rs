@@ -179,14 +179,22 @@ impl TargetStats {
             "boundary evidence"
         );
         let k = self.kind(mode);
-        let report = TargetReport {
+        let mut report = TargetReport {
             mode,
             interval: KindReport::from_hist(&k.interval, k.interval_count, secs, k.interval_latest),
             total: KindReport::from_hist(&k.total, k.total_count, total_secs, k.window.latest()),
+            histogram: LogHistogram::default(),
             exited: self.exited,
             probes: self.probes.clone(),
             warning: self.warning.clone(),
         };
+        // The interval's latencies go to the caller whole (the daemon merges
+        // them over its own time horizon and across a process group).
+        report.histogram = std::mem::take(match mode {
+            Mode::Connection => &mut self.conn.interval,
+            Mode::Grpc => &mut self.grpc.interval,
+            Mode::Auto | Mode::Turn => &mut self.turn.interval,
+        });
         for k in [&mut self.turn, &mut self.conn, &mut self.grpc] {
             k.interval.clear();
             k.interval_count = 0;
@@ -232,6 +240,8 @@ pub struct TargetReport {
     pub mode: Mode,
     pub interval: KindReport,
     pub total: KindReport,
+    /// Every latency of the interval, ns (of the mode in use).
+    pub histogram: LogHistogram,
     pub exited: bool,
     /// The gRPC library whose uprobes delimit calls, e.g. "grpc-go v1.79.3
     /// (handleStream .. writeStatus)".

@@ -1,0 +1,414 @@
+//! The policy interface: what a policy sees (a [`Snapshot`] of measurements,
+//! the current [`Allocations`], the node's [`NodeCaps`]) and what it returns
+//! (a [`Plan`]). Both the daemon and the simulator drive a [`Policy`] through
+//! this interface, so a policy is unit-testable without root or hardware.
+//!
+//! Allocations are counts and levels (2 cores, 4 ways, 1800 MHz, 50 % MB);
+//! which physical CPUs or which way mask is the actuators' business.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::resources::Resource;
+
+/// How an app is treated: latency-critical apps have a QoS target that the
+/// policy defends; best-effort apps get what is left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AppClass {
+    /// Latency-critical: has a QoS target.
+    Lc,
+    /// Best-effort: receives freed resources, is the first victim.
+    Be,
+}
+
+/// What a policy needs to know about each [`Resource`] beyond its name.
+impl Resource {
+    /// The PARTIES order: cores → cache ways → frequency → memory bandwidth.
+    pub const CYCLE: [Resource; 4] = [
+        Resource::Cores,
+        Resource::CacheWays,
+        Resource::Frequency,
+        Resource::MemoryBandwidth,
+    ];
+
+    /// True for resources partitioned from a node-wide pool (cores, ways):
+    /// what one app gets, another cannot have. Frequency and memory
+    /// bandwidth are per-app levels.
+    pub fn is_pooled(self) -> bool {
+        matches!(self, Resource::Cores | Resource::CacheWays)
+    }
+
+    /// The unit a [`Share`] counts this resource in.
+    pub fn unit(self) -> &'static str {
+        match self {
+            Resource::Cores => "cores",
+            Resource::CacheWays => "ways",
+            Resource::Frequency => "MHz",
+            Resource::MemoryBandwidth => "%",
+        }
+    }
+}
+
+/// A QoS target: the latency at `percentile` must stay at or below
+/// `value_us`. Example: `p99: 25ms` is `{ percentile: 99.0, value_us: 25000.0 }`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct QosTarget {
+    /// Percentile in (0, 100], e.g. 99.0 or 99.9.
+    pub percentile: f64,
+    /// Latency bound in microseconds, > 0.
+    pub value_us: f64,
+}
+
+/// An app's share of the node as a policy sees it: counts and levels
+/// (2 cores, 4 ways, 1800 MHz, 50 % MB). The actuators turn it into a
+/// concrete [`crate::Allocation`] (which CPUs, which way mask). A field for
+/// a resource the node lacks is 0 and is left alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+pub struct Share {
+    /// Number of CPU cores.
+    pub nr_cores: u32,
+    /// Number of LLC ways.
+    pub nr_ways: u32,
+    /// Frequency of the app's cores, in MHz.
+    pub freq_mhz: u32,
+    /// Memory-bandwidth throttle, in percent (1..=100).
+    pub mb_percent: u32,
+}
+
+impl Share {
+    /// The value of one resource (cores, ways, MHz or percent).
+    pub fn get(&self, r: Resource) -> u32 {
+        match r {
+            Resource::Cores => self.nr_cores,
+            Resource::CacheWays => self.nr_ways,
+            Resource::Frequency => self.freq_mhz,
+            Resource::MemoryBandwidth => self.mb_percent,
+        }
+    }
+
+    /// Sets the value of one resource.
+    pub fn set(&mut self, r: Resource, value: u32) {
+        match r {
+            Resource::Cores => self.nr_cores = value,
+            Resource::CacheWays => self.nr_ways = value,
+            Resource::Frequency => self.freq_mhz = value,
+            Resource::MemoryBandwidth => self.mb_percent = value,
+        }
+    }
+}
+
+/// The share of every managed app, by app name (ordered, so that
+/// iteration and therefore every policy is deterministic).
+pub type Allocations = BTreeMap<String, Share>;
+
+/// The range an app's allocation must stay in (from the config's min/max).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    /// Lowest allowed value per resource.
+    pub min: Share,
+    /// Highest allowed value per resource (`u32::MAX`: no limit but the node's).
+    pub max: Share,
+}
+
+impl Default for Limits {
+    /// At least one core, otherwise only the node's own ranges apply.
+    fn default() -> Self {
+        Limits {
+            min: Share {
+                nr_cores: 1,
+                nr_ways: 1,
+                freq_mhz: 0,
+                mb_percent: 0,
+            },
+            max: Share {
+                nr_cores: u32::MAX,
+                nr_ways: u32::MAX,
+                freq_mhz: u32::MAX,
+                mb_percent: u32::MAX,
+            },
+        }
+    }
+}
+
+/// What is known about one app at one instant.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AppState {
+    /// The app's name from the config (key of [`Allocations`]).
+    pub name: String,
+    pub class: AppClass,
+    /// QoS target; `None` for best-effort apps.
+    pub target: Option<QosTarget>,
+    /// Measured latency at the target's percentile, in µs, over the sensor
+    /// window; `None` when no request was seen.
+    pub latency_us: Option<f64>,
+    /// Requests completed per second.
+    pub rps: f64,
+    /// CPU utilisation of the app's allocated cores, 0.0..=1.0.
+    pub cpu_util: f64,
+    /// Power attributed to the app, in watts, if a power sensor runs.
+    pub power_w: Option<f64>,
+    /// The range the policy must keep this app's allocation in.
+    pub limits: Limits,
+}
+
+impl AppState {
+    /// PARTIES slack: (target − latency) / target. `None` without a target
+    /// or without a measurement. Negative when the target is violated.
+    pub fn slack(&self) -> Option<f64> {
+        let t = self.target?;
+        let l = self.latency_us?;
+        (t.value_us > 0.0).then(|| (t.value_us - l) / t.value_us)
+    }
+}
+
+/// The measurements of every managed app at one instant.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// Apps in a stable order (the daemon sorts them by name).
+    pub apps: Vec<AppState>,
+    /// Node power in watts, if known (measured or estimated).
+    pub node_power_w: Option<f64>,
+}
+
+impl Snapshot {
+    /// The state of the app with this name.
+    pub fn app(&self, name: &str) -> Option<&AppState> {
+        self.apps.iter().find(|a| a.name == name)
+    }
+}
+
+/// The frequency range of the node's cores (cpufreq).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FreqRange {
+    pub min_mhz: u32,
+    pub max_mhz: u32,
+    /// One unit of a frequency decision (100 MHz in PARTIES).
+    pub step_mhz: u32,
+}
+
+/// The memory-bandwidth throttle range (resctrl `MB:`); the maximum is 100.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MbRange {
+    pub min_percent: u32,
+    /// Granularity of the throttle (resctrl `info/MB/bandwidth_gran`).
+    pub step_percent: u32,
+}
+
+/// Which resources the node has and how much of each. A policy skips the
+/// resources that are absent (`nr_* == 0` or `None`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeCaps {
+    /// Cores the manager may hand out; 0 when no core actuator works.
+    pub nr_cores: u32,
+    /// LLC ways; 0 when there is no cache allocation (CAT).
+    pub nr_ways: u32,
+    pub freq: Option<FreqRange>,
+    pub mb: Option<MbRange>,
+}
+
+impl NodeCaps {
+    /// True when the node can actuate this resource.
+    pub fn has(&self, r: Resource) -> bool {
+        match r {
+            Resource::Cores => self.nr_cores > 0,
+            Resource::CacheWays => self.nr_ways > 0,
+            Resource::Frequency => self.freq.is_some_and(|f| f.max_mhz > f.min_mhz),
+            Resource::MemoryBandwidth => self.mb.is_some_and(|m| m.min_percent < 100),
+        }
+    }
+
+    /// The lowest and highest value of a resource for one app, before the
+    /// app's own limits; `None` when the node lacks it.
+    pub fn range(&self, r: Resource) -> Option<(u32, u32)> {
+        if !self.has(r) {
+            return None;
+        }
+        Some(match r {
+            Resource::Cores => (1, self.nr_cores),
+            Resource::CacheWays => (1, self.nr_ways),
+            Resource::Frequency => self.freq.map(|f| (f.min_mhz, f.max_mhz))?,
+            Resource::MemoryBandwidth => self.mb.map(|m| (m.min_percent, 100))?,
+        })
+    }
+
+    /// The node's own granularity of a resource (1 core, 1 way, the
+    /// cpufreq step, the MBA granularity).
+    pub fn granularity(&self, r: Resource) -> u32 {
+        match r {
+            Resource::Cores | Resource::CacheWays => 1,
+            Resource::Frequency => self.freq.map_or(1, |f| f.step_mhz.max(1)),
+            Resource::MemoryBandwidth => self.mb.map_or(1, |m| m.step_percent.max(1)),
+        }
+    }
+
+    /// Total of a pooled resource on the node (cores, ways); `None` for
+    /// per-app levels.
+    pub fn pool(&self, r: Resource) -> Option<u32> {
+        match r {
+            Resource::Cores => Some(self.nr_cores),
+            Resource::CacheWays => Some(self.nr_ways),
+            _ => None,
+        }
+    }
+}
+
+/// What a decision did to one app's resource.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DecisionKind {
+    /// More of a resource for an app short of slack.
+    Upsize,
+    /// Less of a resource for an app with slack to spare.
+    Downsize,
+    /// Undo of an earlier downsize that hurt an app.
+    Revert,
+    /// Taken from a victim to pay for another app's upsize.
+    Reclaim,
+    /// Freed resources handed to a best-effort app.
+    Grant,
+}
+
+/// One change in a plan, with the reason a person can read.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Decision {
+    pub app: String,
+    pub resource: Resource,
+    pub kind: DecisionKind,
+    /// Value before, in the resource's unit.
+    pub from: u32,
+    /// Value after, in the resource's unit.
+    pub to: u32,
+    /// Why, e.g. "slack 0.01 < 0.05 (p99 24.8 ms vs 25 ms)".
+    pub reason: String,
+}
+
+impl fmt::Display for Decision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} {:?} {}: {} -> {} {} ({})",
+            self.app,
+            self.kind,
+            self.resource,
+            self.from,
+            self.to,
+            self.resource.unit(),
+            self.reason
+        )
+    }
+}
+
+/// A policy's answer: the allocation it wants for every app, and what it
+/// changed and why. An empty `decisions` means "keep everything".
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Plan {
+    pub allocations: Allocations,
+    pub decisions: Vec<Decision>,
+}
+
+impl Plan {
+    /// A plan that changes nothing.
+    pub fn keep(current: &Allocations) -> Plan {
+        Plan {
+            allocations: current.clone(),
+            decisions: Vec::new(),
+        }
+    }
+}
+
+/// A controller. It may keep state between calls (what it did last, whether
+/// that helped, cool-downs); it does no I/O, so the same inputs in the same
+/// order give the same plans.
+///
+/// The driver (daemon or simulator) calls [`Policy::observe`] on every
+/// monitoring tick and [`Policy::decide`] on every decision tick (after that
+/// tick's `observe`). Time is the driver's: milliseconds since its start.
+pub trait Policy {
+    /// A short name for logs ("parties", "power-saver").
+    fn name(&self) -> &str;
+
+    /// Chooses the next allocation. `current` has an entry for every app in
+    /// `snapshot`; the plan must too, and stay within `node` and each app's
+    /// [`Limits`].
+    fn decide(
+        &mut self,
+        now_ms: u64,
+        snapshot: &Snapshot,
+        current: &Allocations,
+        node: &NodeCaps,
+    ) -> Plan;
+
+    /// One monitoring sample between decisions, for "did the last action
+    /// help" bookkeeping. The default ignores it; a policy that needs it
+    /// also counts the snapshot passed to `decide`.
+    fn observe(&mut self, now_ms: u64, snapshot: &Snapshot) {
+        let _ = (now_ms, snapshot);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slack_is_relative_headroom() {
+        let mut a = AppState {
+            name: "m".into(),
+            class: AppClass::Lc,
+            target: Some(QosTarget {
+                percentile: 99.0,
+                value_us: 1000.0,
+            }),
+            latency_us: Some(900.0),
+            rps: 0.0,
+            cpu_util: 0.0,
+            power_w: None,
+            limits: Limits::default(),
+        };
+        assert!((a.slack().unwrap() - 0.1).abs() < 1e-9);
+        a.latency_us = Some(1500.0);
+        assert!((a.slack().unwrap() + 0.5).abs() < 1e-9);
+        a.latency_us = None;
+        assert_eq!(a.slack(), None);
+    }
+
+    #[test]
+    fn missing_resources_are_reported_absent() {
+        let node = NodeCaps {
+            nr_cores: 2,
+            nr_ways: 0,
+            freq: None,
+            mb: None,
+        };
+        assert!(node.has(Resource::Cores));
+        assert!(!node.has(Resource::CacheWays));
+        assert!(!node.has(Resource::Frequency));
+        assert_eq!(node.range(Resource::Cores), Some((1, 2)));
+        assert_eq!(node.range(Resource::Frequency), None);
+    }
+
+    #[test]
+    fn resource_names_round_trip_with_aliases() {
+        for r in Resource::ALL {
+            let json = serde_json::to_string(&r).unwrap();
+            assert_eq!(json, format!("\"{}\"", r.name()));
+            assert_eq!(serde_json::from_str::<Resource>(&json).unwrap(), r);
+        }
+        for (alias, r) in [
+            ("ways", Resource::CacheWays),
+            ("freq", Resource::Frequency),
+            ("mb", Resource::MemoryBandwidth),
+        ] {
+            let parsed: Resource = serde_json::from_str(&format!("\"{alias}\"")).unwrap();
+            assert_eq!(parsed, r);
+        }
+        let mut a = Share::default();
+        for (i, r) in Resource::CYCLE.into_iter().enumerate() {
+            a.set(r, i as u32 + 7);
+            assert_eq!(a.get(r), i as u32 + 7);
+        }
+    }
+}

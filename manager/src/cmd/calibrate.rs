@@ -1,0 +1,142 @@
+//! `qosd calibrate`: each app's load–latency curve, capacity and knee, on
+//! this machine (real servers swept with the open-loop generator) or on the
+//! simulated node. Scenario loads are fractions of these capacities.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Args as ClapArgs;
+use qosd_scenarios::calibrate::{self, Calibration};
+use qosd_scenarios::sweep::{self, SweepOptions};
+use qosd_scenarios::{load::LoadError, servers};
+
+use crate::usage;
+
+#[derive(ClapArgs, Debug)]
+#[command(after_help = "Examples:\n  \
+    qosd calibrate scenarios/ramp.yaml                   sweep each app's server on this machine\n  \
+    qosd calibrate scenarios/ramp.yaml --app memcached   one app only\n  \
+    qosd calibrate scenarios/ramp.yaml --sim             the simulated node's model\n  \
+    qosd replay scenarios/ramp.yaml --calibration out/calibration-ramp.json\n\n\
+    A sweep offers rising open-loop load (x1.4 per step) until the server saturates\n\
+    (achieved < 90% of offered, >1% errors, or p99 50x the lowest), then fills in the\n\
+    last stretch. Capacity = highest achieved rate; the knee is where the latency\n\
+    curve bends (Kneedle); targets with knee_factor sit there.")]
+pub struct Args {
+    /// Scenario whose apps to calibrate.
+    pub scenario: PathBuf,
+    /// Only this app.
+    #[arg(long)]
+    pub app: Option<String>,
+    /// Calibrate the simulated node's model instead of real servers.
+    #[arg(long)]
+    pub sim: bool,
+    /// Length of each load step, seconds.
+    #[arg(long, default_value_t = 2.0)]
+    pub step_s: f64,
+    /// Highest rate tried, requests/s.
+    #[arg(long, default_value_t = 500_000.0)]
+    pub max_rps: f64,
+    /// Output file. Default: out/calibration-<scenario>.json.
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+}
+
+/// The command that starts the fixture server: this binary's hidden
+/// `fixture` subcommand.
+pub fn fixture_cmd() -> anyhow::Result<Vec<String>> {
+    let exe = std::env::current_exe().context("locating the qosd binary")?;
+    Ok(vec![exe.display().to_string(), "fixture".into()])
+}
+
+/// Calibrates on this machine, printing each point.
+pub fn real(
+    sc: &qosd_scenarios::scenario::Scenario,
+    only: Option<&str>,
+    o: &SweepOptions,
+) -> anyhow::Result<Calibration> {
+    let fixture = fixture_cmd()?;
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let nproc = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut cal = Calibration {
+        source: format!("real ({}, {nproc} CPUs)", host.trim()),
+        ..Default::default()
+    };
+    for app in sc.apps.iter().filter(|a| only.is_none_or(|n| n == a.name)) {
+        let srv = servers::start(app, &fixture)?;
+        eprintln!("calibrating {} ({}, pid {})", app.name, srv.addr, srv.pid);
+        let c = sweep::sweep(app, &srv.addr, o, &mut |p| {
+            eprintln!(
+                "  offered {:>9.0} rps  achieved {:>9.0} rps  p99 {:>9.3} ms",
+                p.offered_rps,
+                p.achieved_rps,
+                p.latency_us / 1000.0
+            )
+        })
+        .map_err(|e| match e {
+            LoadError::Io(_) => anyhow::Error::new(e),
+            e => usage!("{e}"),
+        })?;
+        eprintln!(
+            "  -> capacity {:.0} rps, knee {:.0} rps at p99 {:.3} ms",
+            c.capacity_rps,
+            c.knee_rps,
+            c.knee_latency_us / 1000.0
+        );
+        cal.apps.insert(app.name.clone(), c);
+    }
+    Ok(cal)
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let sc = crate::cmd::replay::read_scenario(&args.scenario)?;
+    if let Some(n) = &args.app {
+        if !sc.apps.iter().any(|a| &a.name == n) {
+            return Err(usage!(
+                "--app {n}: not an app of {}",
+                args.scenario.display()
+            ));
+        }
+    }
+    if !(args.step_s > 0.0 && args.step_s <= 60.0) {
+        return Err(usage!("--step-s {}: must be in (0, 60]", args.step_s));
+    }
+    let mut cal = if args.sim {
+        calibrate::sim(&sc)
+    } else {
+        let o = SweepOptions {
+            step_s: args.step_s,
+            max_rps: args.max_rps,
+            seed: sc.seed,
+            ..Default::default()
+        };
+        real(&sc, args.app.as_deref(), &o)?
+    };
+    if let Some(n) = &args.app {
+        cal.apps.retain(|k, _| k == n);
+    }
+    println!(
+        "{:<12} {:>14} {:>12} {:>14} {:>14}",
+        "app", "capacity rps", "knee rps", "knee p99 ms", "base p99 ms"
+    );
+    for (n, c) in &cal.apps {
+        println!(
+            "{:<12} {:>14.0} {:>12.0} {:>14.3} {:>14.3}",
+            n,
+            c.capacity_rps,
+            c.knee_rps,
+            c.knee_latency_us / 1000.0,
+            c.base_latency_us / 1000.0
+        );
+    }
+    let out = args
+        .out
+        .unwrap_or_else(|| PathBuf::from(format!("out/calibration-{}.json", sc.name)));
+    if let Some(d) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+    }
+    cal.write(&out)
+        .with_context(|| format!("writing {}", out.display()))?;
+    println!("wrote {} ({})", out.display(), cal.source);
+    Ok(())
+}

@@ -1,0 +1,214 @@
+//! `qosd load`: the open-loop load generator on its own. Requests leave on
+//! schedule whatever the replies do; latency counts from the scheduled time.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use clap::Args as ClapArgs;
+use qosd_scenarios::load::{
+    self, Arrival, IntervalReport, LoadError, LoadReport, LoadSpec, Protocol, Rate,
+};
+
+use crate::usage;
+
+#[derive(ClapArgs, Debug)]
+#[command(after_help = "Examples:\n  \
+    qosd load --target 127.0.0.1:11211 --protocol memcache --rps 20000 --duration 10 --keepalive\n  \
+    qosd load --target 127.0.0.1:8080 --protocol http --rps 2000 --duration 30 --json\n  \
+    qosd load --target 127.0.0.1:8080 --protocol http --rps 500 --duration 5 --arrival uniform --intervals\n\n\
+    Latency is measured from each request's scheduled send time, so a server stall shows\n\
+    in the tail instead of slowing the sender (no coordinated omission). Only loopback\n\
+    targets are accepted.")]
+pub struct Args {
+    /// Server to load, HOST:PORT (loopback only).
+    #[arg(long)]
+    pub target: String,
+    /// Wire protocol: http or memcache.
+    #[arg(long, value_parser = |s: &str| s.parse::<Protocol>())]
+    pub protocol: Protocol,
+    /// Offered load, requests per second.
+    #[arg(long)]
+    pub rps: f64,
+    /// Length of the run, seconds.
+    #[arg(long, default_value_t = 10.0)]
+    pub duration: f64,
+    /// Keep-alive: number of connections (requests are pipelined on them).
+    /// Otherwise: most connections open at once. Default 8 with --keepalive,
+    /// 256 without.
+    #[arg(long)]
+    pub connections: Option<usize>,
+    /// Persistent connections; without it, one connection per request.
+    #[arg(long)]
+    pub keepalive: bool,
+    /// Arrival process: poisson or uniform.
+    #[arg(long, default_value = "poisson", value_parser = |s: &str| s.parse::<Arrival>())]
+    pub arrival: Arrival,
+    /// Seed of the arrival times and the request mix.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// HTTP path; `{seq}` becomes the request number.
+    #[arg(long, default_value = "/")]
+    pub path: String,
+    /// memcached: fraction of requests that are `set`.
+    #[arg(long, default_value_t = 0.1)]
+    pub set_ratio: f64,
+    /// memcached: number of distinct keys.
+    #[arg(long, default_value_t = 10_000)]
+    pub keys: u32,
+    /// memcached: value size, bytes.
+    #[arg(long, default_value_t = 64)]
+    pub value_bytes: usize,
+    /// memcached: do not write every key before the run.
+    #[arg(long)]
+    pub no_preload: bool,
+    /// Print one line per interval while running.
+    #[arg(long)]
+    pub intervals: bool,
+    /// Interval length for --intervals, milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    pub interval_ms: u64,
+    /// Print JSON (one object per interval line, then the report).
+    #[arg(long)]
+    pub json: bool,
+}
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::Relaxed);
+}
+
+/// Ctrl-C ends the run early and still prints the report.
+fn catch_sigint() {
+    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
+    let sa = SigAction::new(
+        SigHandler::Handler(on_signal),
+        SaFlags::empty(),
+        SigSet::empty(),
+    );
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe {
+        let _ = sigaction(Signal::SIGINT, &sa);
+        let _ = sigaction(Signal::SIGTERM, &sa);
+    }
+}
+
+pub fn spec_from(a: &Args) -> anyhow::Result<LoadSpec> {
+    if !(a.duration > 0.0 && a.duration <= load::MAX_DURATION.as_secs_f64()) {
+        return Err(usage!(
+            "--duration {}: must be in (0, 86400] seconds",
+            a.duration
+        ));
+    }
+    let mut s = LoadSpec::new(
+        &a.target,
+        a.protocol,
+        Rate::Constant(a.rps),
+        Duration::from_secs_f64(a.duration),
+    )
+    .map_err(|e| usage!("{e}"))?;
+    s.keepalive = a.keepalive;
+    s.connections = a.connections.unwrap_or(if a.keepalive { 8 } else { 256 });
+    s.arrival = a.arrival;
+    s.seed = a.seed;
+    s.http_path = a.path.clone();
+    s.memcache.set_ratio = a.set_ratio;
+    s.memcache.nr_keys = a.keys;
+    s.memcache.value_bytes = a.value_bytes;
+    s.memcache.preload = !a.no_preload;
+    s.interval = Duration::from_millis(a.interval_ms.max(1));
+    s.validate().map_err(|e| usage!("{e}"))?;
+    Ok(s)
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let spec = spec_from(&args)?;
+    catch_sigint();
+    let json = args.json;
+    let show = args.intervals;
+    let mut on_interval = |r: &IntervalReport| {
+        if !show {
+            return;
+        }
+        if json {
+            if let Ok(line) = serde_json::to_string(r) {
+                println!("{line}");
+            }
+        } else {
+            let f = |v: Option<f64>| v.map_or("-".to_owned(), |x| format!("{x:.0}"));
+            println!(
+                "t={:>6.1}s sent {:>7} done {:>7} err {:>4}  p50 {:>7} µs  p99 {:>8} µs",
+                r.t_s,
+                r.sent,
+                r.completed,
+                r.errors,
+                f(r.latency.p50_us),
+                f(r.latency.p99_us)
+            );
+        }
+    };
+    let report = load::run(&spec, &STOP, &mut on_interval).map_err(|e| match e {
+        LoadError::NotLoopback(_) | LoadError::BadTarget(..) | LoadError::BadSpec(_) => {
+            usage!("{e}")
+        }
+        e => anyhow::Error::new(e).context(format!("loading {}", args.target)),
+    })?;
+    if json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print_report(&report);
+    }
+    Ok(())
+}
+
+fn print_report(r: &LoadReport) {
+    let f = |v: Option<f64>| v.map_or("-".to_owned(), |x| format!("{x:.1}"));
+    let mode = if r.keepalive {
+        "keep-alive"
+    } else {
+        "connection per request"
+    };
+    println!(
+        "target {} ({}, {mode}, {} connections), {:.1} s",
+        r.target, r.protocol, r.connections, r.duration_s
+    );
+    println!(
+        "requests   scheduled {}  sent {}  completed {}  errors {}{}",
+        r.scheduled,
+        r.sent,
+        r.completed,
+        r.errors.total(),
+        if r.stopped { "  (stopped early)" } else { "" }
+    );
+    if r.errors.total() > 0 {
+        let e = &r.errors;
+        println!(
+            "errors     connect {}  io {}  protocol {}  status {}  timeout {}  overflow {}",
+            e.connect, e.io, e.protocol, e.status, e.timeout, e.overflow
+        );
+    }
+    println!(
+        "rate /s    offered {:.1}  sent {:.1}  achieved {:.1}",
+        r.offered_rps, r.send_rps, r.achieved_rps
+    );
+    let l = &r.latency_us;
+    println!(
+        "latency µs mean {}  p50 {}  p90 {}  p99 {}  p99.9 {}  max {}",
+        f(l.mean),
+        f(l.p50),
+        f(l.p90),
+        f(l.p99),
+        f(l.p999),
+        f(l.max)
+    );
+    let s = &r.send_lag_us;
+    println!(
+        "send lag µs p50 {}  p99 {}  max {}",
+        f(s.p50),
+        f(s.p99),
+        f(s.max)
+    );
+    if r.misses > 0 || r.reconnects > 0 {
+        println!("misses {}  reconnects {}", r.misses, r.reconnects);
+    }
+}

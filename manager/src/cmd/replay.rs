@@ -1,0 +1,155 @@
+//! `qosd replay`: run a scenario, on this machine's real servers or on the
+//! simulated node (`--sim`), with the same policy code as the daemon, and
+//! write `timeline.csv`, `summary.json` and the plots.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use clap::Args as ClapArgs;
+use qosd_core::{Feedback, Policy};
+use qosd_scenarios::calibrate::{self, Calibration};
+use qosd_scenarios::output;
+use qosd_scenarios::scenario::Scenario;
+use qosd_scenarios::sim::{self, SimOptions, StaticPolicy};
+
+use crate::usage;
+
+#[derive(ClapArgs, Debug)]
+#[command(after_help = "Examples:\n  \
+    qosd replay scenarios/ramp.yaml --sim              simulated 16-core node, PARTIES, eBPF\n  \
+    qosd replay scenarios/ramp.yaml --sim --out out/ramp-ebpf\n  \
+    qosd replay scenarios/ramp.yaml --sim --feedback client --out out/ramp-client\n  \
+    qosd compare out/ramp-ebpf out/ramp-client                 table and overlay plot\n  \
+    qosd replay scenarios/ramp.yaml --sim --policy static      the static-allocation baseline\n  \
+    qosd replay scenarios/ramp.yaml --sim --duration 60        the scenario compressed into 60 s\n\n\
+    Outputs (in --out, default out/<scenario>/): timeline.csv,\n\
+    summary.json, calibration.json, timeline.svg and timeline.png.\n\
+    Loads in a scenario are fractions of each app's capacity; the capacity and the\n\
+    knee (where targets with knee_factor sit) come from calibration: of the model\n\
+    with --sim, of this machine otherwise (or --calibration FILE from `qosd calibrate`).")]
+pub struct Args {
+    /// Scenario file (scenarios/*.yaml).
+    pub scenario: PathBuf,
+    /// Latency fed to the policy: ebpf (server side) or client (load
+    /// generator). Default: the scenario's.
+    #[arg(long, value_parser = parse_feedback)]
+    pub feedback: Option<Feedback>,
+    /// Policy file, or `static` for the static even split. Default: the
+    /// scenario's (policies/parties.yaml).
+    #[arg(long, value_name = "FILE")]
+    pub policy: Option<String>,
+    /// Replay on the simulated node (deterministic, faster than real time).
+    #[arg(long)]
+    pub sim: bool,
+    /// Seed (arrivals, noise, the policy's choices). Default: the scenario's.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Output folder.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Length of the run, seconds: the scenario's time axis is stretched or
+    /// compressed to it. Default: the scenario's duration_s.
+    #[arg(long, value_name = "SECS")]
+    pub duration: Option<f64>,
+    /// Calibration to use instead of calibrating (calibration.json).
+    #[arg(long, value_name = "FILE")]
+    pub calibration: Option<PathBuf>,
+    /// Print summary.json instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_feedback(s: &str) -> Result<Feedback, String> {
+    match s {
+        "ebpf" => Ok(Feedback::Ebpf),
+        "client" => Ok(Feedback::Client),
+        _ => Err(format!("{s:?}: ebpf or client")),
+    }
+}
+
+/// The policy a replay runs: a file, the scenario's, or `static`.
+pub fn load_policy(
+    scenario: &Scenario,
+    arg: Option<&str>,
+    seed: u64,
+) -> anyhow::Result<Box<dyn Policy + Send>> {
+    if arg == Some("static") {
+        return Ok(Box::new(StaticPolicy));
+    }
+    let path = match arg {
+        Some(p) => PathBuf::from(p),
+        None => scenario.policy_path().ok_or_else(|| {
+            usage!(
+                "{}: no policy in the scenario; give --policy FILE or --policy static",
+                scenario.name
+            )
+        })?,
+    };
+    crate::policy::load(&path, seed).map_err(|e| usage!("{e}"))
+}
+
+pub fn read_scenario(path: &Path) -> anyhow::Result<Scenario> {
+    Scenario::from_file(path).map_err(|e| usage!("{e}"))
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let sc = read_scenario(&args.scenario)?;
+    if let Some(d) = args.duration {
+        if !(d > 0.0 && d <= 86_400.0) {
+            return Err(usage!("--duration {d}: must be in (0, 86400] seconds"));
+        }
+    }
+    let feedback = args.feedback.unwrap_or(sc.feedback);
+    let seed = args.seed.unwrap_or(sc.seed);
+    let mut policy = load_policy(&sc, args.policy.as_deref(), seed)?;
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(format!("out/{}", sc.name)));
+    if !args.sim {
+        return crate::cmd::replay_real::run(&sc, &args, feedback, seed, policy.as_mut(), &out);
+    }
+    let cal = match &args.calibration {
+        Some(p) => Calibration::read(p).map_err(|e| usage!("{}: {e:#}", p.display()))?,
+        None => calibrate::sim(&sc),
+    };
+    let t0 = std::time::Instant::now();
+    let opts = SimOptions {
+        feedback,
+        seed,
+        duration_s: args.duration,
+    };
+    let tl = sim::run(&sc, &cal, policy.as_mut(), &opts);
+    let wall = t0.elapsed().as_secs_f64();
+    let (summary, files) =
+        output::write_run(&out, &tl, &cal).context("writing the replay's outputs")?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&summary)?);
+        return Ok(());
+    }
+    let simulated = tl.rows.len() as f64 / tl.apps.len().max(1) as f64 * tl.interval_s;
+    println!(
+        "{} on the simulated node ({} cores, {}-{} MHz, {} ways): policy {}, feedback {feedback}, seed {seed}",
+        sc.name,
+        sc.node.nr_cores,
+        sc.node.freq_min_mhz,
+        sc.node.freq_max_mhz,
+        sc.node.nr_ways,
+        tl.policy
+    );
+    println!(
+        "simulated {simulated:.0} s in {wall:.3} s ({:.0}x real time)\n",
+        simulated / wall.max(1e-9)
+    );
+    print!("{}", output::summary_table(&summary));
+    if tl.rejected_plans > 0 {
+        println!(
+            "warning: {} plans were outside the node and were not applied",
+            tl.rejected_plans
+        );
+    }
+    println!("\nwrote {}", files.timeline_csv.display());
+    println!("      {}", files.summary_json.display());
+    println!("      {} and .png", files.plot_svg.display());
+    Ok(())
+}

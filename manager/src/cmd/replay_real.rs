@@ -1,0 +1,246 @@
+//! Real-mode `qosd replay` (scaffolding): starts the scenario's servers on
+//! this machine, calibrates them (or reads `--calibration`), drives the
+//! open-loop load of every app along its shape, feeds the policy with the
+//! client latency each interval, and writes the same outputs as `--sim`.
+//!
+//! Server-side latency comes from the eBPF request sensor (each server's
+//! pid, its listening port), client latency from the load generator; the
+//! policy is fed the one `--feedback` names.
+//!
+//! Not wired yet (the daemon loop owns it): applying the policy's plans
+//! through the actuators. Until then the plans are written to
+//! `plans.jsonl` and not applied, and the resource columns of
+//! `timeline.csv` stay empty.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use anyhow::Context;
+use qosd_core::{AppState, Feedback, Limits, NodeCaps, Policy, QosTarget, Share, Snapshot};
+use qosd_scenarios::calibrate::Calibration;
+use qosd_scenarios::load::{self, IntervalReport, Rate};
+use qosd_scenarios::scenario::Scenario;
+use qosd_scenarios::timeline::{Row, Timeline};
+use qosd_scenarios::{output, servers, sweep};
+use qosd_sensors::ebpf::{Mode, RequestTracer, TargetOptions, TracerOptions};
+
+use crate::usage;
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::Relaxed);
+}
+
+fn catch_signals() {
+    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
+    let sa = SigAction::new(
+        SigHandler::Handler(on_signal),
+        SaFlags::empty(),
+        SigSet::empty(),
+    );
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe {
+        let _ = sigaction(Signal::SIGINT, &sa);
+        let _ = sigaction(Signal::SIGTERM, &sa);
+    }
+}
+
+pub fn run(
+    sc: &Scenario,
+    args: &super::replay::Args,
+    feedback: Feedback,
+    seed: u64,
+    policy: &mut dyn Policy,
+    out: &Path,
+) -> anyhow::Result<()> {
+    catch_signals();
+    let cal = match &args.calibration {
+        Some(p) => Calibration::read(p).map_err(|e| usage!("{}: {e:#}", p.display()))?,
+        None => {
+            let o = sweep::SweepOptions {
+                seed,
+                ..Default::default()
+            };
+            super::calibrate::real(sc, None, &o)?
+        }
+    };
+    for a in &sc.apps {
+        if !cal.apps.contains_key(&a.name) {
+            return Err(usage!("calibration has no entry for app {}", a.name));
+        }
+    }
+    let duration = args.duration.unwrap_or(sc.duration_s);
+    let scale = sc.duration_s / duration;
+    let fixture = super::calibrate::fixture_cmd()?;
+    let mut running = Vec::new();
+    for a in &sc.apps {
+        let s = servers::start(a, &fixture)?;
+        eprintln!("started {} ({}, pid {})", a.name, s.addr, s.pid);
+        running.push(s);
+    }
+    // The eBPF request sensor gives the server-side line (and the feedback
+    // with --feedback ebpf); without it (not root, no tracefs) the client
+    // line alone is drawn, or the run stops if eBPF was to be the feedback.
+    let tracer = match RequestTracer::start(TracerOptions::default()) {
+        Ok(t) => Some(t),
+        Err(e) if feedback == Feedback::Ebpf => {
+            return Err(
+                anyhow::Error::new(e).context("--feedback ebpf needs the eBPF request sensor")
+            )
+        }
+        Err(e) => {
+            eprintln!("eBPF: not available ({e}); the timeline has client latency only");
+            None
+        }
+    };
+    if let Some(t) = &tracer {
+        for s in &running {
+            let opts = TargetOptions {
+                mode: Mode::Auto,
+                ports: vec![s.port],
+            };
+            t.add_target(s.pid, opts)
+                .with_context(|| format!("tracing {} (pid {})", s.name, s.pid))?;
+        }
+    }
+    eprintln!(
+        "feedback: {feedback}; knobs: none applied by replay yet (the policy's plans go to plans.jsonl)"
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut rxs = Vec::new();
+    let mut handles = Vec::new();
+    for (i, (a, s)) in sc.apps.iter().zip(&running).enumerate() {
+        let cap = cal.apps[&a.name].capacity_rps;
+        let shape = a.load.clone();
+        let rate = Rate::Profile(Arc::new(move |t| shape.level_at(t * scale) * cap));
+        let mut spec = sweep::spec_for(a, &s.addr, 1.0, duration, seed.wrapping_add(i as u64))
+            .map_err(|e| usage!("{}: {e}", a.name))?;
+        spec.rate = rate;
+        spec.interval = Duration::from_millis(sc.interval_ms);
+        let (tx, rx) = mpsc::channel::<IntervalReport>();
+        handles.push(load::spawn(spec, Some(tx), stop.clone()));
+        rxs.push(rx);
+    }
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let mut plans =
+        std::fs::File::create(out.join("plans.jsonl")).context("creating plans.jsonl")?;
+    let mut tl = Timeline {
+        scenario: sc.name.clone(),
+        mode: "real".into(),
+        feedback: feedback.to_string(),
+        policy: policy.name().to_owned(),
+        seed,
+        interval_s: sc.interval_ms as f64 / 1000.0,
+        apps: sc.apps.iter().map(|a| a.name.clone()).collect(),
+        ..Default::default()
+    };
+    let nr_iv = ((duration * 1000.0) / sc.interval_ms as f64).round() as usize;
+    let node = NodeCaps {
+        nr_cores: 0,
+        nr_ways: 0,
+        freq: None,
+        mb: None,
+    };
+    let current: BTreeMap<String, Share> = sc
+        .apps
+        .iter()
+        .map(|a| (a.name.clone(), Share::default()))
+        .collect();
+    for iv in 0..nr_iv {
+        let mut snap = Snapshot::default();
+        for ((a, rx), srv) in sc.apps.iter().zip(&rxs).zip(&running) {
+            // One report per interval from each generator; a generator that
+            // ended (or a stop) ends the run.
+            let Ok(r) = rx.recv_timeout(Duration::from_millis(sc.interval_ms * 4 + 2000)) else {
+                break;
+            };
+            let target_us = cal.target_us(a);
+            let p99 = r.latency.p99_us.map(|x| x / 1000.0);
+            let ebpf_us = tracer
+                .as_ref()
+                .and_then(|t| t.take_report(srv.pid))
+                .and_then(|t| t.interval.p99_us);
+            let ebpf = ebpf_us.map(|x| x / 1000.0);
+            let fed = if feedback == Feedback::Ebpf {
+                ebpf
+            } else {
+                p99
+            };
+            tl.rows.push(Row {
+                t_s: r.t_s,
+                app: a.name.clone(),
+                offered_rps: r.offered_rps,
+                achieved_rps: r.latency.rps,
+                client_p99_ms: p99,
+                ebpf_p99_ms: ebpf,
+                target_ms: target_us.map(|t| t / 1000.0),
+                violation: target_us.and_then(|t| fed.map(|l| l * 1000.0 > t)),
+                cores: None,
+                freq_mhz: None,
+                llc_ways: None,
+                mb_percent: None,
+                power_w: None,
+            });
+            let pct = a.target.as_ref().map_or(99.0, |t| t.percentile);
+            snap.apps.push(AppState {
+                name: a.name.clone(),
+                class: a.class,
+                target: target_us.map(|v| QosTarget {
+                    percentile: pct,
+                    value_us: v,
+                }),
+                latency_us: fed.map(|ms| ms * 1000.0),
+                rps: r.latency.rps,
+                cpu_util: 0.0,
+                power_w: None,
+                limits: Limits::default(),
+            });
+        }
+        if snap.apps.len() < sc.apps.len() || STOP.load(Ordering::Relaxed) {
+            break;
+        }
+        snap.apps.sort_by(|x, y| x.name.cmp(&y.name));
+        let plan = policy.decide(((iv + 1) as u64) * sc.interval_ms, &snap, &current, &node);
+        writeln!(plans, "{}", serde_json::to_string(&plan)?)?;
+        if iv % 10 == 9 {
+            let last: Vec<String> = tl.rows[tl.rows.len() - sc.apps.len()..]
+                .iter()
+                .map(|r| {
+                    format!(
+                        "{} {:.0} rps p99 {}",
+                        r.app,
+                        r.achieved_rps,
+                        r.client_p99_ms.map_or("-".into(), |v| format!("{v:.2} ms"))
+                    )
+                })
+                .collect();
+            eprintln!(
+                "[{:>5.0}/{duration:.0} s] {}",
+                (iv + 1) as f64 * tl.interval_s,
+                last.join(" | ")
+            );
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for h in handles {
+        let _ = h.join();
+    }
+    drop(running); // kills the servers
+                   // Keep whole intervals only (a stop may cut the last one short).
+    tl.rows
+        .truncate(tl.rows.len() / sc.apps.len() * sc.apps.len());
+    let (summary, files) = output::write_run(out, &tl, &cal)?;
+    print!("{}", output::summary_table(&summary));
+    println!(
+        "\nwrote {}\n      {}\n      {} and .png",
+        files.timeline_csv.display(),
+        files.summary_json.display(),
+        files.plot_svg.display()
+    );
+    Ok(())
+}

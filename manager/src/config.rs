@@ -1,0 +1,346 @@
+//! The daemon's configuration file (`config.yaml`): which apps to manage
+//! and how to find them, their class and QoS target, their resource range,
+//! where latency feedback comes from, which actuators to use, the policy
+//! file, the intervals and the API address. Parsed with serde
+//! (`deny_unknown_fields`), then checked by [`Config::validate`]; every
+//! error names `file:line:col` and the key.
+
+pub mod units;
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use qosd_actuators::{CoresBackend, FreqBackend, WaysBackend};
+use qosd_core::{AppClass, Feedback, Limits, QosTarget, Resource, Share};
+use serde::{Deserialize, Serialize};
+
+use crate::policy::PolicyFile;
+use crate::yamlfile::{self, FileError, Invalid, KeyPath};
+pub use units::Target;
+
+/// Where the HTTP API and `/metrics` listen unless the config says otherwise.
+pub const DEFAULT_API_ADDR: &str = "127.0.0.1:9477";
+
+/// The whole file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// The apps to manage (at least one).
+    pub apps: Vec<AppConfig>,
+    /// Policy file (`policies/*.yaml`); a relative path is relative to the
+    /// directory of this config file.
+    #[serde(default = "default_policy")]
+    pub policy: PathBuf,
+    /// Seed of the policy's choices (PARTIES' starting resources).
+    #[serde(default)]
+    pub seed: u64,
+    /// How often sensors are sampled, in ms (≥ 10).
+    #[serde(default = "default_monitor_ms")]
+    pub monitor_interval_ms: u64,
+    /// How often the policy decides, in ms; a multiple of
+    /// `monitor_interval_ms`.
+    #[serde(default = "default_decide_ms")]
+    pub decide_interval_ms: u64,
+    /// The HTTP API (four calls per pid and app, allocations, decisions,
+    /// client feedback) and Prometheus `/metrics`.
+    #[serde(default)]
+    pub api: ApiConfig,
+    /// Which knobs qosd may turn, and how.
+    #[serde(default)]
+    pub actuators: ActuatorsConfig,
+    /// eBPF request sensor settings.
+    #[serde(default)]
+    pub sensors: SensorsConfig,
+    /// Journal of every knob's original value, so that the next start
+    /// restores them after a SIGKILL (absolute path; default
+    /// `<actuators.root>/run/qosd/state.json`).
+    #[serde(default)]
+    pub state_file: Option<PathBuf>,
+}
+
+fn default_policy() -> PathBuf {
+    PathBuf::from("policies/parties.yaml")
+}
+fn default_monitor_ms() -> u64 {
+    100
+}
+fn default_decide_ms() -> u64 {
+    500
+}
+
+/// One managed app.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AppConfig {
+    /// Unique name (letters, digits, `_`, `-`, `.`): API paths, metric labels.
+    pub name: String,
+    /// How to find the app's processes: exactly one of `pid`, `comm`, `cgroup`.
+    #[serde(rename = "match")]
+    pub matcher: Match,
+    /// `lc` (latency-critical, needs a target) or `be` (best-effort).
+    pub class: AppClass,
+    /// QoS target of an `lc` app: one percentile and a latency with its
+    /// unit, e.g. `{ p99: 25ms }` (units: us, ms, s).
+    #[serde(default)]
+    pub target: Option<Target>,
+    /// Where latency comes from: `ebpf` (server-side, default) or `client`
+    /// (pushed by a load generator to the API).
+    #[serde(default)]
+    pub feedback: Feedback,
+    /// Only requests on these listening ports count (empty: all the app's
+    /// accepted connections).
+    #[serde(default)]
+    pub ports: Vec<u16>,
+    /// What the app starts with and the range the policy keeps it in.
+    #[serde(default)]
+    pub resources: Resources,
+}
+
+/// How to find an app. Exactly one field.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Match {
+    /// A process id (the app is gone when it exits).
+    #[serde(default)]
+    pub pid: Option<i32>,
+    /// Command name as in `/proc/PID/comm` (at most 15 bytes); every
+    /// process with that name, including ones started later.
+    #[serde(default)]
+    pub comm: Option<String>,
+    /// Absolute cgroup directory; every process in it.
+    #[serde(default)]
+    pub cgroup: Option<PathBuf>,
+}
+
+/// Per-resource amounts; an absent field means "not set".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Amounts {
+    /// CPU cores.
+    #[serde(default)]
+    pub nr_cores: Option<u32>,
+    /// Last-level-cache ways.
+    #[serde(default)]
+    pub nr_ways: Option<u32>,
+    /// Core frequency, MHz.
+    #[serde(default)]
+    pub freq_mhz: Option<u32>,
+    /// Memory-bandwidth throttle, percent (1..=100).
+    #[serde(default)]
+    pub mb_percent: Option<u32>,
+}
+
+impl Amounts {
+    fn get(&self, r: Resource) -> Option<u32> {
+        match r {
+            Resource::Cores => self.nr_cores,
+            Resource::CacheWays => self.nr_ways,
+            Resource::Frequency => self.freq_mhz,
+            Resource::MemoryBandwidth => self.mb_percent,
+        }
+    }
+}
+
+/// Field name of each resource in [`Amounts`].
+fn amount_key(r: Resource) -> &'static str {
+    match r {
+        Resource::Cores => "nr_cores",
+        Resource::CacheWays => "nr_ways",
+        Resource::Frequency => "freq_mhz",
+        Resource::MemoryBandwidth => "mb_percent",
+    }
+}
+
+/// Initial amounts and the range the policy may move them in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Resources {
+    /// Given at start (unset: cores shared as found, knobs as found).
+    #[serde(default)]
+    pub initial: Amounts,
+    /// Never fewer (cores default 1).
+    #[serde(default)]
+    pub min: Amounts,
+    /// Never more (default: what the node has).
+    #[serde(default)]
+    pub max: Amounts,
+}
+
+/// The HTTP API.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiConfig {
+    /// Address and port, default `127.0.0.1:9477` (loopback only).
+    #[serde(default = "default_listen")]
+    pub listen: SocketAddr,
+}
+
+fn default_listen() -> SocketAddr {
+    // The constant is a valid literal; the test below keeps it so.
+    DEFAULT_API_ADDR
+        .parse()
+        .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 9477)))
+}
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        ApiConfig {
+            listen: default_listen(),
+        }
+    }
+}
+
+/// Which knobs qosd may turn. Knobs the machine lacks are detected at
+/// start, reported (`qosd caps`) and skipped.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ActuatorsConfig {
+    /// Resources the policy may change: any of `cores`, `cache_ways`,
+    /// `frequency`, `memory_bandwidth`.
+    #[serde(default = "all_resources")]
+    pub enabled: Vec<Resource>,
+    /// `auto` (cgroup v2 cpuset, then v1, then affinity), `cgroup2`,
+    /// `cgroup1` or `affinity`.
+    #[serde(default)]
+    pub cores_backend: CoresBackend,
+    /// `auto` (cpufreq sysfs, then cpupower), `cpufreq` or `cpupower`.
+    #[serde(default)]
+    pub frequency_backend: FreqBackend,
+    /// `auto` (resctrl, then pqos), `resctrl` or `pqos`.
+    #[serde(default)]
+    pub cache_ways_backend: WaysBackend,
+    /// Root prefix of every /sys, /proc, cgroup and resctrl path (tests
+    /// point it at a fake tree).
+    #[serde(default = "default_root")]
+    pub root: PathBuf,
+    /// Log every change instead of making it.
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+fn all_resources() -> Vec<Resource> {
+    Resource::CYCLE.to_vec()
+}
+fn default_root() -> PathBuf {
+    PathBuf::from("/")
+}
+
+impl Default for ActuatorsConfig {
+    fn default() -> Self {
+        ActuatorsConfig {
+            enabled: all_resources(),
+            cores_backend: CoresBackend::default(),
+            frequency_backend: FreqBackend::default(),
+            cache_ways_backend: WaysBackend::default(),
+            root: default_root(),
+            dry_run: false,
+        }
+    }
+}
+
+/// The eBPF request sensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SensorsConfig {
+    /// BPF ring buffer size, KiB: a power of two, at least 4.
+    #[serde(default = "default_ringbuf_kib")]
+    pub ring_buffer_kib: u32,
+    /// Latencies kept per app for percentiles (the window), requests.
+    #[serde(default = "default_window")]
+    pub window_requests: u32,
+}
+
+fn default_ringbuf_kib() -> u32 {
+    128
+}
+fn default_window() -> u32 {
+    100_000
+}
+
+impl Default for SensorsConfig {
+    fn default() -> Self {
+        SensorsConfig {
+            ring_buffer_kib: default_ringbuf_kib(),
+            window_requests: default_window(),
+        }
+    }
+}
+
+impl AppConfig {
+    /// The QoS target, if any.
+    pub fn qos_target(&self) -> Option<QosTarget> {
+        self.target.as_ref().and_then(|t| t.parse().ok())
+    }
+
+    /// The range the policy keeps this app in (unset: node limits; at
+    /// least one core and one way).
+    pub fn limits(&self) -> Limits {
+        let mut l = Limits::default();
+        for r in Resource::CYCLE {
+            if let Some(v) = self.resources.min.get(r) {
+                l.min.set(r, v);
+            }
+            if let Some(v) = self.resources.max.get(r) {
+                l.max.set(r, v);
+            }
+        }
+        l
+    }
+
+    /// Initial amounts; 0 where unset (the policy's "leave as found").
+    pub fn initial_share(&self) -> Share {
+        let mut s = Share::default();
+        for r in Resource::CYCLE {
+            s.set(r, self.resources.initial.get(r).unwrap_or(0));
+        }
+        s
+    }
+}
+
+mod validate;
+
+impl Config {
+    /// The policy file's path, resolved against the config's directory.
+    pub fn policy_path(&self, config_path: &Path) -> PathBuf {
+        if self.policy.is_absolute() {
+            return self.policy.clone();
+        }
+        config_path
+            .parent()
+            .unwrap_or_else(|| Path::new("."))
+            .join(&self.policy)
+    }
+
+    /// Parses and validates a config's text (not its policy file).
+    pub fn parse(path: &Path, text: &str) -> Result<Config, FileError> {
+        let c: Config = yamlfile::parse(path, text)?;
+        c.validate().map_err(|e| yamlfile::invalid(path, text, e))?;
+        Ok(c)
+    }
+
+    /// Reads and validates a config and the policy file it names. A
+    /// missing policy file is reported at the config's `policy` key; an
+    /// invalid one at its own file:line:col.
+    pub fn load(path: &Path) -> Result<(Config, PolicyFile), FileError> {
+        let text = yamlfile::read(path)?;
+        let c = Config::parse(path, &text)?;
+        let ppath = c.policy_path(path);
+        if !ppath.is_file() {
+            let key = KeyPath::root().key("policy");
+            let msg = format!("no policy file at {}", ppath.display());
+            return Err(yamlfile::invalid(path, &text, Invalid::new(key, msg)));
+        }
+        let ptext = yamlfile::read(&ppath)?;
+        let policy = PolicyFile::parse(&ppath, &ptext)?;
+        Ok((c, policy))
+    }
+
+    /// The names of all apps, for lookups.
+    pub fn app_names(&self) -> BTreeSet<&str> {
+        self.apps.iter().map(|a| a.name.as_str()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,218 @@
+//! The config's semantic checks: what types alone cannot say (one way to
+//! find each app, an `lc` app has a target, min ≤ initial ≤ max, intervals
+//! that tick together). Each error carries the key it is about.
+
+use qosd_core::{AppClass, Resource};
+
+use super::{amount_key, AppConfig, Config};
+use crate::yamlfile::{Invalid, KeyPath};
+
+/// Longest `/proc/PID/comm` (TASK_COMM_LEN − 1): a longer name never matches.
+const COMM_MAX: usize = 15;
+
+impl Config {
+    /// Checks the config beyond its types. The policy file is checked by
+    /// [`Config::load`].
+    pub fn validate(&self) -> Result<(), Invalid> {
+        let root = KeyPath::root();
+        if self.apps.is_empty() {
+            return Err(Invalid::new(root.key("apps"), "needs at least one app"));
+        }
+        for (i, app) in self.apps.iter().enumerate() {
+            let at = root.key("apps").index(i);
+            if self.apps[..i].iter().any(|o| o.name == app.name) {
+                return Err(Invalid::new(
+                    at.key("name"),
+                    format!("`{}` is used by an earlier app", app.name),
+                ));
+            }
+            app.validate(&at)?;
+        }
+        if self.monitor_interval_ms < 10 {
+            return Err(Invalid::new(
+                root.key("monitor_interval_ms"),
+                "must be at least 10 ms",
+            ));
+        }
+        if self.decide_interval_ms < self.monitor_interval_ms
+            || !self
+                .decide_interval_ms
+                .is_multiple_of(self.monitor_interval_ms)
+        {
+            return Err(Invalid::new(
+                root.key("decide_interval_ms"),
+                format!(
+                    "must be a multiple of monitor_interval_ms ({} ms), e.g. {} ms",
+                    self.monitor_interval_ms,
+                    self.monitor_interval_ms * 5
+                ),
+            ));
+        }
+        if self.policy.as_os_str().is_empty() {
+            return Err(Invalid::new(root.key("policy"), "must name a policy file"));
+        }
+        let act = root.key("actuators");
+        for (j, r) in self.actuators.enabled.iter().enumerate() {
+            if self.actuators.enabled[..j].contains(r) {
+                return Err(Invalid::new(
+                    act.key("enabled").index(j),
+                    format!("{r} is listed twice"),
+                ));
+            }
+        }
+        if !self.actuators.root.is_absolute() {
+            return Err(Invalid::new(act.key("root"), "must be an absolute path"));
+        }
+        let s = self.sensors;
+        if s.ring_buffer_kib < 4 || !s.ring_buffer_kib.is_power_of_two() {
+            return Err(Invalid::new(
+                root.key("sensors").key("ring_buffer_kib"),
+                "must be a power of two of at least 4 (KiB)",
+            ));
+        }
+        if s.window_requests == 0 {
+            return Err(Invalid::new(
+                root.key("sensors").key("window_requests"),
+                "must be at least 1",
+            ));
+        }
+        if let Some(p) = &self.state_file {
+            if !p.is_absolute() {
+                return Err(Invalid::new(
+                    root.key("state_file"),
+                    "must be an absolute path",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl AppConfig {
+    fn validate(&self, at: &KeyPath) -> Result<(), Invalid> {
+        let name_ok = !self.name.is_empty()
+            && self
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+        if !name_ok {
+            return Err(Invalid::new(
+                at.key("name"),
+                "use letters, digits, `_`, `-` or `.` (it appears in API paths and metric labels)",
+            ));
+        }
+        let m = &self.matcher;
+        let mat = at.key("match");
+        let set = [m.pid.is_some(), m.comm.is_some(), m.cgroup.is_some()];
+        if set.iter().filter(|b| **b).count() != 1 {
+            return Err(Invalid::new(
+                mat,
+                "needs exactly one of `pid`, `comm` or `cgroup`",
+            ));
+        }
+        if m.pid.is_some_and(|p| p <= 0) {
+            return Err(Invalid::new(
+                mat.key("pid"),
+                "must be a positive process id",
+            ));
+        }
+        if let Some(c) = &m.comm {
+            if c.is_empty() || c.len() > COMM_MAX {
+                return Err(Invalid::new(
+                    mat.key("comm"),
+                    format!(
+                        "`{c}`: a command name is 1 to {COMM_MAX} bytes (the kernel truncates \
+                         /proc/PID/comm), e.g. `{}`",
+                        truncate(c, COMM_MAX)
+                    ),
+                ));
+            }
+        }
+        if m.cgroup.as_ref().is_some_and(|p| !p.is_absolute()) {
+            return Err(Invalid::new(mat.key("cgroup"), "must be an absolute path"));
+        }
+        if let Some(t) = &self.target {
+            t.parse().map_err(|(k, msg)| {
+                let key = at.key("target");
+                Invalid::new(k.map_or(key.clone(), |k| key.key(&k)), msg)
+            })?;
+        }
+        match (self.class, &self.target) {
+            (AppClass::Lc, None) => {
+                return Err(Invalid::new(
+                    at.key("target"),
+                    "a latency-critical app needs a target, e.g. `target: { p99: 25ms }`",
+                ))
+            }
+            (AppClass::Be, Some(_)) => {
+                return Err(Invalid::new(
+                    at.key("target"),
+                    "a best-effort app has no target (use class: lc)",
+                ))
+            }
+            _ => {}
+        }
+        if self.ports.contains(&0) {
+            return Err(Invalid::new(
+                at.key("ports"),
+                "port 0 is not a listening port",
+            ));
+        }
+        self.validate_resources(&at.key("resources"))
+    }
+
+    fn validate_resources(&self, at: &KeyPath) -> Result<(), Invalid> {
+        let r = &self.resources;
+        for res in Resource::CYCLE {
+            let key = amount_key(res);
+            let (ini, min, max) = (r.initial.get(res), r.min.get(res), r.max.get(res));
+            for (which, v) in [("initial", ini), ("min", min), ("max", max)] {
+                let Some(v) = v else { continue };
+                let bad = match res {
+                    Resource::Cores | Resource::CacheWays | Resource::Frequency => v == 0,
+                    Resource::MemoryBandwidth => v == 0 || v > 100,
+                };
+                if bad {
+                    let range = if res == Resource::MemoryBandwidth {
+                        "1 to 100"
+                    } else {
+                        "at least 1"
+                    };
+                    return Err(Invalid::new(
+                        at.key(which).key(key),
+                        format!("must be {range}"),
+                    ));
+                }
+            }
+            if let (Some(lo), Some(hi)) = (min, max) {
+                if lo > hi {
+                    return Err(Invalid::new(
+                        at.key("min").key(key),
+                        format!("min {lo} is above max {hi}"),
+                    ));
+                }
+            }
+            if let Some(v) = ini {
+                if min.is_some_and(|lo| v < lo) || max.is_some_and(|hi| v > hi) {
+                    return Err(Invalid::new(
+                        at.key("initial").key(key),
+                        format!(
+                            "initial {v} is outside [{}, {}]",
+                            min.map_or("-".to_owned(), |x| x.to_string()),
+                            max.map_or("-".to_owned(), |x| x.to_string())
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn truncate(s: &str, n: usize) -> &str {
+    let mut end = n.min(s.len());
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}

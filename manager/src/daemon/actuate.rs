@@ -1,0 +1,206 @@
+//! From the policy's counts to the machine: the allocation in force per
+//! app, turned into actuator settings (which CPUs through the [`CoreMap`];
+//! ways, MHz and MB percent as levels), applied app by app in an order that
+//! frees units before they are handed on. Only knobs the node can actuate
+//! and the config enables are ever set. An app whose apply fails keeps
+//! what it had (each apply is all or nothing).
+
+use std::collections::BTreeMap;
+
+use qosd_actuators::{Actuators, AppTarget, Caps, Change, Error, Topology};
+use qosd_core::{Allocation, Allocations, Decision, Limits, NodeCaps, Resource, Share};
+
+use super::admit::{admit, Peers};
+use super::coremap::CoreMap;
+
+/// The outcome of applying one app's allocation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Applied {
+    pub app: String,
+    /// The error, when it kept its previous allocation.
+    pub error: Option<String>,
+    /// Its processes were gone (not an error: discovery releases it).
+    pub gone: bool,
+    /// Settings changed on the machine.
+    pub changes: Vec<Change>,
+}
+
+pub struct Actuation {
+    act: Actuators,
+    topo: Topology,
+    cores: CoreMap,
+    node: NodeCaps,
+    current: Allocations,
+    /// What was last put in force per app: its pids and settings.
+    last: BTreeMap<String, (Vec<i32>, Allocation)>,
+}
+
+impl Actuation {
+    /// `enabled`: the knobs the config lets the policy turn; the others
+    /// are reported absent to the policy.
+    pub fn new(act: Actuators, enabled: &[Resource]) -> Result<Self, Error> {
+        let topo = act.topology()?;
+        let mut node = act.node_caps();
+        for r in Resource::CYCLE {
+            if !enabled.contains(&r) {
+                match r {
+                    Resource::Cores => node.nr_cores = 0,
+                    Resource::CacheWays => node.nr_ways = 0,
+                    Resource::Frequency => node.freq = None,
+                    Resource::MemoryBandwidth => node.mb = None,
+                }
+            }
+        }
+        Ok(Actuation {
+            cores: CoreMap::new(node.nr_cores as usize),
+            act,
+            topo,
+            node,
+            current: Allocations::new(),
+            last: BTreeMap::new(),
+        })
+    }
+
+    /// What the policy may hand out.
+    pub fn node(&self) -> &NodeCaps {
+        &self.node
+    }
+
+    pub fn caps(&self) -> &Caps {
+        self.act.caps()
+    }
+
+    /// The allocation in force of every managed app.
+    pub fn current(&self) -> &Allocations {
+        &self.current
+    }
+
+    /// Online logical CPUs.
+    pub fn nr_online_cpus(&self) -> usize {
+        self.topo.cpus.len()
+    }
+
+    /// The CPUs of `app`'s cores, when cores are managed.
+    pub fn cpus(&self, app: &str) -> Option<Vec<u32>> {
+        let c = self.cores.cpus(&self.topo, app);
+        (!c.is_empty()).then_some(c)
+    }
+
+    /// The allocation `app` is to start with (see [`admit`]), and the
+    /// units taken from others for it. Nothing is applied yet.
+    pub fn admit(
+        &self,
+        app: &str,
+        initial: Share,
+        limits: Limits,
+        peers: &Peers,
+    ) -> Result<(Allocations, Vec<Decision>), String> {
+        let mut next = self.current.clone();
+        let (share, taken) = admit(&self.node, &mut next, peers, app, initial, limits)?;
+        next.insert(app.to_owned(), share);
+        Ok((next, taken))
+    }
+
+    fn settings(&self, app: &str, s: &Share) -> Allocation {
+        let n = &self.node;
+        Allocation {
+            cpus: (n.has(Resource::Cores) && s.nr_cores > 0)
+                .then(|| self.cores.cpus(&self.topo, app)),
+            llc_ways: (n.has(Resource::CacheWays) && s.nr_ways > 0).then_some(s.nr_ways),
+            freq_mhz: (n.has(Resource::Frequency) && s.freq_mhz > 0).then_some(s.freq_mhz),
+            mb_percent: (n.has(Resource::MemoryBandwidth) && s.mb_percent > 0)
+                .then_some(s.mb_percent),
+        }
+    }
+
+    /// Puts `plan` in force for the apps in `pids` (the managed apps and
+    /// their processes; an app of the plan not listed is ignored, a listed
+    /// app missing from the plan keeps its allocation). `force` applies
+    /// every app again even if nothing changed (the backends write only
+    /// what differs), which catches threads that reset their affinity.
+    pub fn set(
+        &mut self,
+        plan: &Allocations,
+        pids: &BTreeMap<String, Vec<i32>>,
+        force: bool,
+    ) -> Result<Vec<Applied>, String> {
+        let mut want = Allocations::new();
+        for app in pids.keys() {
+            if let Some(s) = plan.get(app).or_else(|| self.current.get(app)) {
+                want.insert(app.clone(), *s);
+            }
+        }
+        let before: BTreeMap<String, Vec<usize>> = want
+            .keys()
+            .map(|a| (a.clone(), self.cores.cores(a)))
+            .collect();
+        if self.node.has(Resource::Cores) {
+            let counts = want.iter().map(|(a, s)| (a.clone(), s.nr_cores)).collect();
+            self.cores.assign(&counts)?;
+        }
+        // Apps giving pooled units back go first, so that the units are
+        // free when the apps taking them are applied.
+        let grows = |app: &String, s: &Share| {
+            let old = self.current.get(app).copied().unwrap_or_default();
+            s.nr_cores > old.nr_cores || s.nr_ways > old.nr_ways
+        };
+        let mut order: Vec<(&String, &Share)> = want.iter().collect();
+        order.sort_by_key(|(a, s)| grows(a, s));
+        let mut out = Vec::new();
+        let mut next = self.current.clone();
+        for (app, share) in order {
+            let settings = self.settings(app, share);
+            let procs = pids.get(app).cloned().unwrap_or_default();
+            let same = self.last.get(app) == Some(&(procs.clone(), settings.clone()));
+            if settings.is_empty() || procs.is_empty() || (same && !force) {
+                next.insert(app.clone(), *share);
+                continue;
+            }
+            let target = AppTarget::new(app.clone(), procs.clone());
+            match self.act.apply(&target, &settings) {
+                Ok(changes) => {
+                    next.insert(app.clone(), *share);
+                    self.last.insert(app.clone(), (procs, settings));
+                    out.push(Applied {
+                        app: app.clone(),
+                        error: None,
+                        gone: false,
+                        changes,
+                    });
+                }
+                Err(e) => {
+                    // Back to the cores it had; its entry in `next` stays
+                    // the old allocation.
+                    self.cores
+                        .set(app, before.get(app).cloned().unwrap_or_default());
+                    out.push(Applied {
+                        app: app.clone(),
+                        gone: matches!(e, Error::NoSuchPid(_)),
+                        error: Some(e.to_string()),
+                        changes: Vec::new(),
+                    });
+                }
+            }
+        }
+        self.current = next;
+        Ok(out)
+    }
+
+    /// Forgets an app whose processes are all gone and puts back what was
+    /// made for it (its cpuset group, resctrl group).
+    pub fn release(&mut self, app: &str, pids: &[i32]) -> Result<Vec<Change>, Error> {
+        self.current.remove(app);
+        self.last.remove(app);
+        self.cores.set(app, Vec::new());
+        self.act
+            .release_app(&AppTarget::new(app.to_owned(), pids.to_vec()))
+    }
+
+    /// Puts every knob back as it was found.
+    pub fn restore_all(&mut self) -> Result<Vec<Change>, Error> {
+        self.current.clear();
+        self.last.clear();
+        self.cores = CoreMap::new(self.node.nr_cores as usize);
+        self.act.restore_all()
+    }
+}

@@ -1,0 +1,161 @@
+//! The starting share of an app that appears (at start or later). Pooled
+//! resources (cores, cache ways) must fit beside the apps already managed:
+//! the configured `initial` amount, or when unset everything free, within
+//! the app's min/max; when the free pool is short, other apps give units
+//! above their own minimum (best-effort apps first, then the one holding
+//! most). An app whose minimum cannot be met is not managed (it is still
+//! monitored) until units free up. Levels (frequency, memory bandwidth)
+//! start at `initial`, or as found (0) when unset.
+
+use std::collections::BTreeMap;
+
+use qosd_core::{Allocations, AppClass, Decision, DecisionKind, Limits, NodeCaps, Resource, Share};
+
+/// Class and limits of the apps already managed, by name.
+pub type Peers = BTreeMap<String, (AppClass, Limits)>;
+
+/// The share `app` starts with and what was taken from others for it
+/// (applied to `current` already), or why it cannot be managed yet.
+pub fn admit(
+    node: &NodeCaps,
+    current: &mut Allocations,
+    peers: &Peers,
+    app: &str,
+    initial: Share,
+    limits: Limits,
+) -> Result<(Share, Vec<Decision>), String> {
+    let mut share = Share::default();
+    let mut taken = Vec::new();
+    let mut next = current.clone();
+    for r in Resource::CYCLE {
+        let Some((nlo, nhi)) = node.range(r) else {
+            continue; // the node cannot actuate it: left as found
+        };
+        let lo = nlo.max(limits.min.get(r)).min(nhi);
+        let hi = nhi.min(limits.max.get(r)).max(lo);
+        let Some(pool) = node.pool(r) else {
+            // A level: as configured (clamped), else left as found.
+            let v = initial.get(r);
+            share.set(r, if v == 0 { 0 } else { v.clamp(lo, hi) });
+            continue;
+        };
+        let used = |a: &Allocations| a.values().map(|s| s.get(r)).sum::<u32>();
+        let want = match initial.get(r) {
+            0 => pool.saturating_sub(used(&next)).clamp(lo, hi),
+            v => v.clamp(lo, hi),
+        };
+        while pool.saturating_sub(used(&next)) < want {
+            // The peer with the most units above its minimum, best-effort
+            // apps first; ties go to the first name.
+            let donor = next
+                .iter()
+                .filter_map(|(n, s)| {
+                    let (class, l) = peers.get(n)?;
+                    let spare = s.get(r).saturating_sub(l.min.get(r).max(1));
+                    (spare > 0).then_some((n.clone(), *class == AppClass::Be, spare))
+                })
+                .max_by(|a, b| {
+                    (a.1, a.2, std::cmp::Reverse(&a.0)).cmp(&(b.1, b.2, std::cmp::Reverse(&b.0)))
+                });
+            let Some((donor, _, _)) = donor else { break };
+            let Some(s) = next.get_mut(&donor) else { break };
+            let from = s.get(r);
+            s.set(r, from - 1);
+            taken.push(Decision {
+                app: donor,
+                resource: r,
+                kind: DecisionKind::Reclaim,
+                from,
+                to: from - 1,
+                reason: format!("for {app}, which started"),
+            });
+        }
+        let free = pool.saturating_sub(used(&next));
+        if free < lo {
+            return Err(format!(
+                "{r}: needs at least {lo} {}, {free} free and no app can give more",
+                r.unit()
+            ));
+        }
+        share.set(r, want.min(free));
+    }
+    *current = next;
+    Ok((share, taken))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(cores: u32) -> NodeCaps {
+        NodeCaps {
+            nr_cores: cores,
+            nr_ways: 0,
+            freq: None,
+            mb: None,
+        }
+    }
+
+    fn cores(n: u32) -> Share {
+        Share {
+            nr_cores: n,
+            ..Default::default()
+        }
+    }
+
+    fn limits(min: u32, max: u32) -> Limits {
+        let mut l = Limits::default();
+        l.min.nr_cores = min;
+        l.max.nr_cores = max;
+        l
+    }
+
+    #[test]
+    fn initial_or_everything_free_within_limits() {
+        let mut cur = Allocations::new();
+        let peers = Peers::new();
+        let (s, t) = admit(&node(4), &mut cur, &peers, "a", cores(1), Limits::default()).unwrap();
+        assert_eq!((s.nr_cores, t.len()), (1, 0));
+        cur.insert("a".into(), s);
+        // Unset: all 3 free cores, but max 2.
+        let (s, _) = admit(&node(4), &mut cur, &peers, "b", cores(0), limits(1, 2)).unwrap();
+        assert_eq!(s.nr_cores, 2);
+        // Levels the node lacks stay 0 (as found).
+        assert_eq!((s.nr_ways, s.freq_mhz, s.mb_percent), (0, 0, 0));
+    }
+
+    #[test]
+    fn short_pool_takes_from_best_effort_first_then_refuses() {
+        let mut cur = Allocations::new();
+        cur.insert("lc".into(), cores(2));
+        cur.insert("be".into(), cores(2));
+        let mut peers = Peers::new();
+        peers.insert("lc".into(), (AppClass::Lc, Limits::default()));
+        peers.insert("be".into(), (AppClass::Be, Limits::default()));
+        let (s, t) = admit(
+            &node(4),
+            &mut cur,
+            &peers,
+            "new",
+            cores(1),
+            Limits::default(),
+        )
+        .unwrap();
+        assert_eq!(s.nr_cores, 1);
+        assert_eq!(t.len(), 1);
+        assert_eq!((t[0].app.as_str(), t[0].from, t[0].to), ("be", 2, 1));
+        assert_eq!(cur["be"].nr_cores, 1);
+        cur.insert("new".into(), s);
+        peers.insert("new".into(), (AppClass::Lc, Limits::default()));
+        // Now lc (2) gives one: be and new are at their minimum of 1.
+        let (s, t) = admit(&node(4), &mut cur, &peers, "x", cores(1), Limits::default()).unwrap();
+        assert_eq!((s.nr_cores, t[0].app.as_str()), (1, "lc"));
+        cur.insert("x".into(), s);
+        peers.insert("x".into(), (AppClass::Lc, Limits::default()));
+        // Everyone at 1 of 4: a fifth app cannot be managed.
+        let before = cur.clone();
+        let e = admit(&node(4), &mut cur, &peers, "y", cores(1), Limits::default()).unwrap_err();
+        assert!(e.contains("cores: needs at least 1"), "{e}");
+        assert_eq!(cur, before, "a refusal takes nothing");
+    }
+}

@@ -1,0 +1,341 @@
+//! The HTTP API (axum, loopback by default): per app and per pid the four
+//! calls of the eBeeMetrics paper (`rps`, `latest_latency`,
+//! `average_latency`, `latency_percentile?p=`), each app's allocation and
+//! figures, the last decisions, client latency feedback, and Prometheus
+//! `/metrics`. JSON keys carry their unit (`latency_us`, `window_ms`).
+//!
+//! Per pid the figures are the eBPF tracer's window of that process's last
+//! N requests (the paper's definition); per app they cover the last
+//! decision interval from the app's feedback source, merged over its
+//! processes (what the policy sees).
+
+use std::sync::Arc;
+
+use axum::extract::{Path, Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use qosd_core::Resource;
+use qosd_sensors::ebpf::RequestTracer;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::metrics;
+use super::state::{AppLive, SharedState};
+
+#[derive(Clone)]
+pub struct Api {
+    pub shared: SharedState,
+    pub tracer: Option<Arc<RequestTracer>>,
+}
+
+type Failure = (StatusCode, Json<Value>);
+type Reply = Result<Json<Value>, Failure>;
+
+fn fail(code: StatusCode, msg: impl Into<String>) -> Failure {
+    (code, Json(json!({ "error": msg.into() })))
+}
+
+pub fn router(api: Api) -> Router {
+    Router::new()
+        .route("/v1/status", get(status))
+        .route("/v1/apps", get(apps))
+        .route("/v1/apps/{name}", get(app))
+        .route("/v1/apps/{name}/{call}", get(app_call))
+        .route("/v1/apps/{name}/latency", post(report))
+        // The path config.yaml has always documented.
+        .route("/apps/{name}/latency", post(report))
+        .route("/v1/pids/{pid}", get(pid))
+        .route("/v1/pids/{pid}/{call}", get(pid_call))
+        .route("/v1/decisions", get(decisions))
+        .route("/metrics", get(prometheus))
+        .fallback(|| async {
+            fail(
+                StatusCode::NOT_FOUND,
+                "no such endpoint; see GET /v1/status for the list",
+            )
+        })
+        .with_state(api)
+}
+
+const ENDPOINTS: &[&str] = &[
+    "GET /v1/status",
+    "GET /v1/apps",
+    "GET /v1/apps/{name}",
+    "GET /v1/apps/{name}/rps | latest_latency | average_latency | latency_percentile?p=99",
+    "POST /v1/apps/{name}/latency {\"latencies_us\": [...]}",
+    "GET /v1/pids/{pid}",
+    "GET /v1/pids/{pid}/rps | latest_latency | average_latency | latency_percentile?p=99",
+    "GET /v1/decisions?limit=N&app=NAME",
+    "GET /metrics",
+];
+
+async fn status(State(api): State<Api>) -> Json<Value> {
+    let sh = api.shared.lock();
+    Json(json!({
+        "run": sh.info,
+        "ticks": { "monitor": sh.monitor_ticks_total, "decide": sh.decide_ticks_total,
+                   "missed": sh.missed_ticks_total },
+        "node_cpu_util": sh.node_cpu_util,
+        "ebpf_dropped_records": api.tracer.as_ref().map(|t| t.dropped()),
+        "apps": sh.apps.keys().collect::<Vec<_>>(),
+        "endpoints": ENDPOINTS,
+    }))
+}
+
+/// One app as `GET /v1/apps` shows it.
+pub fn app_json(a: &AppLive, window_ms: u64, knobs: &[Resource]) -> Value {
+    let s = a.recent.summary();
+    let alloc = a.share.map(|sh| {
+        let level = |r: Resource, v: u32| (knobs.contains(&r) && v > 0).then_some(v);
+        json!({
+            "cores": level(Resource::Cores, sh.nr_cores),
+            "cpus": a.cpus.as_ref().map(|c| qosd_actuators::cpulist::format(c)),
+            "llc_ways": level(Resource::CacheWays, sh.nr_ways),
+            "frequency_mhz": level(Resource::Frequency, sh.freq_mhz),
+            "memory_bandwidth_percent": level(Resource::MemoryBandwidth, sh.mb_percent),
+        })
+    });
+    json!({
+        "name": a.name,
+        "class": a.class,
+        "feedback": a.feedback,
+        "target": a.target.map(|t| json!({ "percentile": t.percentile, "latency_us": t.value_us })),
+        "running": !a.pids.is_empty(),
+        "pids": a.pids,
+        "managed": a.share.is_some(),
+        "allocation": alloc,
+        "latency": {
+            "window_ms": window_ms,
+            "requests": s.requests,
+            "rps": s.rps,
+            "latest_us": s.latest_us,
+            "mean_us": s.mean_us,
+            "p50_us": s.p50_us,
+            "p95_us": s.p95_us,
+            "p99_us": s.p99_us,
+            "target_percentile_us": a.target_latency_us(),
+        },
+        "slack": a.slack(),
+        "cpu_util": a.cpu_util,
+        "power_w": a.power_w,
+        "requests_total": a.recent.requests_total(),
+        "client_latencies_total": a.inbox.accepted_total,
+        "apply_errors_total": a.apply_errors_total,
+        "note": a.note,
+    })
+}
+
+fn knobs_in_use(api: &Api) -> Vec<Resource> {
+    let sh = api.shared.lock();
+    sh.info
+        .knobs
+        .iter()
+        .filter(|k| k.in_use)
+        .map(|k| k.resource)
+        .collect()
+}
+
+async fn apps(State(api): State<Api>) -> Json<Value> {
+    let knobs = knobs_in_use(&api);
+    let sh = api.shared.lock();
+    let w = sh.info.latency_window_ms;
+    Json(Value::Array(
+        sh.apps.values().map(|a| app_json(a, w, &knobs)).collect(),
+    ))
+}
+
+fn no_app(sh: &super::state::Shared, name: &str) -> Failure {
+    let names: Vec<&str> = sh.apps.keys().map(String::as_str).collect();
+    fail(
+        StatusCode::NOT_FOUND,
+        format!("no app named {name} (apps: {})", names.join(", ")),
+    )
+}
+
+async fn app(State(api): State<Api>, Path(name): Path<String>) -> Reply {
+    let knobs = knobs_in_use(&api);
+    let sh = api.shared.lock();
+    let a = sh.apps.get(&name).ok_or_else(|| no_app(&sh, &name))?;
+    Ok(Json(app_json(a, sh.info.latency_window_ms, &knobs)))
+}
+
+#[derive(Deserialize)]
+struct PQuery {
+    p: Option<String>,
+}
+
+fn percentile(q: &PQuery) -> Result<f64, Failure> {
+    let Some(raw) = q.p.as_deref() else {
+        return Ok(99.0);
+    };
+    match raw.trim_start_matches('p').parse::<f64>() {
+        Ok(p) if (0.0..=100.0).contains(&p) => Ok(p),
+        _ => Err(fail(
+            StatusCode::BAD_REQUEST,
+            format!("p={raw}: a percentile is a number in [0, 100], e.g. p=99 or p=99.9"),
+        )),
+    }
+}
+
+fn unknown_call(call: &str) -> Failure {
+    fail(
+        StatusCode::NOT_FOUND,
+        format!("no call {call}: rps, latest_latency, average_latency or latency_percentile?p="),
+    )
+}
+
+async fn app_call(
+    State(api): State<Api>,
+    Path((name, call)): Path<(String, String)>,
+    Query(q): Query<PQuery>,
+) -> Reply {
+    let sh = api.shared.lock();
+    let a = sh.apps.get(&name).ok_or_else(|| no_app(&sh, &name))?;
+    let w = sh.info.latency_window_ms;
+    let r = &a.recent;
+    Ok(Json(match call.as_str() {
+        "rps" => json!({ "app": name, "rps": r.rps(), "window_ms": w }),
+        "latest_latency" => json!({ "app": name, "latency_us": r.latest_us() }),
+        "average_latency" => {
+            json!({ "app": name, "latency_us": r.mean_us(), "window_ms": w, "requests": r.requests() })
+        }
+        "latency_percentile" => {
+            let p = percentile(&q)?;
+            json!({ "app": name, "p": p, "latency_us": r.percentile_us(p), "window_ms": w,
+                    "requests": r.requests() })
+        }
+        _ => return Err(unknown_call(&call)),
+    }))
+}
+
+#[derive(Deserialize)]
+struct ReportBody {
+    latencies_us: Vec<f64>,
+}
+
+async fn report(
+    State(api): State<Api>,
+    Path(name): Path<String>,
+    body: Result<Json<ReportBody>, axum::extract::rejection::JsonRejection>,
+) -> Reply {
+    let Json(body) = body.map_err(|e| {
+        fail(
+            StatusCode::BAD_REQUEST,
+            format!("{e}; expected {{\"latencies_us\": [120.5, 98.0, ...]}}"),
+        )
+    })?;
+    let mut sh = api.shared.lock();
+    if !sh.apps.contains_key(&name) {
+        return Err(no_app(&sh, &name));
+    }
+    let Some(a) = sh.apps.get_mut(&name) else {
+        return Err(fail(StatusCode::NOT_FOUND, "gone"));
+    };
+    let n = a
+        .inbox
+        .record_us(&body.latencies_us)
+        .map_err(|e| fail(StatusCode::BAD_REQUEST, e))?;
+    let used = a.feedback == qosd_core::Feedback::Client;
+    Ok(Json(json!({
+        "app": name,
+        "accepted": n,
+        "feedback": a.feedback,
+        "used_by_policy": used,
+    })))
+}
+
+/// Checks that `pid` is traced; names the app holding it.
+fn traced(api: &Api, pid: i32) -> Result<(Arc<RequestTracer>, Option<String>), Failure> {
+    let Some(t) = api.tracer.clone() else {
+        return Err(fail(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the eBPF request tracer is not running (it needs root and tracefs); per-pid figures are unavailable",
+        ));
+    };
+    let app = api.shared.lock().app_of_pid(pid).map(str::to_owned);
+    if pid <= 0 || !t.pids().contains(&(pid as u32)) {
+        return Err(fail(
+            StatusCode::NOT_FOUND,
+            format!("pid {pid} is not traced: it is not a process of a configured app (see GET /v1/apps)"),
+        ));
+    }
+    Ok((t, app))
+}
+
+fn us(d: Option<std::time::Duration>) -> Option<f64> {
+    d.map(|d| d.as_secs_f64() * 1e6)
+}
+
+async fn pid(State(api): State<Api>, Path(pid): Path<i32>) -> Reply {
+    let (t, app) = traced(&api, pid)?;
+    let p = pid as u32;
+    let s = t.summary(p).unwrap_or_default();
+    Ok(Json(json!({
+        "pid": pid,
+        "app": app,
+        "mode": t.mode(p).map(|m| m.as_str()),
+        "requests_total": t.requests(p),
+        "window": {
+            "requests": s.requests,
+            "rps": s.rps,
+            "latest_us": s.latest_us,
+            "mean_us": s.mean_us,
+            "p50_us": s.p50_us,
+            "p95_us": s.p95_us,
+            "p99_us": s.p99_us,
+        },
+        "exited": t.exited(p),
+    })))
+}
+
+async fn pid_call(
+    State(api): State<Api>,
+    Path((pid, call)): Path<(i32, String)>,
+    Query(q): Query<PQuery>,
+) -> Reply {
+    let (t, app) = traced(&api, pid)?;
+    let p = pid as u32;
+    Ok(Json(match call.as_str() {
+        "rps" => json!({ "pid": pid, "app": app, "rps": t.rps(p).unwrap_or(0.0) }),
+        "latest_latency" => {
+            json!({ "pid": pid, "app": app, "latency_us": us(t.latest_latency(p)) })
+        }
+        "average_latency" => {
+            json!({ "pid": pid, "app": app, "latency_us": us(t.average_latency(p)) })
+        }
+        "latency_percentile" => {
+            let pc = percentile(&q)?;
+            json!({ "pid": pid, "app": app, "p": pc,
+                    "latency_us": us(t.latency_percentile(p, pc)) })
+        }
+        _ => return Err(unknown_call(&call)),
+    }))
+}
+
+#[derive(Deserialize)]
+struct DecisionQuery {
+    limit: Option<usize>,
+    app: Option<String>,
+}
+
+async fn decisions(State(api): State<Api>, Query(q): Query<DecisionQuery>) -> Json<Value> {
+    let sh = api.shared.lock();
+    let limit = q.limit.unwrap_or(50);
+    let mut v: Vec<&super::state::DecisionRecord> = sh
+        .decisions
+        .iter()
+        .rev()
+        .filter(|d| q.app.as_ref().is_none_or(|a| &d.app == a))
+        .take(limit)
+        .collect();
+    v.reverse();
+    Json(json!({ "decisions": v, "total": sh.decisions_total.values().sum::<u64>() }))
+}
+
+async fn prometheus(State(api): State<Api>) -> Response {
+    let dropped = api.tracer.as_ref().map(|t| t.dropped());
+    let body = metrics::render(&api.shared.lock(), dropped);
+    ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], body).into_response()
+}

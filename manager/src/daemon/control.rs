@@ -1,0 +1,486 @@
+//! The control loop's body, one call per tick: find the apps' processes,
+//! measure (latency from each app's feedback source, RPS, CPU
+//! utilisation), hand the snapshot to the policy, and on decision ticks
+//! put the policy's plan in force. Apps that appear are admitted with
+//! their initial share; apps whose processes all exit are released and
+//! their knobs restored.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
+
+use qosd_core::{
+    AppClass, AppState, Decision, Feedback, Limits, Policy, QosTarget, Share, Snapshot,
+};
+use qosd_sensors::ebpf::{RequestTracer, TargetOptions};
+use qosd_sensors::procfs::{CpuMeter, NodeCpu, Procfs};
+use qosd_sensors::stats::LogHistogram;
+
+use super::actuate::{Actuation, Applied};
+use super::admit::Peers;
+use super::discover::Finder;
+use super::latency::from_tracer;
+use super::state::{unix_ms, DecisionRecord, SharedState};
+use crate::config::AppConfig;
+
+/// One configured app and what the loop keeps about it.
+struct AppRt {
+    cfg: AppConfig,
+    feedback: Feedback,
+    limits: Limits,
+    pids: Vec<i32>,
+    /// Why it is not managed, or its last failure to apply.
+    note: Option<String>,
+    cpu: CpuMeter,
+    /// (seconds, CPU seconds used) of the last ticks.
+    cpu_ticks: VecDeque<(f64, f64)>,
+}
+
+/// Something worth a line on stdout.
+pub type Events = Vec<String>;
+
+pub struct Controller {
+    apps: Vec<AppRt>,
+    policy: Box<dyn Policy + Send>,
+    act: Actuation,
+    tracer: Option<Arc<RequestTracer>>,
+    shared: SharedState,
+    finder: Finder,
+    procfs: Procfs,
+    nr_slots: usize,
+    node_cpu: VecDeque<NodeCpu>,
+    dry_run: bool,
+}
+
+impl Controller {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        apps: &[AppConfig],
+        feedback_override: Option<Feedback>,
+        policy: Box<dyn Policy + Send>,
+        act: Actuation,
+        tracer: Option<Arc<RequestTracer>>,
+        shared: SharedState,
+        root: &std::path::Path,
+        nr_slots: usize,
+        dry_run: bool,
+    ) -> Self {
+        let apps = apps
+            .iter()
+            .map(|a| AppRt {
+                feedback: feedback_override.unwrap_or(a.feedback),
+                limits: a.limits(),
+                cfg: a.clone(),
+                pids: Vec::new(),
+                note: None,
+                cpu: CpuMeter::default(),
+                cpu_ticks: VecDeque::new(),
+            })
+            .collect();
+        Controller {
+            apps,
+            policy,
+            act,
+            tracer,
+            shared,
+            finder: Finder::new(root),
+            procfs: Procfs::new(root),
+            nr_slots,
+            node_cpu: VecDeque::new(),
+            dry_run,
+        }
+    }
+
+    pub fn actuation(&self) -> &Actuation {
+        &self.act
+    }
+
+    pub fn actuation_mut(&mut self) -> &mut Actuation {
+        &mut self.act
+    }
+
+    /// The configured feedback of app `i` after the CLI override.
+    pub fn feedback(&self, name: &str) -> Option<Feedback> {
+        self.apps
+            .iter()
+            .find(|a| a.cfg.name == name)
+            .map(|a| a.feedback)
+    }
+
+    /// One tick. `scan`: look for new processes (a pass over /proc);
+    /// otherwise only check that known ones live. `decide`: ask the policy
+    /// for a plan and apply it.
+    pub fn tick(&mut self, now_ms: u64, dt_s: f64, scan: bool, decide: bool) -> Events {
+        let mut ev = self.discover(now_ms, scan);
+        let snap = self.measure(dt_s);
+        self.policy.observe(now_ms, &snap);
+        if decide {
+            let plan = self
+                .policy
+                .decide(now_ms, &snap, self.act.current(), self.act.node());
+            let pids = self.managed_pids();
+            match self.act.set(&plan.allocations, &pids, true) {
+                Ok(applied) => {
+                    ev.extend(self.record(now_ms, &plan.decisions, &applied, None));
+                }
+                Err(e) => {
+                    let e = format!("policy {}: plan not applied: {e}", self.policy.name());
+                    ev.extend(self.record(now_ms, &plan.decisions, &[], Some(&e)));
+                }
+            }
+        }
+        self.publish(decide);
+        ev
+    }
+
+    /// Pids of the managed apps.
+    fn managed_pids(&self) -> BTreeMap<String, Vec<i32>> {
+        self.apps
+            .iter()
+            .filter(|a| self.act.current().contains_key(&a.cfg.name) && !a.pids.is_empty())
+            .map(|a| (a.cfg.name.clone(), a.pids.clone()))
+            .collect()
+    }
+
+    fn discover(&mut self, now_ms: u64, scan: bool) -> Events {
+        let mut ev = Events::new();
+        let found: Vec<Vec<i32>> = if scan {
+            let matchers: Vec<_> = self.apps.iter().map(|a| &a.cfg.matcher).collect();
+            let known: Vec<&[i32]> = self.apps.iter().map(|a| a.pids.as_slice()).collect();
+            self.finder.find_all(&matchers, &known)
+        } else {
+            self.apps
+                .iter()
+                .map(|a| {
+                    a.pids
+                        .iter()
+                        .copied()
+                        .filter(|&p| self.finder.alive(p))
+                        .collect()
+                })
+                .collect()
+        };
+        let mut changed = false;
+        for (i, pids) in found.into_iter().enumerate() {
+            if pids == self.apps[i].pids {
+                continue;
+            }
+            changed = true;
+            let old = std::mem::replace(&mut self.apps[i].pids, pids.clone());
+            let name = self.apps[i].cfg.name.clone();
+            self.follow(i, &old, &pids);
+            let managed = self.act.current().contains_key(&name);
+            if pids.is_empty() {
+                self.apps[i].note = None;
+                let msg = match self.act.release(&name, &old) {
+                    Ok(c) if c.is_empty() => String::new(),
+                    Ok(c) => format!(", {} settings put back", c.len()),
+                    Err(e) => format!(", putting its settings back failed: {e}"),
+                };
+                ev.push(format!("app {name}: exited (pids {old:?}): released{msg}"));
+            } else if !managed {
+                ev.extend(self.admit(now_ms, i));
+            } else {
+                ev.push(format!("app {name}: processes now {pids:?}"));
+            }
+        }
+        if changed {
+            // New processes of managed apps get their app's settings.
+            let pids = self.managed_pids();
+            let current = self.act.current().clone();
+            if let Ok(applied) = self.act.set(&current, &pids, false) {
+                ev.extend(self.record(now_ms, &[], &applied, None));
+            }
+        }
+        ev
+    }
+
+    /// Adds and removes the app's pids in the eBPF tracer.
+    fn follow(&mut self, i: usize, old: &[i32], new: &[i32]) {
+        let Some(t) = &self.tracer else { return };
+        let a = &self.apps[i];
+        let (old, new): (BTreeSet<i32>, BTreeSet<i32>) =
+            (old.iter().copied().collect(), new.iter().copied().collect());
+        for p in old.difference(&new) {
+            let _ = t.remove_target(*p as u32);
+        }
+        for p in new.difference(&old) {
+            let opts = TargetOptions {
+                ports: a.cfg.ports.clone(),
+                ..Default::default()
+            };
+            if let Err(e) = t.add_target(*p as u32, opts) {
+                tracing::warn!("app {}: tracing pid {p}: {e}", a.cfg.name);
+            }
+        }
+    }
+
+    /// An app whose processes appeared: its starting share, applied.
+    fn admit(&mut self, now_ms: u64, i: usize) -> Events {
+        let name = self.apps[i].cfg.name.clone();
+        let pids = self.apps[i].pids.clone();
+        let peers: Peers = self
+            .apps
+            .iter()
+            .filter(|a| self.act.current().contains_key(&a.cfg.name))
+            .map(|a| (a.cfg.name.clone(), (a.cfg.class, a.limits)))
+            .collect();
+        let initial = self.apps[i].cfg.initial_share();
+        let limits = self.apps[i].limits;
+        let (plan, taken) = match self.act.admit(&name, initial, limits, &peers) {
+            Ok(x) => x,
+            Err(why) => {
+                self.apps[i].note = Some(format!("monitored, not managed: {why}"));
+                return vec![format!(
+                    "app {name}: found pids {pids:?}; monitored, not managed: {why}"
+                )];
+            }
+        };
+        self.apps[i].note = None;
+        let mut all = self.managed_pids();
+        all.insert(name.clone(), pids.clone());
+        let mut ev = Vec::new();
+        match self.act.set(&plan, &all, false) {
+            Ok(applied) => {
+                ev.extend(self.record(now_ms, &taken, &applied, None));
+                let failed = applied.iter().find(|a| a.app == name && a.error.is_some());
+                match failed {
+                    Some(a) => ev.push(format!(
+                        "app {name}: found pids {pids:?}; applying its start allocation failed: {}",
+                        a.error.as_deref().unwrap_or("")
+                    )),
+                    None => ev.push(format!(
+                        "app {name}: found pids {pids:?}; starts with {}",
+                        self.describe(&name)
+                    )),
+                }
+            }
+            Err(e) => {
+                self.apps[i].note = Some(format!("monitored, not managed: {e}"));
+                ev.push(format!("app {name}: found pids {pids:?}; not managed: {e}"));
+            }
+        }
+        ev
+    }
+
+    /// "1 core (CPU 0)", "2 cores (CPUs 0-1), 4 ways", or "as found".
+    pub fn describe(&self, app: &str) -> String {
+        let Some(s) = self.act.current().get(app) else {
+            return "nothing managed".into();
+        };
+        let mut parts = Vec::new();
+        if s.nr_cores > 0 {
+            let cpus = self.act.cpus(app).unwrap_or_default();
+            let list = qosd_actuators::cpulist::format(&cpus);
+            let (c, p) = if s.nr_cores == 1 {
+                ("core", "CPU")
+            } else {
+                ("cores", "CPUs")
+            };
+            let p = if cpus.len() == 1 { "CPU" } else { p };
+            parts.push(format!("{} {c} ({p} {list})", s.nr_cores));
+        }
+        if s.nr_ways > 0 {
+            parts.push(format!("{} LLC ways", s.nr_ways));
+        }
+        if s.freq_mhz > 0 {
+            parts.push(format!("{} MHz", s.freq_mhz));
+        }
+        if s.mb_percent > 0 {
+            parts.push(format!("{} % memory bandwidth", s.mb_percent));
+        }
+        if parts.is_empty() {
+            "its resources as found".into()
+        } else {
+            parts.join(", ")
+        }
+    }
+
+    /// Feeds each app's latencies of this tick in and builds the snapshot
+    /// of the managed apps.
+    fn measure(&mut self, dt_s: f64) -> Snapshot {
+        let mut ticks: Vec<(LogHistogram, Option<u64>)> = Vec::with_capacity(self.apps.len());
+        for a in &self.apps {
+            ticks.push(match (a.feedback, &self.tracer) {
+                (Feedback::Ebpf, Some(t)) => from_tracer(t, &a.pids),
+                _ => (LogHistogram::new(), None),
+            });
+        }
+        let nr_slots = self.nr_slots;
+        let mut utils = Vec::with_capacity(self.apps.len());
+        for a in &mut self.apps {
+            let used = a.cpu.delta_s(&self.procfs, &a.pids);
+            if a.cpu_ticks.len() == nr_slots {
+                a.cpu_ticks.pop_front();
+            }
+            a.cpu_ticks.push_back((dt_s, used));
+            let (secs, cpu): (f64, f64) = a
+                .cpu_ticks
+                .iter()
+                .fold((0.0, 0.0), |(s, c), (ds, dc)| (s + ds, c + dc));
+            let nr_cpus = self
+                .act
+                .cpus(&a.cfg.name)
+                .map_or(self.act.nr_online_cpus(), |c| c.len());
+            utils.push(if secs > 0.0 {
+                (cpu / (secs * nr_cpus.max(1) as f64)).clamp(0.0, 1.0)
+            } else {
+                0.0
+            });
+        }
+        let mut snap = Snapshot::default();
+        let mut sh = self.shared.lock();
+        for ((a, (hist, latest)), util) in self.apps.iter().zip(ticks).zip(utils) {
+            let Some(live) = sh.apps.get_mut(&a.cfg.name) else {
+                continue;
+            };
+            let (hist, latest) = match a.feedback {
+                Feedback::Client => live.inbox.take(),
+                Feedback::Ebpf => (hist, latest),
+            };
+            live.recent.push(hist, dt_s, latest);
+            live.cpu_util = util;
+            if self.act.current().contains_key(&a.cfg.name) {
+                snap.apps.push(AppState {
+                    name: a.cfg.name.clone(),
+                    class: a.cfg.class,
+                    target: live.target,
+                    latency_us: live.target_latency_us(),
+                    rps: live.recent.rps(),
+                    cpu_util: util,
+                    power_w: live.power_w,
+                    limits: a.limits,
+                });
+            }
+        }
+        snap.node_power_w = sh.node_power_w;
+        snap
+    }
+
+    /// Records decisions and apply outcomes (for the API) and returns
+    /// their log lines. `plan_error`: the whole plan was refused.
+    fn record(
+        &mut self,
+        now_ms: u64,
+        decisions: &[Decision],
+        applied: &[Applied],
+        plan_error: Option<&str>,
+    ) -> Events {
+        let mut ev = Events::new();
+        for a in applied.iter().filter(|a| !a.gone) {
+            if let Some(rt) = self.apps.iter_mut().find(|r| r.cfg.name == a.app) {
+                rt.note = a
+                    .error
+                    .clone()
+                    .map(|e| format!("applying its allocation failed: {e}"));
+            }
+        }
+        let mut sh = self.shared.lock();
+        for a in applied.iter().filter(|a| a.error.is_some() && !a.gone) {
+            if let Some(live) = sh.apps.get_mut(&a.app) {
+                live.apply_errors_total += 1;
+            }
+            if !decisions.iter().any(|d| d.app == a.app) {
+                ev.push(format!(
+                    "app {}: applying its allocation failed: {}",
+                    a.app,
+                    a.error.as_deref().unwrap_or("")
+                ));
+            }
+        }
+        for d in decisions {
+            let failed = applied.iter().find(|a| a.app == d.app && a.error.is_some());
+            let in_force = self.act.current().get(&d.app).map(|s| s.get(d.resource));
+            let ok = plan_error.is_none() && failed.is_none() && in_force == Some(d.to);
+            let error = plan_error
+                .map(str::to_owned)
+                .or_else(|| failed.and_then(|a| a.error.clone()))
+                .or_else(|| (!ok).then(|| "the app is not managed any more".to_owned()));
+            ev.push(format!(
+                "{d}{}",
+                match (&error, self.dry_run) {
+                    (Some(e), _) => format!(" — NOT APPLIED: {e}"),
+                    (None, true) => " (dry run)".to_owned(),
+                    _ => String::new(),
+                }
+            ));
+            sh.record(DecisionRecord {
+                t_ms: now_ms,
+                unix_ms: unix_ms(),
+                app: d.app.clone(),
+                resource: d.resource,
+                kind: d.kind,
+                from: d.from,
+                to: d.to,
+                unit: d.resource.unit(),
+                reason: d.reason.clone(),
+                applied: ok && !self.dry_run,
+                error,
+            });
+        }
+        ev
+    }
+
+    /// Copies allocations, processes and node figures to the shared state.
+    fn publish(&mut self, decided: bool) {
+        let node = self.procfs.node_cpu().ok();
+        let mut sh = self.shared.lock();
+        if let Some(n) = node {
+            if self.node_cpu.len() == self.nr_slots + 1 {
+                self.node_cpu.pop_front();
+            }
+            self.node_cpu.push_back(n);
+            if let (Some(first), Some(last)) = (self.node_cpu.front(), self.node_cpu.back()) {
+                sh.node_cpu_util = Some(last.utilisation_since(first));
+            }
+        }
+        sh.monitor_ticks_total += 1;
+        if decided {
+            sh.decide_ticks_total += 1;
+        }
+        for a in &self.apps {
+            let share = self.act.current().get(&a.cfg.name).copied();
+            let cpus = self.act.cpus(&a.cfg.name);
+            if let Some(live) = sh.apps.get_mut(&a.cfg.name) {
+                live.pids.clone_from(&a.pids);
+                live.note = if a.pids.is_empty() {
+                    Some("not running".to_owned())
+                } else {
+                    a.note.clone()
+                };
+                live.share = share;
+                live.cpus = cpus;
+            }
+        }
+    }
+}
+
+/// The starting live entry of a configured app.
+pub fn live_entry(a: &AppConfig, feedback: Feedback, nr_slots: usize) -> super::state::AppLive {
+    super::state::AppLive {
+        name: a.name.clone(),
+        class: a.class,
+        feedback,
+        target: a.qos_target().filter(|_| a.class == AppClass::Lc),
+        pids: Vec::new(),
+        share: None::<Share>,
+        cpus: None,
+        recent: super::latency::Recent::new(nr_slots),
+        inbox: Default::default(),
+        cpu_util: 0.0,
+        power_w: None,
+        note: Some("not running".into()),
+        apply_errors_total: 0,
+    }
+}
+
+/// For the start-up banner: "p99 ≤ 1 ms".
+pub fn describe_target(t: Option<QosTarget>) -> String {
+    match t {
+        Some(t) => format!(
+            "p{} <= {}",
+            t.percentile,
+            crate::policy::alloc::fmt_us(t.value_us)
+        ),
+        None => "no target".into(),
+    }
+}

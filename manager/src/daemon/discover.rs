@@ -1,0 +1,178 @@
+//! Finding each app's processes: by pid, by command name (`/proc/PID/comm`)
+//! or by cgroup (`cgroup.procs`), through the root prefix. A process once
+//! found stays the app's until it exits, even if it leaves the matched
+//! cgroup (qosd's own cpuset group may move it) or renames itself.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use crate::config::Match;
+
+/// Reads `/proc` and cgroup files under a root prefix.
+#[derive(Debug, Clone)]
+pub struct Finder {
+    root: PathBuf,
+    own_pid: i32,
+}
+
+impl Finder {
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Finder {
+            root: root.into(),
+            own_pid: std::process::id() as i32,
+        }
+    }
+
+    fn path(&self, abs: &Path) -> PathBuf {
+        self.root.join(abs.strip_prefix("/").unwrap_or(abs))
+    }
+
+    /// True while `pid` exists and is not a zombie (an exited process its
+    /// parent has not reaped yet serves nothing).
+    pub fn alive(&self, pid: i32) -> bool {
+        let p = self.path(Path::new(&format!("/proc/{pid}/stat")));
+        match std::fs::read_to_string(p) {
+            Ok(s) => s
+                .rsplit_once(')')
+                .and_then(|(_, r)| r.split_whitespace().next())
+                .is_some_and(|state| state != "Z" && state != "X"),
+            Err(_) => false,
+        }
+    }
+
+    /// The processes of every matcher, in one pass over `/proc` for all the
+    /// `comm` matchers. `known[i]` are the pids app `i` had: those still
+    /// alive stay. Each result is sorted; the daemon itself never matches.
+    pub fn find_all(&self, matchers: &[&Match], known: &[&[i32]]) -> Vec<Vec<i32>> {
+        let mut found: Vec<BTreeSet<i32>> = vec![BTreeSet::new(); matchers.len()];
+        let comms: Vec<(usize, &str)> = matchers
+            .iter()
+            .enumerate()
+            .filter_map(|(i, m)| m.comm.as_deref().map(|c| (i, c)))
+            .collect();
+        if !comms.is_empty() {
+            for (pid, comm) in self.processes() {
+                for &(i, c) in &comms {
+                    if comm == c {
+                        found[i].insert(pid);
+                    }
+                }
+            }
+        }
+        for (i, m) in matchers.iter().enumerate() {
+            if let Some(pid) = m.pid {
+                found[i].insert(pid);
+            }
+            if let Some(cg) = &m.cgroup {
+                found[i].extend(self.cgroup_procs(cg));
+            }
+            if let Some(k) = known.get(i) {
+                found[i].extend(k.iter().copied());
+            }
+        }
+        found
+            .into_iter()
+            .map(|s| {
+                s.into_iter()
+                    .filter(|&p| p != self.own_pid && self.alive(p))
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Every process's (pid, comm).
+    fn processes(&self) -> Vec<(i32, String)> {
+        let dir = self.path(Path::new("/proc"));
+        let Ok(rd) = std::fs::read_dir(&dir) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for e in rd.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+                continue;
+            };
+            // The process may exit between readdir and read: skip it.
+            if let Ok(c) = std::fs::read_to_string(dir.join(format!("{pid}/comm"))) {
+                out.push((pid, c.trim_end_matches('\n').to_owned()));
+            }
+        }
+        out
+    }
+
+    /// The pids in a cgroup directory (`cgroup.procs`); none if it is gone.
+    fn cgroup_procs(&self, cg: &Path) -> Vec<i32> {
+        std::fs::read_to_string(self.path(&cg.join("cgroup.procs")))
+            .map(|s| s.lines().filter_map(|l| l.trim().parse().ok()).collect())
+            .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn put(root: &Path, abs: &str, text: &str) {
+        let p = root.join(abs.trim_start_matches('/'));
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    }
+
+    fn proc(root: &Path, pid: i32, comm: &str, state: &str) {
+        put(root, &format!("/proc/{pid}/comm"), &format!("{comm}\n"));
+        put(
+            root,
+            &format!("/proc/{pid}/stat"),
+            &format!("{pid} ({comm}) {state} 1 1 1 0 -1 0\n"),
+        );
+    }
+
+    fn m(pid: Option<i32>, comm: Option<&str>, cgroup: Option<&str>) -> Match {
+        Match {
+            pid,
+            comm: comm.map(str::to_owned),
+            cgroup: cgroup.map(PathBuf::from),
+        }
+    }
+
+    #[test]
+    fn finds_by_pid_comm_and_cgroup_on_a_fake_tree() {
+        let d = tempfile::tempdir().unwrap();
+        let r = d.path();
+        proc(r, 100, "memcached", "S");
+        proc(r, 101, "memcached", "Z"); // exited, not reaped
+        proc(r, 200, "nginx", "S");
+        proc(r, 201, "nginx", "R");
+        proc(r, 300, "redis-server", "S");
+        put(r, "/sys/fs/cgroup/web.service/cgroup.procs", "200\n201\n");
+        let f = Finder::new(r);
+        let by_comm = m(None, Some("memcached"), None);
+        let by_pid = m(Some(300), None, None);
+        let gone = m(Some(999), None, None);
+        let by_cg = m(None, None, Some("/sys/fs/cgroup/web.service"));
+        let got = f.find_all(&[&by_comm, &by_pid, &gone, &by_cg], &[]);
+        assert_eq!(got, vec![vec![100], vec![300], vec![], vec![200, 201]]);
+
+        // A process qosd moved out of the matched cgroup stays the app's
+        // while it lives; one that exited goes.
+        put(r, "/sys/fs/cgroup/web.service/cgroup.procs", "201\n");
+        let got = f.find_all(&[&by_cg], &[&[200, 201]]);
+        assert_eq!(got, vec![vec![200, 201]]);
+        std::fs::remove_dir_all(r.join("proc/200")).unwrap();
+        let got = f.find_all(&[&by_cg], &[&[200, 201]]);
+        assert_eq!(got, vec![vec![201]]);
+        // A process started later is picked up.
+        proc(r, 102, "memcached", "S");
+        assert_eq!(f.find_all(&[&by_comm], &[]), vec![vec![100, 102]]);
+    }
+
+    #[test]
+    fn finds_this_test_process_by_pid_but_never_itself() {
+        let f = Finder::new("/");
+        let me = std::process::id() as i32;
+        assert!(f.alive(me));
+        let by_pid = m(Some(me), None, None);
+        assert_eq!(f.find_all(&[&by_pid], &[]), vec![Vec::<i32>::new()]);
+        let init = m(Some(1), None, None);
+        assert_eq!(f.find_all(&[&init], &[]), vec![vec![1]]);
+    }
+}

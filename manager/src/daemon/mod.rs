@@ -1,0 +1,327 @@
+//! `qosd run`: the node daemon. It reads the config and the policy (a bad
+//! file stops it before anything is touched), binds the HTTP API, probes
+//! the knobs, starts the eBPF request tracer, then ticks on deadlines:
+//! monitor every `monitor_interval_ms`, decide every `decide_interval_ms`.
+//! SIGINT/SIGTERM stop it; every knob it changed is put back (also when it
+//! panics; after a SIGKILL the next start or `qosd restore` does it).
+
+pub mod actuate;
+pub mod admit;
+pub mod api;
+pub mod control;
+pub mod coremap;
+pub mod discover;
+pub mod latency;
+pub mod metrics;
+pub mod state;
+#[cfg(test)]
+mod tests;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use qosd_actuators::Actuators;
+use qosd_core::{Feedback, Resource};
+use qosd_sensors::ebpf::{RequestTracer, TracerOptions};
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::time::MissedTickBehavior;
+
+use crate::config::Config;
+use crate::policy::PolicyFile;
+use crate::usage;
+use crate::yamlfile;
+use actuate::Actuation;
+use control::{describe_target, live_entry, Controller};
+use state::{unix_ms, KnobInfo, RunInfo, Shared, SharedState};
+
+/// What `qosd run` was asked for.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    pub config: PathBuf,
+    /// Overrides every app's `feedback`.
+    pub feedback: Option<Feedback>,
+    /// Overrides `actuators.dry_run`.
+    pub dry_run: bool,
+    /// Overrides the config's `policy`.
+    pub policy: Option<PathBuf>,
+    /// Overrides `api.listen`.
+    pub listen: Option<SocketAddr>,
+}
+
+/// The config and policy, validated; every error is the user's (exit 2).
+pub fn load(o: &Options) -> anyhow::Result<(Config, PolicyFile, PathBuf)> {
+    let text = yamlfile::read(&o.config).map_err(|e| usage!("{e}"))?;
+    let mut cfg = Config::parse(&o.config, &text).map_err(|e| usage!("{e}"))?;
+    let (policy, ppath) = match &o.policy {
+        Some(p) => {
+            let t = yamlfile::read(p).map_err(|e| usage!("{e}"))?;
+            (
+                PolicyFile::parse(p, &t).map_err(|e| usage!("{e}"))?,
+                p.clone(),
+            )
+        }
+        None => {
+            let (_, pf) = Config::load(&o.config).map_err(|e| usage!("{e}"))?;
+            (pf, cfg.policy_path(&o.config))
+        }
+    };
+    if o.dry_run {
+        cfg.actuators.dry_run = true;
+    }
+    if let Some(l) = o.listen {
+        cfg.api.listen = l;
+    }
+    Ok((cfg, policy, ppath))
+}
+
+pub fn run(o: Options) -> anyhow::Result<()> {
+    let (cfg, policy, ppath) = load(&o)?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    rt.block_on(serve(o, cfg, policy, ppath))
+}
+
+fn knob_table(act: &Actuation, enabled: &[Resource]) -> Vec<KnobInfo> {
+    Resource::CYCLE
+        .iter()
+        .map(|&r| {
+            let k = act.caps().get(r);
+            let on = enabled.contains(&r);
+            KnobInfo {
+                resource: r,
+                in_use: on && act.node().has(r),
+                backend: k.backend.clone(),
+                reason: match (on, k.available) {
+                    (false, _) => "disabled in the config (actuators.enabled)".into(),
+                    (true, _) => k.reason.clone(),
+                },
+            }
+        })
+        .collect()
+}
+
+async fn serve(o: Options, cfg: Config, policy: PolicyFile, ppath: PathBuf) -> anyhow::Result<()> {
+    // Bind first: a port in use stops qosd before it changes anything.
+    let listener = tokio::net::TcpListener::bind(cfg.api.listen)
+        .await
+        .with_context(|| format!("binding the API to {}", cfg.api.listen))?;
+    let act_cfg = qosd_actuators::Config {
+        root: cfg.actuators.root.clone(),
+        dry_run: cfg.actuators.dry_run,
+        state_file: cfg.state_file.clone(),
+        cores_backend: cfg.actuators.cores_backend,
+        frequency_backend: cfg.actuators.frequency_backend,
+        cache_ways_backend: cfg.actuators.cache_ways_backend,
+        ..Default::default()
+    };
+    let (actuators, leftovers) = Actuators::start(&act_cfg).context("starting the actuators")?;
+    if !leftovers.is_empty() {
+        println!(
+            "put back {} settings a previous qosd left in {}",
+            leftovers.len(),
+            act_cfg.state_path().display()
+        );
+    }
+    let act =
+        Actuation::new(actuators, &cfg.actuators.enabled).context("reading the CPU topology")?;
+
+    let feedback_of = |f: Feedback| o.feedback.unwrap_or(f);
+    let needs_ebpf = cfg
+        .apps
+        .iter()
+        .any(|a| feedback_of(a.feedback) == Feedback::Ebpf);
+    let tracer = match RequestTracer::start(TracerOptions {
+        ringbuf_bytes: cfg.sensors.ring_buffer_kib.saturating_mul(1024),
+        window: cfg.sensors.window_requests as usize,
+    }) {
+        Ok(t) => Some(Arc::new(t)),
+        Err(e) if needs_ebpf => {
+            return Err(anyhow::Error::new(e)
+                .context("starting the eBPF request tracer (needed by apps with feedback: ebpf)"))
+        }
+        Err(e) => {
+            println!("ebpf: not running ({e}); per-pid figures are unavailable");
+            None
+        }
+    };
+
+    let nr_slots = (cfg.decide_interval_ms / cfg.monitor_interval_ms).max(1) as usize;
+    let knobs = knob_table(&act, &cfg.actuators.enabled);
+    let info = RunInfo {
+        version: env!("CARGO_PKG_VERSION"),
+        policy: policy.name.clone(),
+        config: o.config.display().to_string(),
+        monitor_interval_ms: cfg.monitor_interval_ms,
+        decide_interval_ms: cfg.decide_interval_ms,
+        latency_window_ms: cfg.decide_interval_ms,
+        dry_run: cfg.actuators.dry_run,
+        knobs: knobs.clone(),
+        ebpf: tracer.is_some(),
+        power: "none".into(),
+        started_unix_ms: unix_ms(),
+    };
+    let mut shared = Shared::new(info);
+    for a in &cfg.apps {
+        shared.apps.insert(
+            a.name.clone(),
+            live_entry(a, feedback_of(a.feedback), nr_slots),
+        );
+    }
+    let shared = SharedState::new(shared);
+
+    println!(
+        "qosd {}: policy {} ({}), seed {}; monitor every {} ms, decide every {} ms{}",
+        env!("CARGO_PKG_VERSION"),
+        policy.name,
+        ppath.display(),
+        cfg.seed,
+        cfg.monitor_interval_ms,
+        cfg.decide_interval_ms,
+        if cfg.actuators.dry_run {
+            "; DRY RUN: no knob is changed"
+        } else {
+            ""
+        }
+    );
+    println!("knobs:");
+    for k in &knobs {
+        let state = if k.in_use { "in use" } else { "skipped" };
+        let backend = k.backend.as_deref().unwrap_or("-");
+        println!(
+            "  {:<17} {state:<8} {backend:<9} {}",
+            k.resource.name(),
+            k.reason
+        );
+    }
+    match &tracer {
+        Some(_) => println!(
+            "sensors: ebpf request tracer (ring buffer {} KiB, window {} requests); cpu from /proc",
+            cfg.sensors.ring_buffer_kib, cfg.sensors.window_requests
+        ),
+        None => println!("sensors: client feedback only; cpu from /proc"),
+    }
+    println!("power: not measured (no power sensor in this build): power_w is null");
+
+    let mut ctl = Controller::new(
+        &cfg.apps,
+        o.feedback,
+        policy.build(cfg.seed),
+        act,
+        tracer.clone(),
+        shared.clone(),
+        &cfg.actuators.root,
+        nr_slots,
+        cfg.actuators.dry_run,
+    );
+    let start = Instant::now();
+    let events = ctl.tick(0, 0.0, true, false);
+    println!("apps:");
+    for a in &cfg.apps {
+        let fb = feedback_of(a.feedback);
+        let t = describe_target(a.qos_target());
+        let m = &a.matcher;
+        let how = match (m.pid, &m.comm, &m.cgroup) {
+            (Some(p), _, _) => format!("pid {p}"),
+            (_, Some(c), _) => format!("comm {c}"),
+            (_, _, Some(g)) => format!("cgroup {}", g.display()),
+            _ => "-".into(),
+        };
+        let sh = shared.lock();
+        let live = sh.apps.get(&a.name);
+        let pids = live.map(|l| l.pids.clone()).unwrap_or_default();
+        let what = if pids.is_empty() {
+            "not running yet (picked up when it appears)".to_owned()
+        } else if live.is_some_and(|l| l.share.is_some()) {
+            format!("pids {pids:?}: {}", ctl.describe(&a.name))
+        } else {
+            format!(
+                "pids {pids:?}: {}",
+                live.and_then(|l| l.note.clone()).unwrap_or_default()
+            )
+        };
+        let class = match a.class {
+            qosd_core::AppClass::Lc => "lc",
+            qosd_core::AppClass::Be => "be",
+        };
+        println!(
+            "  {:<12} {class} {t}, feedback {fb}, match {how}: {what}",
+            a.name
+        );
+    }
+    for e in events.iter().filter(|e| !e.starts_with("app ")) {
+        println!("{e}");
+    }
+    println!(
+        "api: http://{} (GET /v1/apps, /v1/pids/PID/..., /v1/decisions, /metrics; POST /v1/apps/NAME/latency)",
+        listener.local_addr().unwrap_or(cfg.api.listen)
+    );
+
+    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    let app = api::router(api::Api {
+        shared: shared.clone(),
+        tracer: tracer.clone(),
+    });
+    let server = tokio::spawn(async move {
+        let _ = axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = stop_rx.wait_for(|s| *s).await;
+            })
+            .await;
+    });
+
+    let mut term = signal(SignalKind::terminate()).context("catching SIGTERM")?;
+    let mut int = signal(SignalKind::interrupt()).context("catching SIGINT")?;
+    let period = Duration::from_millis(cfg.monitor_interval_ms);
+    // Ticks stay on the grid start + k * period: a late tick is skipped,
+    // never bunched (Skip), and the decision ticks are every nr_slots-th
+    // grid point whatever was skipped.
+    let mut iv = tokio::time::interval_at(tokio::time::Instant::from_std(start) + period, period);
+    iv.set_missed_tick_behavior(MissedTickBehavior::Skip);
+    let mut last_idx = 0u64;
+    let mut last_at = start;
+    let why = loop {
+        tokio::select! {
+            _ = iv.tick() => {}
+            _ = term.recv() => break "SIGTERM",
+            _ = int.recv() => break "SIGINT",
+        }
+        let now = Instant::now();
+        let elapsed = now - start;
+        let idx = (elapsed.as_nanos() / period.as_nanos()).max(1) as u64;
+        if idx > last_idx + 1 {
+            shared.lock().missed_ticks_total += idx - last_idx - 1;
+        }
+        let decide = idx / nr_slots as u64 > last_idx / nr_slots as u64;
+        let dt = (now - last_at).as_secs_f64();
+        last_idx = idx;
+        last_at = now;
+        let t_ms = elapsed.as_millis() as u64;
+        for e in ctl.tick(t_ms, dt, decide, decide) {
+            println!("[{:>8.1} s] {e}", t_ms as f64 / 1000.0);
+        }
+    };
+    println!("stopping ({why}): putting every knob back");
+    let _ = stop_tx.send(true);
+    let _ = server.await;
+    let restored = ctl.actuation_mut().restore_all();
+    drop(ctl);
+    drop(tracer);
+    match restored {
+        Ok(c) => {
+            for ch in &c {
+                println!("restored {ch}");
+            }
+            println!("restored {} settings; bye", c.len());
+            Ok(())
+        }
+        Err(e) => Err(anyhow::Error::new(e).context(format!(
+            "restoring; what failed stays in {} for `qosd restore`",
+            act_cfg.state_path().display()
+        ))),
+    }
+}

@@ -1,0 +1,177 @@
+//! What the control loop shares with the HTTP API: per app its processes,
+//! allocation, latency figures and client-feedback inbox; the last
+//! decisions and the counters behind `/metrics`. One mutex, held briefly
+//! by the loop once per tick and by each request.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use qosd_core::{AppClass, DecisionKind, Feedback, QosTarget, Resource, Share};
+use serde::Serialize;
+
+use super::latency::{Inbox, Recent};
+
+/// How many decisions `/v1/decisions` can go back.
+pub const DECISIONS_KEPT: usize = 512;
+
+/// One app as the API shows it, plus its live figures.
+#[derive(Debug)]
+pub struct AppLive {
+    pub name: String,
+    pub class: AppClass,
+    pub feedback: Feedback,
+    pub target: Option<QosTarget>,
+    pub pids: Vec<i32>,
+    /// What the policy gave it; `None` while not managed (not running, or
+    /// its minimum does not fit).
+    pub share: Option<Share>,
+    /// The CPUs of its cores, when cores are managed.
+    pub cpus: Option<Vec<u32>>,
+    pub recent: Recent,
+    pub inbox: Inbox,
+    /// Share of its CPUs it used over the last decision interval, 0..=1.
+    pub cpu_util: f64,
+    pub power_w: Option<f64>,
+    /// Why it is not managed, or the last failure to apply its allocation.
+    pub note: Option<String>,
+    pub apply_errors_total: u64,
+}
+
+impl AppLive {
+    /// Latency at the target's percentile (p99 without a target), µs.
+    pub fn target_latency_us(&self) -> Option<f64> {
+        self.recent
+            .percentile_us(self.target.map_or(99.0, |t| t.percentile))
+    }
+
+    /// PARTIES slack over the recent ticks.
+    pub fn slack(&self) -> Option<f64> {
+        let t = self.target?;
+        let l = self.target_latency_us()?;
+        (t.value_us > 0.0).then(|| (t.value_us - l) / t.value_us)
+    }
+}
+
+/// One decision as `/v1/decisions` lists it.
+#[derive(Debug, Clone, Serialize)]
+pub struct DecisionRecord {
+    /// Milliseconds since the daemon started.
+    pub t_ms: u64,
+    /// Wall-clock time, ms since the Unix epoch.
+    pub unix_ms: u64,
+    pub app: String,
+    pub resource: Resource,
+    pub kind: DecisionKind,
+    pub from: u32,
+    pub to: u32,
+    /// Unit of `from` and `to` (cores, ways, MHz, %).
+    pub unit: &'static str,
+    pub reason: String,
+    /// Whether the change is in force (false: applying it failed, or a
+    /// dry run).
+    pub applied: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// One knob as the daemon uses it.
+#[derive(Debug, Clone, Serialize)]
+pub struct KnobInfo {
+    pub resource: Resource,
+    /// In use by the policy.
+    pub in_use: bool,
+    pub backend: Option<String>,
+    /// Why (backend chosen, unavailable, disabled in the config).
+    pub reason: String,
+}
+
+/// Fixed facts of this run, for `/v1/status` and `/metrics`.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunInfo {
+    pub version: &'static str,
+    pub policy: String,
+    pub config: String,
+    pub monitor_interval_ms: u64,
+    pub decide_interval_ms: u64,
+    /// Latency figures cover this many ms (the decision interval).
+    pub latency_window_ms: u64,
+    pub dry_run: bool,
+    pub knobs: Vec<KnobInfo>,
+    /// The eBPF request tracer runs (per-pid calls work).
+    pub ebpf: bool,
+    /// Power figures: "none" until a power sensor runs.
+    pub power: String,
+    pub started_unix_ms: u64,
+}
+
+#[derive(Debug)]
+pub struct Shared {
+    pub info: RunInfo,
+    pub apps: BTreeMap<String, AppLive>,
+    pub decisions: VecDeque<DecisionRecord>,
+    pub decisions_total: BTreeMap<(String, Resource, DecisionKind), u64>,
+    pub monitor_ticks_total: u64,
+    pub decide_ticks_total: u64,
+    /// Ticks that came late (the previous one overran): skipped, not burst.
+    pub missed_ticks_total: u64,
+    pub node_cpu_util: Option<f64>,
+    pub node_power_w: Option<f64>,
+}
+
+impl Shared {
+    pub fn new(info: RunInfo) -> Self {
+        Shared {
+            info,
+            apps: BTreeMap::new(),
+            decisions: VecDeque::new(),
+            decisions_total: BTreeMap::new(),
+            monitor_ticks_total: 0,
+            decide_ticks_total: 0,
+            missed_ticks_total: 0,
+            node_cpu_util: None,
+            node_power_w: None,
+        }
+    }
+
+    pub fn record(&mut self, d: DecisionRecord) {
+        *self
+            .decisions_total
+            .entry((d.app.clone(), d.resource, d.kind))
+            .or_default() += 1;
+        if self.decisions.len() == DECISIONS_KEPT {
+            self.decisions.pop_front();
+        }
+        self.decisions.push_back(d);
+    }
+
+    /// The app holding `pid`.
+    pub fn app_of_pid(&self, pid: i32) -> Option<&str> {
+        self.apps
+            .values()
+            .find(|a| a.pids.contains(&pid))
+            .map(|a| a.name.as_str())
+    }
+}
+
+/// The handle both sides hold.
+#[derive(Debug, Clone)]
+pub struct SharedState(Arc<Mutex<Shared>>);
+
+impl SharedState {
+    pub fn new(s: Shared) -> Self {
+        SharedState(Arc::new(Mutex::new(s)))
+    }
+
+    pub fn lock(&self) -> MutexGuard<'_, Shared> {
+        // A panic elsewhere while holding the lock leaves plain figures
+        // behind: still fine to read and to update.
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}

@@ -1,0 +1,292 @@
+//! Moving units of resources between apps while a plan is built: bounds
+//! (node range ∩ app limits), the free pool of cores and ways, victims to
+//! take from and best-effort apps to give to. Shared by PARTIES and the
+//! rule engine so that both keep every plan within the node and the limits.
+
+use std::collections::BTreeMap;
+
+use qosd_core::{
+    Allocations, AppClass, Decision, DecisionKind, Limits, NodeCaps, Plan, Resource, Share,
+    Snapshot,
+};
+use serde::{Deserialize, Serialize};
+
+/// Where an upsize of a pooled resource (cores, ways) may take a unit from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Victim {
+    /// Units no app holds.
+    FreePool,
+    /// The best-effort app holding the most units above its minimum.
+    BestEffort,
+    /// The other latency-critical app with the most slack.
+    MostSlackLc,
+}
+
+/// How pooled units move: where upsizes take them, where downsizes put them.
+#[derive(Debug, Clone, Copy)]
+pub struct Moves<'p> {
+    pub victims: &'p [Victim],
+    /// A latency-critical victim must have more slack than this.
+    pub victim_min_slack: f64,
+    pub freed_to_best_effort: bool,
+}
+
+/// A done upsize: who paid for it (`None`: the free pool or a level).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Upsized {
+    pub victim: Option<String>,
+}
+
+/// Where a unit for an upsize comes from, once chosen.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Source {
+    Pool,
+    App(String),
+}
+
+/// A plan under construction over the current allocation.
+pub struct Editor<'a> {
+    pub node: &'a NodeCaps,
+    pub snap: &'a Snapshot,
+    pub plan: Plan,
+    /// Class and limits by app name (the snapshot is a list).
+    apps: BTreeMap<&'a str, (AppClass, Limits)>,
+}
+
+impl<'a> Editor<'a> {
+    pub fn new(node: &'a NodeCaps, snap: &'a Snapshot, current: &Allocations) -> Editor<'a> {
+        Editor {
+            node,
+            snap,
+            plan: Plan::keep(current),
+            apps: snap
+                .apps
+                .iter()
+                .map(|a| (a.name.as_str(), (a.class, a.limits)))
+                .collect(),
+        }
+    }
+
+    pub fn finish(self) -> Plan {
+        self.plan
+    }
+
+    fn limits(&self, app: &str) -> Limits {
+        self.apps.get(app).map(|a| a.1).unwrap_or_default()
+    }
+
+    fn class(&self, app: &str) -> Option<AppClass> {
+        self.apps.get(app).map(|a| a.0)
+    }
+
+    fn alloc(&self, app: &str) -> Share {
+        self.plan.allocations.get(app).copied().unwrap_or_default()
+    }
+
+    /// The allowed [lo, hi] of `r` for `app`: the node's range narrowed by
+    /// the app's limits. `None` when the node lacks `r`.
+    pub fn bounds(&self, app: &str, r: Resource) -> Option<(u32, u32)> {
+        let (nlo, nhi) = self.node.range(r)?;
+        let l = self.limits(app);
+        let lo = nlo.max(l.min.get(r)).min(nhi);
+        let hi = nhi.min(l.max.get(r)).max(lo);
+        Some((lo, hi))
+    }
+
+    /// The app's value of `r`. A level never set (0) counts as the node's
+    /// maximum: an unmanaged core runs at full speed, unthrottled.
+    pub fn value(&self, app: &str, r: Resource) -> u32 {
+        let v = self.alloc(app).get(r);
+        if v == 0 && !r.is_pooled() {
+            return self.node.range(r).map_or(0, |(_, hi)| hi);
+        }
+        v
+    }
+
+    /// Units of a pooled resource that no app holds.
+    pub fn free(&self, r: Resource) -> u32 {
+        let Some(total) = self.node.pool(r) else {
+            return 0;
+        };
+        let used: u32 = self.plan.allocations.values().map(|a| a.get(r)).sum();
+        total.saturating_sub(used)
+    }
+
+    /// The value `app` would have after raising `r` by `step`, if that is
+    /// a change within bounds (ignoring where pooled units come from).
+    pub fn raised(&self, app: &str, r: Resource, step: u32) -> Option<u32> {
+        let (_, hi) = self.bounds(app, r)?;
+        let cur = self.value(app, r);
+        let to = cur.saturating_add(step).min(hi);
+        (to > cur).then_some(to)
+    }
+
+    /// The value `app` would have after lowering `r` by `step`, if within bounds.
+    pub fn lowered(&self, app: &str, r: Resource, step: u32) -> Option<u32> {
+        let (lo, _) = self.bounds(app, r)?;
+        let cur = self.value(app, r);
+        let to = cur.saturating_sub(step).max(lo);
+        (to < cur).then_some(to)
+    }
+
+    /// Finds who can give `amount` units of pooled `r` to `taker`, trying
+    /// `order` in turn. `slack` gives an LC app's slack (None: unknown);
+    /// LC victims must have slack above `lc_min_slack`.
+    pub fn find_source(
+        &self,
+        taker: &str,
+        r: Resource,
+        amount: u32,
+        order: &[Victim],
+        slack: &dyn Fn(&str) -> Option<f64>,
+        lc_min_slack: f64,
+    ) -> Option<Source> {
+        for v in order {
+            match v {
+                Victim::FreePool if self.free(r) >= amount => return Some(Source::Pool),
+                Victim::FreePool => {}
+                Victim::BestEffort => {
+                    // Most units above its own minimum; ties go to the first name.
+                    let best = self
+                        .plan
+                        .allocations
+                        .keys()
+                        .filter(|n| n.as_str() != taker && self.class(n) == Some(AppClass::Be))
+                        .filter(|n| self.lowered_by(n, r, amount))
+                        .max_by_key(|n| {
+                            let lo = self.bounds(n, r).map_or(0, |b| b.0);
+                            (self.value(n, r) - lo, std::cmp::Reverse((*n).clone()))
+                        });
+                    if let Some(n) = best {
+                        return Some(Source::App(n.clone()));
+                    }
+                }
+                Victim::MostSlackLc => {
+                    let mut best: Option<(&String, f64)> = None;
+                    for n in self.plan.allocations.keys() {
+                        if n == taker || self.class(n) != Some(AppClass::Lc) {
+                            continue;
+                        }
+                        let Some(s) = slack(n) else { continue };
+                        if s > lc_min_slack
+                            && self.lowered_by(n, r, amount)
+                            && best.is_none_or(|(_, b)| s > b)
+                        {
+                            best = Some((n, s));
+                        }
+                    }
+                    if let Some((n, _)) = best {
+                        return Some(Source::App(n.clone()));
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    /// True if `app` can give exactly `amount` units of `r`.
+    fn lowered_by(&self, app: &str, r: Resource, amount: u32) -> bool {
+        self.lowered(app, r, amount)
+            .is_some_and(|to| self.value(app, r) - to == amount)
+    }
+
+    /// The best-effort app (other than `giver`) that should receive
+    /// `amount` freed units of `r`: the one holding the fewest.
+    pub fn best_effort_taker(&self, giver: &str, r: Resource, amount: u32) -> Option<String> {
+        self.plan
+            .allocations
+            .keys()
+            .filter(|n| n.as_str() != giver && self.class(n) == Some(AppClass::Be))
+            .filter(|n| {
+                self.raised(n, r, amount)
+                    .is_some_and(|to| to - self.value(n, r) == amount)
+            })
+            .min_by_key(|n| (self.value(n, r), (*n).clone()))
+            .cloned()
+    }
+
+    /// Raises `app`'s `r` by one `step`, taking pooled units (cores, ways)
+    /// from the first source in `moves.victims` that can give them.
+    /// `None` when nothing can be done (at the bound, no source).
+    pub fn upsize(
+        &mut self,
+        app: &str,
+        r: Resource,
+        step: u32,
+        moves: &Moves<'_>,
+        slack: &dyn Fn(&str) -> Option<f64>,
+        reason: String,
+    ) -> Option<Upsized> {
+        let to = self.raised(app, r, step)?;
+        let amount = to - self.value(app, r);
+        let mut victim = None;
+        if r.is_pooled() {
+            let src =
+                self.find_source(app, r, amount, moves.victims, slack, moves.victim_min_slack)?;
+            if let Source::App(v) = src {
+                let vto = self.value(&v, r) - amount;
+                self.set(
+                    &v,
+                    r,
+                    vto,
+                    DecisionKind::Reclaim,
+                    format!("taken for {app}"),
+                );
+                victim = Some(v);
+            }
+        }
+        self.set(app, r, to, DecisionKind::Upsize, reason);
+        Some(Upsized { victim })
+    }
+
+    /// Lowers `app`'s `r` by one `step`; freed pooled units go to the
+    /// best-effort app holding the fewest if `moves.freed_to_best_effort`.
+    /// False when `app` is already at its bound.
+    pub fn downsize(
+        &mut self,
+        app: &str,
+        r: Resource,
+        step: u32,
+        moves: &Moves<'_>,
+        reason: String,
+    ) -> bool {
+        let Some(to) = self.lowered(app, r, step) else {
+            return false;
+        };
+        let amount = self.value(app, r) - to;
+        self.set(app, r, to, DecisionKind::Downsize, reason);
+        if r.is_pooled() && moves.freed_to_best_effort {
+            if let Some(be) = self.best_effort_taker(app, r, amount) {
+                let bto = self.value(&be, r) + amount;
+                self.set(&be, r, bto, DecisionKind::Grant, format!("freed by {app}"));
+            }
+        }
+        true
+    }
+
+    /// Sets `app`'s `r` to `to` and records the decision.
+    pub fn set(&mut self, app: &str, r: Resource, to: u32, kind: DecisionKind, reason: String) {
+        let from = self.value(app, r);
+        if let Some(a) = self.plan.allocations.get_mut(app) {
+            a.set(r, to);
+        }
+        self.plan.decisions.push(Decision {
+            app: app.to_owned(),
+            resource: r,
+            kind,
+            from,
+            to,
+            reason,
+        });
+    }
+}
+
+/// A latency in µs for people: "850 µs", "24.31 ms".
+pub fn fmt_us(us: f64) -> String {
+    if us >= 1000.0 {
+        format!("{:.2} ms", us / 1000.0)
+    } else {
+        format!("{us:.0} µs")
+    }
+}

@@ -1,0 +1,249 @@
+//! Conditions of rule policies, written as `"<metric> <op> <value>"`
+//! strings (`"slack < 0.05"`, `"latency > 20ms"`, `"cpu_util >= 0.8"`),
+//! parsed once at load time (a bad one is reported with its line and key)
+//! and evaluated against one app of a snapshot.
+
+use std::fmt;
+
+use qosd_core::{AppState, Resource, Snapshot};
+use serde::{Deserialize, Serialize};
+
+/// What a condition measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Metric {
+    /// (target − latency) / target; latency-critical apps with requests only.
+    Slack,
+    /// Latency at the target's percentile, in µs (`20ms`, `500us` accepted).
+    Latency,
+    /// Requests per second.
+    Rps,
+    /// CPU utilisation of the app's cores, 0..1.
+    CpuUtil,
+    /// Power attributed to the app, W (only where a power sensor runs).
+    PowerW,
+    /// Node power, W (measured or estimated).
+    NodePowerW,
+    /// Current allocation of a resource (cores, ways, freq_mhz, mb_percent).
+    Alloc(Resource),
+}
+
+const METRICS: &[(&str, Metric)] = &[
+    ("slack", Metric::Slack),
+    ("latency", Metric::Latency),
+    ("rps", Metric::Rps),
+    ("cpu_util", Metric::CpuUtil),
+    ("power_w", Metric::PowerW),
+    ("node_power_w", Metric::NodePowerW),
+    ("cores", Metric::Alloc(Resource::Cores)),
+    ("ways", Metric::Alloc(Resource::CacheWays)),
+    ("freq_mhz", Metric::Alloc(Resource::Frequency)),
+    ("mb_percent", Metric::Alloc(Resource::MemoryBandwidth)),
+];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    Lt,
+    Le,
+    Gt,
+    Ge,
+}
+
+impl Op {
+    fn as_str(self) -> &'static str {
+        match self {
+            Op::Lt => "<",
+            Op::Le => "<=",
+            Op::Gt => ">",
+            Op::Ge => ">=",
+        }
+    }
+}
+
+/// One parsed condition. Serialised back as the string it came from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct Condition {
+    pub metric: Metric,
+    pub op: Op,
+    /// Threshold in the metric's base unit (µs for latency).
+    pub value: f64,
+    text: String,
+}
+
+impl TryFrom<String> for Condition {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        s.parse()
+    }
+}
+
+impl From<Condition> for String {
+    fn from(c: Condition) -> String {
+        c.text
+    }
+}
+
+impl fmt::Display for Condition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl std::str::FromStr for Condition {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        // Two-character operators first, so "<=" is not read as "<".
+        let (pos, op) = [("<=", Op::Le), (">=", Op::Ge), ("<", Op::Lt), (">", Op::Gt)]
+            .iter()
+            .find_map(|(t, op)| s.find(t).map(|p| ((p, t.len()), *op)))
+            .ok_or_else(|| {
+                format!("`{s}`: expected `<metric> <op> <value>` with op one of < <= > >=")
+            })?;
+        let name = s[..pos.0].trim();
+        let rhs = s[pos.0 + pos.1..].trim();
+        let metric = METRICS
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, m)| *m)
+            .ok_or_else(|| {
+                let known: Vec<&str> = METRICS.iter().map(|(n, _)| *n).collect();
+                format!(
+                    "`{s}`: unknown metric `{name}`; known: {}",
+                    known.join(", ")
+                )
+            })?;
+        let value = parse_value(metric, rhs).map_err(|e| format!("`{s}`: {e}"))?;
+        Ok(Condition {
+            metric,
+            op,
+            value,
+            text: format!("{name} {} {rhs}", op.as_str()),
+        })
+    }
+}
+
+/// A number, with a time unit for latency (`us`, `µs`, `ms`, `s`; bare
+/// numbers are µs) and an optional `W` for power.
+fn parse_value(metric: Metric, rhs: &str) -> Result<f64, String> {
+    let split = rhs
+        .find(|c: char| !(c.is_ascii_digit() || matches!(c, '.' | '-' | '+' | 'e' | 'E')))
+        .unwrap_or(rhs.len());
+    let (num, unit) = (rhs[..split].trim(), rhs[split..].trim());
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("`{rhs}` is not a number"))?;
+    if !v.is_finite() {
+        return Err(format!("`{rhs}` is not a finite number"));
+    }
+    let scale = match (metric, unit) {
+        (_, "") => 1.0,
+        (Metric::Latency, "us" | "µs") => 1.0,
+        (Metric::Latency, "ms") => 1e3,
+        (Metric::Latency, "s") => 1e6,
+        (Metric::PowerW | Metric::NodePowerW, "W") => 1.0,
+        (Metric::Latency, u) => return Err(format!("unknown time unit `{u}` (us, ms, s)")),
+        (_, u) => return Err(format!("unexpected unit `{u}`")),
+    };
+    Ok(v * scale)
+}
+
+impl Metric {
+    /// The metric's value for `app`; `None` when unknown (no requests, no
+    /// power sensor, a BE app's slack), which makes a condition false.
+    pub fn value(
+        self,
+        app: &AppState,
+        snap: &Snapshot,
+        alloc: &dyn Fn(Resource) -> u32,
+    ) -> Option<f64> {
+        match self {
+            Metric::Slack => app.slack(),
+            Metric::Latency => app.latency_us,
+            Metric::Rps => Some(app.rps),
+            Metric::CpuUtil => Some(app.cpu_util),
+            Metric::PowerW => app.power_w,
+            Metric::NodePowerW => snap.node_power_w,
+            Metric::Alloc(r) => Some(f64::from(alloc(r))),
+        }
+    }
+}
+
+impl Condition {
+    /// True when the metric is known and compares as written; also returns
+    /// the measured value for the decision's reason.
+    pub fn eval(
+        &self,
+        app: &AppState,
+        snap: &Snapshot,
+        alloc: &dyn Fn(Resource) -> u32,
+    ) -> (bool, Option<f64>) {
+        let Some(v) = self.metric.value(app, snap, alloc) else {
+            return (false, None);
+        };
+        let holds = match self.op {
+            Op::Lt => v < self.value,
+            Op::Le => v <= self.value,
+            Op::Gt => v > self.value,
+            Op::Ge => v >= self.value,
+        };
+        (holds, Some(v))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::testkit::{lc, snap};
+
+    fn c(s: &str) -> Condition {
+        s.parse().unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn parses_metrics_ops_and_units() {
+        assert_eq!(
+            (c("slack < 0.05").metric, c("slack < 0.05").op),
+            (Metric::Slack, Op::Lt)
+        );
+        assert_eq!(c("latency>20ms").value, 20_000.0);
+        assert_eq!(c("latency >= 1.5 s").value, 1_500_000.0);
+        assert_eq!(c("latency <= 800").value, 800.0);
+        assert_eq!(c("node_power_w > 40W").value, 40.0);
+        assert_eq!(c("cores <= 1").metric, Metric::Alloc(Resource::Cores));
+        assert_eq!(c("slack<-0.1").value, -0.1);
+        assert_eq!(c("slack<-0.1").to_string(), "slack < -0.1");
+    }
+
+    #[test]
+    fn rejects_bad_conditions_with_the_reason() {
+        let e = "lat < 3".parse::<Condition>().unwrap_err();
+        assert!(
+            e.contains("unknown metric `lat`") && e.contains("latency"),
+            "{e}"
+        );
+        let e = "latency < 3 hours".parse::<Condition>().unwrap_err();
+        assert!(e.contains("unknown time unit"), "{e}");
+        let e = "slack = 3".parse::<Condition>().unwrap_err();
+        assert!(e.contains("op one of"), "{e}");
+        let e = "rps > lots".parse::<Condition>().unwrap_err();
+        assert!(e.contains("not a number"), "{e}");
+        let e = "rps > 5ms".parse::<Condition>().unwrap_err();
+        assert!(e.contains("unexpected unit"), "{e}");
+    }
+
+    #[test]
+    fn evaluates_against_an_app() {
+        let s = snap(vec![lc("a", Some(0.02)), lc("idle", None)]);
+        let alloc = |_: Resource| 2;
+        let a = s.app("a").unwrap();
+        assert!(c("slack < 0.05").eval(a, &s, &alloc).0);
+        assert!(!c("slack > 0.05").eval(a, &s, &alloc).0);
+        assert!(c("latency > 0.97ms").eval(a, &s, &alloc).0);
+        assert!(c("cores >= 2").eval(a, &s, &alloc).0);
+        // Unknown values make every comparison false.
+        let idle = s.app("idle").unwrap();
+        assert_eq!(c("slack < 0.05").eval(idle, &s, &alloc), (false, None));
+        assert_eq!(c("slack >= 0.05").eval(idle, &s, &alloc), (false, None));
+        assert!(!c("node_power_w > 1").eval(a, &s, &alloc).0);
+    }
+}

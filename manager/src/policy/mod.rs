@@ -1,0 +1,156 @@
+//! Policy files (`policies/*.yaml`) and the engines they configure: the
+//! PARTIES controller and user-written rule policies. Everything here is
+//! pure (no I/O besides reading the file in [`load`]), so the daemon and
+//! the simulator drive the very same code.
+//!
+//! ```no_run
+//! use qosd_core::Policy;
+//! let mut policy = qosd_manager::policy::load(std::path::Path::new("policies/parties.yaml"), 42)?;
+//! # let (snapshot, current, node) = todo!();
+//! let plan = policy.decide(0, &snapshot, &current, &node);
+//! # Ok::<(), qosd_manager::yamlfile::FileError>(())
+//! ```
+
+pub mod alloc;
+pub mod cond;
+pub mod parties;
+pub mod rules;
+#[cfg(test)]
+pub(crate) mod testkit;
+
+use std::path::Path;
+
+use qosd_core::Policy;
+use serde::{Deserialize, Serialize};
+
+use crate::yamlfile::{self, FileError, Invalid, KeyPath};
+pub use parties::{Parties, PartiesParams, Steps};
+pub use rules::{Rule, RuleSettings, Rules};
+
+/// A policy file: a name and exactly one engine section.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyFile {
+    /// Short name shown in logs, the API and replay summaries.
+    pub name: String,
+    /// What the policy is for, in a sentence or two.
+    #[serde(default)]
+    pub description: String,
+    /// The PARTIES controller and its parameters.
+    #[serde(default)]
+    pub parties: Option<PartiesParams>,
+    /// Settings of a rule policy (with `rules:` only).
+    #[serde(default)]
+    pub settings: Option<RuleSettings>,
+    /// A rule policy: conditions on measurements → actions on resources.
+    #[serde(default)]
+    pub rules: Option<Vec<Rule>>,
+}
+
+impl PolicyFile {
+    /// Checks the file beyond its types; errors name the key.
+    pub fn validate(&self) -> Result<(), Invalid> {
+        let root = KeyPath::root();
+        if self.name.trim().is_empty() {
+            return Err(Invalid::new(root.key("name"), "must not be empty"));
+        }
+        match (&self.parties, &self.rules) {
+            (Some(_), Some(_)) => Err(Invalid::new(
+                root.key("rules"),
+                "a policy is either `parties:` or `rules:`, not both",
+            )),
+            (Some(_), None) if self.settings.is_some() => Err(Invalid::new(
+                root.key("settings"),
+                "`settings:` belongs to rule policies; PARTIES has its own in `parties:`",
+            )),
+            (Some(p), None) => p.validate(&root.key("parties")),
+            (None, Some(r)) => {
+                if let Some(s) = &self.settings {
+                    s.validate(&root.key("settings"))?;
+                }
+                rules::validate_rules(r, &root.key("rules"))
+            }
+            (None, None) => Err(Invalid::new(
+                root,
+                "needs an engine section: `parties:` or `rules:`",
+            )),
+        }
+    }
+
+    /// Parses and validates the text of a policy file; `path` is used in
+    /// error messages only.
+    pub fn parse(path: &Path, text: &str) -> Result<PolicyFile, FileError> {
+        let f: PolicyFile = yamlfile::parse(path, text)?;
+        f.validate().map_err(|e| yamlfile::invalid(path, text, e))?;
+        Ok(f)
+    }
+
+    /// A fresh controller for this file. `seed` makes its choices
+    /// reproducible (PARTIES' starting points in the resource cycle; rule
+    /// policies have no randomness and ignore it).
+    pub fn build(&self, seed: u64) -> Box<dyn Policy + Send> {
+        match (&self.parties, &self.rules) {
+            (Some(p), _) => Box::new(Parties::new(&self.name, p.clone(), seed)),
+            (None, Some(r)) => Box::new(Rules::new(
+                &self.name,
+                self.settings.clone().unwrap_or_default(),
+                r.clone(),
+            )),
+            // validate() rejects files without an engine; a default PARTIES
+            // is the safe reading of one that skipped validation.
+            (None, None) => Box::new(Parties::new(&self.name, PartiesParams::default(), seed)),
+        }
+    }
+}
+
+/// Reads, validates and builds the policy in `path`.
+pub fn load(path: &Path, seed: u64) -> Result<Box<dyn Policy + Send>, FileError> {
+    let text = yamlfile::read(path)?;
+    Ok(PolicyFile::parse(path, &text)?.build(seed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<PolicyFile, FileError> {
+        PolicyFile::parse(Path::new("p.yaml"), text)
+    }
+
+    #[test]
+    fn shipped_parties_file_is_the_paper() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies/parties.yaml");
+        let text = std::fs::read_to_string(&path).expect("policies/parties.yaml");
+        let f = PolicyFile::parse(&path, &text).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(f.parties, Some(PartiesParams::default()));
+    }
+
+    #[test]
+    fn errors_name_line_col_and_key() {
+        let e = parse("name: p\nparties:\n  upsize_below_slak: 0.1\n").unwrap_err();
+        assert_eq!(
+            e.to_string().split(": unknown").next(),
+            Some("p.yaml:3:3: parties.upsize_below_slak")
+        );
+
+        let e = parse("name: p\nparties:\n  cycle: [cores, gpus]\n").unwrap_err();
+        assert_eq!((e.line, e.key.as_str()), (3, "parties.cycle[1]"), "{e}");
+
+        let e = parse("name: p\nparties:\n  downsize_above_slack: 0.01\n").unwrap_err();
+        assert_eq!(
+            (e.line, e.col, e.key.as_str()),
+            (3, 3, "parties.downsize_above_slack"),
+            "{e}"
+        );
+
+        let e = parse("name: p\nparties:\n  step:\n    nr_cores: 0\n").unwrap_err();
+        assert_eq!(
+            (e.line, e.col, e.key.as_str()),
+            (4, 5, "parties.step.nr_cores"),
+            "{e}"
+        );
+
+        let e = parse("name: p\n").unwrap_err();
+        assert!(e.to_string().contains("engine section"), "{e}");
+    }
+}

@@ -1,0 +1,387 @@
+//! PARTIES (Chen et al., ASPLOS'19) as a pure [`Policy`]: slack-driven
+//! upsize/downsize of one unit of one resource per decision, a per-app
+//! resource cycle with a seeded start, "did it help" judgement over the
+//! following samples, revert + cool-down of harmful downsizes, victims
+//! (free pool → best-effort → most-slack LC) and freed units to best-effort.
+
+use std::collections::BTreeMap;
+
+use qosd_core::{
+    Allocations, AppClass, Decision, DecisionKind, NodeCaps, Plan, Policy, Resource, Snapshot,
+};
+
+use super::alloc::{fmt_us, Editor, Moves};
+
+mod params;
+pub use params::{PartiesParams, Steps};
+
+/// Per-app memory of the controller.
+#[derive(Debug, Clone)]
+struct AppMem {
+    /// Index into `cycle` of the resource this app tries next.
+    cursor: usize,
+    /// Downsizes of this app are barred until then.
+    no_downsize_until_ms: u64,
+}
+
+#[derive(Debug, Clone)]
+enum Judged {
+    /// Upsize: latency at decision time, and the tally of later samples.
+    Up {
+        before_us: f64,
+        fell: u32,
+        counted: u32,
+    },
+    /// Downsize: the first app seen below the upsize threshold, if any.
+    Down { hurt: Option<(String, f64)> },
+}
+
+enum Verdict {
+    None,
+    Reverted,
+    Note(String),
+}
+
+/// The last action, waiting to be judged at the next decision.
+#[derive(Debug, Clone)]
+struct Pending {
+    app: String,
+    resource: Resource,
+    at_ms: u64,
+    changes: Vec<Decision>,
+    judged: Judged,
+}
+
+/// The PARTIES controller. Build it with [`Parties::new`].
+#[derive(Debug, Clone)]
+pub struct Parties {
+    name: String,
+    p: PartiesParams,
+    seed: u64,
+    apps: BTreeMap<String, AppMem>,
+    pending: Option<Pending>,
+    last_sample_ms: Option<u64>,
+}
+
+impl Parties {
+    /// A controller with validated `params`; `seed` chooses where each
+    /// app's resource cycle starts (same seed, same decisions).
+    pub fn new(name: &str, params: PartiesParams, seed: u64) -> Parties {
+        Parties {
+            name: name.to_owned(),
+            p: params,
+            seed,
+            apps: BTreeMap::new(),
+            pending: None,
+            last_sample_ms: None,
+        }
+    }
+
+    /// The resource `app` will try next (for tests and the API).
+    pub fn next_resource(&mut self, app: &str) -> Resource {
+        let c = self.mem(app).cursor;
+        self.p.cycle[c]
+    }
+
+    fn mem(&mut self, app: &str) -> &mut AppMem {
+        let n = self.p.cycle.len();
+        let seed = self.seed;
+        self.apps.entry(app.to_owned()).or_insert_with(|| AppMem {
+            cursor: (mix(seed, app) % n as u64) as usize,
+            no_downsize_until_ms: 0,
+        })
+    }
+
+    fn advance(&mut self, app: &str) {
+        let n = self.p.cycle.len();
+        let m = self.mem(app);
+        m.cursor = (m.cursor + 1) % n;
+    }
+
+    /// Slack of an LC app, with `idle_slack` standing in when it served
+    /// nothing; `None` for BE apps and LC apps without a usable figure.
+    fn slack(&self, snap: &Snapshot, app: &str) -> Option<f64> {
+        let a = snap.app(app)?;
+        if a.class != AppClass::Lc || a.target.is_none() {
+            return None;
+        }
+        a.slack().or(if a.latency_us.is_none() {
+            self.p.idle_slack
+        } else {
+            None
+        })
+    }
+
+    fn describe(&self, snap: &Snapshot, app: &str) -> String {
+        let Some(a) = snap.app(app) else {
+            return String::new();
+        };
+        let s = self.slack(snap, app).unwrap_or(f64::NAN);
+        match (a.target, a.latency_us) {
+            (Some(t), Some(l)) => format!(
+                "slack {s:.3} (p{} {} vs target {})",
+                t.percentile,
+                fmt_us(l),
+                fmt_us(t.value_us)
+            ),
+            _ => format!("slack {s:.3} (no requests in the window)"),
+        }
+    }
+
+    /// Judges the pending action: reverts a harmful downsize (returns
+    /// `Verdict::Reverted`), or notes whether an upsize helped.
+    fn judge(&mut self, now_ms: u64, ed: &mut Editor<'_>) -> Verdict {
+        let Some(pend) = self.pending.take() else {
+            return Verdict::None;
+        };
+        if !ed.plan.allocations.contains_key(&pend.app) {
+            return Verdict::None;
+        }
+        match pend.judged {
+            Judged::Down {
+                hurt: Some((victim, s)),
+            } => {
+                let until = now_ms + self.p.downsize_cooldown_ms;
+                self.mem(&pend.app).no_downsize_until_ms = until;
+                self.advance(&pend.app);
+                let reason = format!(
+                    "downsize of {}'s {} pushed {victim} to slack {s:.3} < {}: reverted, {} not downsized for {} ms",
+                    pend.app, pend.resource, self.p.upsize_below_slack, pend.app,
+                    self.p.downsize_cooldown_ms
+                );
+                for d in pend.changes.iter().rev() {
+                    if ed.plan.allocations.contains_key(&d.app)
+                        && ed.value(&d.app, d.resource) == d.to
+                    {
+                        ed.set(
+                            &d.app,
+                            d.resource,
+                            d.from,
+                            DecisionKind::Revert,
+                            reason.clone(),
+                        );
+                    }
+                }
+                Verdict::Reverted
+            }
+            Judged::Down { hurt: None } => Verdict::None,
+            Judged::Up {
+                before_us,
+                fell,
+                counted,
+            } => {
+                let helped =
+                    counted > 0 && f64::from(fell) > self.p.helped_fraction * f64::from(counted);
+                let what = format!(
+                    "last +{} for {} {} (latency below {} in {fell}/{counted} samples)",
+                    pend.resource,
+                    pend.app,
+                    if helped { "helped" } else { "did not help" },
+                    fmt_us(before_us),
+                );
+                if !helped {
+                    self.advance(&pend.app);
+                }
+                Verdict::Note(what)
+            }
+        }
+    }
+
+    fn moves(&self) -> Moves<'_> {
+        Moves {
+            victims: &self.p.victims,
+            victim_min_slack: self.p.victim_min_slack,
+            freed_to_best_effort: self.p.freed_to_best_effort,
+        }
+    }
+
+    /// Upsizes `app` on the first resource of its cycle (from its cursor)
+    /// that can grow.
+    fn upsize(&mut self, ed: &mut Editor<'_>, app: &str, why: String) -> bool {
+        let n = self.p.cycle.len();
+        let start = self.mem(app).cursor;
+        let before_us = ed
+            .snap
+            .app(app)
+            .and_then(|a| a.latency_us)
+            .unwrap_or(f64::INFINITY);
+        let reason = format!("{why}; least slack < {}", self.p.upsize_below_slack);
+        for k in 0..n {
+            let idx = (start + k) % n;
+            let r = self.p.cycle[idx];
+            let done = {
+                let slack_of = |name: &str| self.slack(ed.snap, name);
+                let moves = self.moves();
+                ed.upsize(
+                    app,
+                    r,
+                    self.p.step.get(r),
+                    &moves,
+                    &slack_of,
+                    reason.clone(),
+                )
+            };
+            let Some(done) = done else { continue };
+            if let Some(v) = done.victim {
+                // The victim was heading for this very resource: move it on.
+                if self.mem(&v).cursor == idx {
+                    self.advance(&v);
+                }
+            }
+            self.mem(app).cursor = idx;
+            self.pending = Some(Pending {
+                app: app.to_owned(),
+                resource: r,
+                at_ms: 0,
+                changes: ed.plan.decisions.clone(),
+                judged: Judged::Up {
+                    before_us,
+                    fell: 0,
+                    counted: 0,
+                },
+            });
+            return true;
+        }
+        false
+    }
+
+    /// Downsizes `app` on the first resource of its cycle that can shrink.
+    fn downsize(&mut self, ed: &mut Editor<'_>, app: &str, why: String) -> bool {
+        let n = self.p.cycle.len();
+        let start = self.mem(app).cursor;
+        let reason = format!("{why}; most slack > {}", self.p.downsize_above_slack);
+        for k in 0..n {
+            let idx = (start + k) % n;
+            let r = self.p.cycle[idx];
+            let moves = self.moves();
+            if !ed.downsize(app, r, self.p.step.get(r), &moves, reason.clone()) {
+                continue;
+            }
+            self.mem(app).cursor = idx;
+            self.pending = Some(Pending {
+                app: app.to_owned(),
+                resource: r,
+                at_ms: 0,
+                changes: ed.plan.decisions.clone(),
+                judged: Judged::Down { hurt: None },
+            });
+            return true;
+        }
+        false
+    }
+}
+
+impl Policy for Parties {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn observe(&mut self, now_ms: u64, snap: &Snapshot) {
+        self.last_sample_ms = Some(now_ms);
+        let Some(pend) = self.pending.as_ref() else {
+            return;
+        };
+        if now_ms <= pend.at_ms {
+            return;
+        }
+        let (app, below) = (pend.app.clone(), self.p.upsize_below_slack);
+        // Any LC app below the threshold after a downsize: the downsize hurt.
+        let first_hurt = snap.apps.iter().find_map(|a| {
+            self.slack(snap, &a.name)
+                .filter(|s| *s < below)
+                .map(|s| (a.name.clone(), s))
+        });
+        let lat = snap.app(&app).and_then(|a| a.latency_us);
+        let Some(pend) = self.pending.as_mut() else {
+            return;
+        };
+        match &mut pend.judged {
+            Judged::Up {
+                before_us,
+                fell,
+                counted,
+            } => {
+                if let Some(l) = lat {
+                    *counted += 1;
+                    if l < *before_us {
+                        *fell += 1;
+                    }
+                }
+            }
+            Judged::Down { hurt } => {
+                if hurt.is_none() {
+                    *hurt = first_hurt;
+                }
+            }
+        }
+    }
+
+    fn decide(
+        &mut self,
+        now_ms: u64,
+        snap: &Snapshot,
+        current: &Allocations,
+        node: &NodeCaps,
+    ) -> Plan {
+        // The decision tick's snapshot is a sample too (once).
+        if self.last_sample_ms != Some(now_ms) {
+            self.observe(now_ms, snap);
+        }
+        let mut ed = Editor::new(node, snap, current);
+        let note = match self.judge(now_ms, &mut ed) {
+            Verdict::Reverted => return ed.finish(),
+            Verdict::Note(n) => format!("{n}; "),
+            Verdict::None => String::new(),
+        };
+        // LC apps with a slack, in name order (ties go to the first name).
+        let slacks: Vec<(String, f64)> = current
+            .keys()
+            .filter_map(|n| self.slack(snap, n).map(|s| (n.clone(), s)))
+            .collect();
+        let least = slacks.iter().fold(None::<&(String, f64)>, |b, x| match b {
+            Some(b) if b.1 <= x.1 => Some(b),
+            _ => Some(x),
+        });
+        if let Some((app, _)) = least.filter(|l| l.1 < self.p.upsize_below_slack) {
+            let why = format!("{note}{}", self.describe(snap, app));
+            self.upsize(&mut ed, &app.clone(), why);
+        } else {
+            let most = slacks
+                .iter()
+                .filter(|(n, _)| {
+                    self.apps
+                        .get(n)
+                        .is_none_or(|m| now_ms >= m.no_downsize_until_ms)
+                })
+                .fold(None::<&(String, f64)>, |b, x| match b {
+                    Some(b) if b.1 >= x.1 => Some(b),
+                    _ => Some(x),
+                });
+            if let Some((app, _)) = most.filter(|m| m.1 > self.p.downsize_above_slack) {
+                let why = format!("{note}{}", self.describe(snap, app));
+                self.downsize(&mut ed, &app.clone(), why);
+            }
+        }
+        // judge() took the old pending action: any pending one is new.
+        if let Some(p) = self.pending.as_mut() {
+            p.at_ms = now_ms;
+        }
+        ed.finish()
+    }
+}
+
+/// A stable 64-bit mix of the seed and an app name (FNV-1a + splitmix64),
+/// so every app has its own seeded starting point in the cycle.
+fn mix(seed: u64, name: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in name.bytes() {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    let mut z = h ^ seed.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+#[cfg(test)]
+mod tests;

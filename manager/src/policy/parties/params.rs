@@ -1,0 +1,176 @@
+//! The parameters of a PARTIES policy file (`parties:` section), with the
+//! paper's values as defaults and a validation pass that names the key.
+
+use qosd_core::Resource;
+use serde::{Deserialize, Serialize};
+
+use crate::policy::alloc::Victim;
+use crate::yamlfile::{Invalid, KeyPath};
+
+/// One unit of each resource, as moved by a single decision.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Steps {
+    /// Cores per decision (PARTIES: 1).
+    pub nr_cores: u32,
+    /// LLC ways per decision (PARTIES: 1).
+    pub nr_ways: u32,
+    /// MHz per decision (PARTIES: 100).
+    pub freq_mhz: u32,
+    /// Memory-bandwidth percent per decision (resctrl's granularity is
+    /// usually 10).
+    pub mb_percent: u32,
+}
+
+impl Default for Steps {
+    fn default() -> Self {
+        Steps {
+            nr_cores: 1,
+            nr_ways: 1,
+            freq_mhz: 100,
+            mb_percent: 10,
+        }
+    }
+}
+
+impl Steps {
+    pub fn get(&self, r: Resource) -> u32 {
+        match r {
+            Resource::Cores => self.nr_cores,
+            Resource::CacheWays => self.nr_ways,
+            Resource::Frequency => self.freq_mhz,
+            Resource::MemoryBandwidth => self.mb_percent,
+        }
+    }
+
+    pub fn validate(&self, at: &KeyPath) -> Result<(), Invalid> {
+        for (k, v) in [
+            ("nr_cores", self.nr_cores),
+            ("nr_ways", self.nr_ways),
+            ("freq_mhz", self.freq_mhz),
+            ("mb_percent", self.mb_percent),
+        ] {
+            if v == 0 {
+                return Err(Invalid::new(at.key(k), "a step must be at least 1"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The parameters of `policies/parties.yaml` (section `parties:`).
+/// Defaults are the paper's values.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PartiesParams {
+    /// Upsize the least-slack latency-critical app when its slack is below
+    /// this (PARTIES: 0.05). Slack = (target − latency) / target.
+    pub upsize_below_slack: f64,
+    /// Otherwise downsize the most-slack app (not in cool-down) when its
+    /// slack is above this (PARTIES: 0.20). Between the two: no change.
+    pub downsize_above_slack: f64,
+    /// Order in which each app tries resources; those the node lacks are
+    /// skipped. Each app starts at a seeded position in this cycle.
+    pub cycle: Vec<Resource>,
+    /// One unit of each resource.
+    pub step: Steps,
+    /// An upsize helped when the app's latency fell (below its value at
+    /// the decision) in more than this fraction of the following samples
+    /// (0.5: the majority). Helped → same resource next; else the next one.
+    pub helped_fraction: f64,
+    /// After a downsize pushed any app below `upsize_below_slack`, it is
+    /// reverted and the downsized app is not downsized again for this
+    /// long, in ms (PARTIES: 30 s).
+    pub downsize_cooldown_ms: u64,
+    /// Slack assumed for a latency-critical app that served no request in
+    /// the sensor window (idle: safe to downsize); `null` leaves such apps
+    /// alone.
+    pub idle_slack: Option<f64>,
+    /// Where an upsize of cores or ways takes the unit from, in order.
+    pub victims: Vec<Victim>,
+    /// A latency-critical app is a victim only while its slack is above this.
+    pub victim_min_slack: f64,
+    /// Freed cores/ways go to the best-effort app holding the fewest
+    /// (true), or back to the free pool (false).
+    pub freed_to_best_effort: bool,
+}
+
+impl Default for PartiesParams {
+    fn default() -> Self {
+        PartiesParams {
+            upsize_below_slack: 0.05,
+            downsize_above_slack: 0.20,
+            cycle: Resource::CYCLE.to_vec(),
+            step: Steps::default(),
+            helped_fraction: 0.5,
+            downsize_cooldown_ms: 30_000,
+            idle_slack: Some(1.0),
+            victims: vec![Victim::FreePool, Victim::BestEffort, Victim::MostSlackLc],
+            victim_min_slack: 0.05,
+            freed_to_best_effort: true,
+        }
+    }
+}
+
+impl PartiesParams {
+    /// Checks ranges; `at` is the path of the `parties:` section.
+    pub fn validate(&self, at: &KeyPath) -> Result<(), Invalid> {
+        let finite = |k: &str, v: f64| {
+            if v.is_finite() {
+                Ok(())
+            } else {
+                Err(Invalid::new(at.key(k), "must be a finite number"))
+            }
+        };
+        finite("upsize_below_slack", self.upsize_below_slack)?;
+        finite("downsize_above_slack", self.downsize_above_slack)?;
+        finite("victim_min_slack", self.victim_min_slack)?;
+        if self.upsize_below_slack >= self.downsize_above_slack {
+            return Err(Invalid::new(
+                at.key("downsize_above_slack"),
+                format!(
+                    "must be above upsize_below_slack ({}) or every app oscillates",
+                    self.upsize_below_slack
+                ),
+            ));
+        }
+        if self.downsize_above_slack >= 1.0 {
+            return Err(Invalid::new(
+                at.key("downsize_above_slack"),
+                "must be below 1.0 (slack never exceeds 1)",
+            ));
+        }
+        if self.cycle.is_empty() {
+            return Err(Invalid::new(at.key("cycle"), "needs at least one resource"));
+        }
+        for (i, r) in self.cycle.iter().enumerate() {
+            if self.cycle[..i].contains(r) {
+                return Err(Invalid::new(
+                    at.key("cycle").index(i),
+                    format!("{r} is listed twice"),
+                ));
+            }
+        }
+        self.step.validate(&at.key("step"))?;
+        if !(0.0..1.0).contains(&self.helped_fraction) {
+            return Err(Invalid::new(at.key("helped_fraction"), "must be in [0, 1)"));
+        }
+        if let Some(s) = self.idle_slack {
+            if !s.is_finite() || s > 1.0 {
+                return Err(Invalid::new(
+                    at.key("idle_slack"),
+                    "must be at most 1.0 or null",
+                ));
+            }
+        }
+        if self.victims.is_empty() {
+            return Err(Invalid::new(at.key("victims"), "needs at least one source"));
+        }
+        for (i, v) in self.victims.iter().enumerate() {
+            if self.victims[..i].contains(v) {
+                return Err(Invalid::new(at.key("victims").index(i), "listed twice"));
+            }
+        }
+        Ok(())
+    }
+}

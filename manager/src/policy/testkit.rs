@@ -1,0 +1,93 @@
+//! Synthetic nodes, snapshots and allocations for policy unit tests.
+
+use qosd_core::{
+    Allocations, AppClass, AppState, FreqRange, Limits, MbRange, NodeCaps, QosTarget, Share,
+    Snapshot,
+};
+
+/// Target used by every synthetic LC app: p99 ≤ 1000 µs.
+pub const TARGET_US: f64 = 1000.0;
+
+/// A node with `cores` cores, `ways` ways and optionally DVFS and MBA.
+pub fn node(cores: u32, ways: u32, freq: bool, mb: bool) -> NodeCaps {
+    NodeCaps {
+        nr_cores: cores,
+        nr_ways: ways,
+        freq: freq.then_some(FreqRange {
+            min_mhz: 1000,
+            max_mhz: 3000,
+            step_mhz: 100,
+        }),
+        mb: mb.then_some(MbRange {
+            min_percent: 10,
+            step_percent: 10,
+        }),
+    }
+}
+
+/// A latency-critical app whose slack is `slack` (None: no requests).
+pub fn lc(name: &str, slack: Option<f64>) -> AppState {
+    AppState {
+        name: name.to_owned(),
+        class: AppClass::Lc,
+        target: Some(QosTarget {
+            percentile: 99.0,
+            value_us: TARGET_US,
+        }),
+        latency_us: slack.map(|s| TARGET_US * (1.0 - s)),
+        rps: 1000.0,
+        cpu_util: 0.5,
+        power_w: None,
+        limits: Limits::default(),
+    }
+}
+
+/// A best-effort app.
+pub fn be(name: &str) -> AppState {
+    AppState {
+        name: name.to_owned(),
+        class: AppClass::Be,
+        target: None,
+        latency_us: None,
+        rps: 0.0,
+        cpu_util: 1.0,
+        power_w: None,
+        limits: Limits::default(),
+    }
+}
+
+pub fn snap(apps: Vec<AppState>) -> Snapshot {
+    let mut apps = apps;
+    apps.sort_by(|a, b| a.name.cmp(&b.name));
+    Snapshot {
+        apps,
+        node_power_w: None,
+    }
+}
+
+/// `(name, cores, ways, MHz, MB%)` rows.
+pub fn allocs(rows: &[(&str, u32, u32, u32, u32)]) -> Allocations {
+    rows.iter()
+        .map(|&(n, c, w, f, m)| {
+            (
+                n.to_owned(),
+                Share {
+                    nr_cores: c,
+                    nr_ways: w,
+                    freq_mhz: f,
+                    mb_percent: m,
+                },
+            )
+        })
+        .collect()
+}
+
+/// Sets the slack of one app in a snapshot.
+pub fn with_slack(mut s: Snapshot, app: &str, slack: Option<f64>) -> Snapshot {
+    for a in &mut s.apps {
+        if a.name == app {
+            a.latency_us = slack.map(|x| TARGET_US * (1.0 - x));
+        }
+    }
+    s
+}

@@ -1,0 +1,430 @@
+//! Reading YAML files (config, policies) so that every error names
+//! `file:line:col` and the key. Parse and type errors carry serde_yaml_ng's
+//! location; semantic errors from a `validate()` pass carry a [`KeyPath`],
+//! which [`locate`] finds in the text with yaml-rust2's marked event parser.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::de::DeserializeOwned;
+use yaml_rust2::parser::{Event, Parser};
+
+/// One step of a path into a YAML document.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Seg {
+    Key(String),
+    Index(usize),
+}
+
+/// Where a value sits in a document: `apps[0].target`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct KeyPath(pub Vec<Seg>);
+
+impl KeyPath {
+    pub fn root() -> KeyPath {
+        KeyPath(Vec::new())
+    }
+
+    /// This path extended by a mapping key.
+    pub fn key(&self, k: &str) -> KeyPath {
+        let mut v = self.0.clone();
+        v.push(Seg::Key(k.to_owned()));
+        KeyPath(v)
+    }
+
+    /// This path extended by a sequence index.
+    pub fn index(&self, i: usize) -> KeyPath {
+        let mut v = self.0.clone();
+        v.push(Seg::Index(i));
+        KeyPath(v)
+    }
+}
+
+impl fmt::Display for KeyPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, s) in self.0.iter().enumerate() {
+            match s {
+                Seg::Key(k) if i == 0 => write!(f, "{k}")?,
+                Seg::Key(k) => write!(f, ".{k}")?,
+                Seg::Index(n) => write!(f, "[{n}]")?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A semantic error found by a `validate()` pass: which key, and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Invalid {
+    pub key: KeyPath,
+    pub msg: String,
+}
+
+impl Invalid {
+    pub fn new(key: KeyPath, msg: impl Into<String>) -> Invalid {
+        Invalid {
+            key,
+            msg: msg.into(),
+        }
+    }
+}
+
+/// An invalid file: `path:line:col: key: message`.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub struct FileError {
+    pub path: PathBuf,
+    /// 1-based; 0 when the position is unknown (e.g. unreadable file).
+    pub line: usize,
+    /// 1-based; 0 when the position is unknown.
+    pub col: usize,
+    /// The key at fault (`apps[0].target`); empty for the whole document.
+    pub key: String,
+    pub msg: String,
+}
+
+impl fmt::Display for FileError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.path.display())?;
+        if self.line > 0 {
+            write!(f, ":{}:{}", self.line, self.col)?;
+        }
+        if !self.key.is_empty() {
+            write!(f, ": {}", self.key)?;
+        }
+        write!(f, ": {}", self.msg)
+    }
+}
+
+/// Reads a file; an unreadable file is a `FileError` without a position.
+pub fn read(path: &Path) -> Result<String, FileError> {
+    std::fs::read_to_string(path).map_err(|e| FileError {
+        path: path.to_owned(),
+        line: 0,
+        col: 0,
+        key: String::new(),
+        msg: format!("cannot read: {e}"),
+    })
+}
+
+/// Deserialises `text` (the contents of `path`) into `T`.
+pub fn parse<T: DeserializeOwned>(path: &Path, text: &str) -> Result<T, FileError> {
+    serde_yaml_ng::from_str(text).map_err(|e| from_serde(path, text, &e))
+}
+
+/// Turns a `validate()` error into a `FileError` at the key's position
+/// (or at its closest ancestor that is present in the text).
+pub fn invalid(path: &Path, text: &str, inv: Invalid) -> FileError {
+    let (line, col) = locate(text, &inv.key).unwrap_or((0, 0));
+    FileError {
+        path: path.to_owned(),
+        line,
+        col,
+        key: inv.key.to_string(),
+        msg: inv.msg,
+    }
+}
+
+fn from_serde(path: &Path, text: &str, e: &serde_yaml_ng::Error) -> FileError {
+    let full = e.to_string();
+    let (line, col) = e
+        .location()
+        .map(|l| (l.line(), l.column()))
+        .unwrap_or((0, 0));
+    // serde_yaml_ng renders "<path>: <message> at line L column C"; the
+    // position is ours to print, the path becomes the key.
+    let msg = match full.rfind(" at line ") {
+        Some(i) => &full[..i],
+        None => &full[..],
+    };
+    let (mut key, msg) = match msg.split_once(": ") {
+        Some((k, m)) if !k.contains(char::is_whitespace) && k != "." => (k.to_owned(), m),
+        _ => (String::new(), msg),
+    };
+    if let Some(field) = backticked_after(msg, "unknown field `") {
+        key = if key.is_empty() {
+            field
+        } else {
+            format!("{key}.{field}")
+        };
+    }
+    let (mut line, mut col) = if line == 0 && !key.is_empty() {
+        locate_str(text, &key).unwrap_or((0, 0))
+    } else {
+        (line, col)
+    };
+    // serde_yaml_ng stops the path at a sequence when one of its scalar
+    // items fails to convert (e.g. a rule condition); the message quotes
+    // the item, which finds its index and position.
+    if !key.is_empty() {
+        for (i, v, pos) in seq_items(text, &key_path(&key)) {
+            if msg.contains(&format!("`{v}`")) {
+                key = format!("{key}[{i}]");
+                if let Some(p) = pos {
+                    (line, col) = p;
+                }
+                break;
+            }
+        }
+    }
+    FileError {
+        path: path.to_owned(),
+        line,
+        col,
+        key,
+        msg: msg.to_owned(),
+    }
+}
+
+fn backticked_after(msg: &str, prefix: &str) -> Option<String> {
+    let rest = &msg[msg.find(prefix)? + prefix.len()..];
+    Some(rest[..rest.find('`')?].to_owned())
+}
+
+/// Position of a dotted key written like `apps[0].target`.
+fn locate_str(text: &str, key: &str) -> Option<(usize, usize)> {
+    locate(text, &key_path(key))
+}
+
+/// Parses `apps[0].target` back into a [`KeyPath`].
+fn key_path(key: &str) -> KeyPath {
+    let mut path = KeyPath::root();
+    for part in key.split('.') {
+        let (name, idx) = match part.split_once('[') {
+            Some((n, rest)) => (n, rest.trim_end_matches(']').parse::<usize>().ok()),
+            None => (part, None),
+        };
+        if !name.is_empty() {
+            path = path.key(name);
+        }
+        if let Some(i) = idx {
+            path = path.index(i);
+        }
+    }
+    path
+}
+
+/// 1-based (line, col) of the node at `path` in a YAML document: the key
+/// itself for a mapping entry, the item for a sequence index. When the full
+/// path is absent, the position of the deepest ancestor that is present.
+pub fn locate(text: &str, path: &KeyPath) -> Option<(usize, usize)> {
+    let mut best: Option<(usize, Pos)> = None;
+    walk(text, |at, _, pos| {
+        let n = at.len();
+        if n <= path.0.len() && at == &path.0[..n] && best.is_none_or(|(d, _)| n > d) {
+            best = Some((n, pos));
+        }
+        n == path.0.len() && at == &path.0[..]
+    });
+    best.and_then(|(_, p)| p)
+}
+
+/// A 1-based (line, col), when known.
+type Pos = Option<(usize, usize)>;
+
+/// The scalar items of the sequence at `path`: (index, value, position).
+fn seq_items(text: &str, path: &KeyPath) -> Vec<(usize, String, Pos)> {
+    let mut out = Vec::new();
+    let n = path.0.len();
+    walk(text, |at, scalar, pos| {
+        if at.len() == n + 1 && at[..n] == path.0[..] {
+            if let (Seg::Index(i), Some(v)) = (&at[n], scalar) {
+                out.push((*i, v.to_owned(), pos));
+            }
+        }
+        false
+    });
+    out
+}
+
+/// Walks a YAML document, calling `visit(path, scalar, position)` for every
+/// mapping key (path ends with the key, position of the key) and every
+/// sequence item (path ends with the index, `scalar` set for scalar items).
+/// Stops when `visit` returns true or at the first syntax error.
+fn walk(text: &str, mut visit: impl FnMut(&[Seg], Option<&str>, Pos) -> bool) {
+    enum Frame {
+        Map { expect_key: bool },
+        Seq { next: usize },
+    }
+    let mut parser = Parser::new_from_str(text);
+    let mut frames: Vec<Frame> = Vec::new();
+    // path[i] is where frame i+1 sits inside frame i.
+    let mut path: Vec<Seg> = Vec::new();
+    // A block mapping's start event is marked after its first key, so a
+    // mapping that is a sequence item is placed at its first key.
+    let mut item_at_next: Option<Vec<Seg>> = None;
+    while let Ok((ev, mark)) = parser.next_token() {
+        let pos = Some((mark.line(), mark.col() + 1));
+        if let Some(item) = item_at_next.take() {
+            let p = matches!(ev, Event::Scalar(..)).then_some(pos).flatten();
+            if visit(&item, None, p) {
+                return;
+            }
+        }
+        let scalar = match &ev {
+            Event::Scalar(v, ..) => Some(v.as_str()),
+            _ => None,
+        };
+        let starts = matches!(
+            ev,
+            Event::Scalar(..)
+                | Event::MappingStart(..)
+                | Event::SequenceStart(..)
+                | Event::Alias(_)
+        );
+        // Where this node sits, and whether it is a key.
+        let mut here: Option<Seg> = None;
+        if starts {
+            match frames.last_mut() {
+                Some(Frame::Map { expect_key: true }) => {
+                    let k = scalar.unwrap_or_default().to_owned();
+                    let mut at = path.clone();
+                    at.push(Seg::Key(k.clone()));
+                    if visit(&at, None, pos) {
+                        return;
+                    }
+                    // The key's name is where the value will sit.
+                    path.push(Seg::Key(k));
+                }
+                Some(Frame::Map { expect_key: false }) => here = path.pop(),
+                Some(Frame::Seq { next }) => {
+                    let seg = Seg::Index(*next);
+                    let mut at = path.clone();
+                    at.push(seg.clone());
+                    if matches!(ev, Event::MappingStart(..)) {
+                        item_at_next = Some(at);
+                    } else if visit(&at, scalar, pos) {
+                        return;
+                    }
+                    here = Some(seg);
+                }
+                None => {}
+            }
+        }
+        match ev {
+            Event::MappingStart(..) | Event::SequenceStart(..) => {
+                if let Some(seg) = here {
+                    path.push(seg);
+                }
+                frames.push(if matches!(ev, Event::MappingStart(..)) {
+                    Frame::Map { expect_key: true }
+                } else {
+                    Frame::Seq { next: 0 }
+                });
+            }
+            Event::MappingEnd | Event::SequenceEnd => {
+                frames.pop();
+                let was_nested = !frames.is_empty();
+                if was_nested {
+                    path.pop();
+                }
+                finish_node(&mut frames);
+            }
+            Event::Scalar(..) | Event::Alias(_) => {
+                let is_key = matches!(frames.last(), Some(Frame::Map { expect_key: true }));
+                if !is_key {
+                    finish_node(&mut frames);
+                } else if let Some(Frame::Map { expect_key }) = frames.last_mut() {
+                    *expect_key = false;
+                }
+            }
+            Event::StreamEnd => return,
+            _ => {}
+        }
+    }
+
+    /// A value or item just ended: the parent expects the next key/item.
+    fn finish_node(frames: &mut [Frame]) {
+        match frames.last_mut() {
+            Some(Frame::Map { expect_key }) => *expect_key = true,
+            Some(Frame::Seq { next }) => *next += 1,
+            None => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DOC: &str = "\
+name: x
+apps:
+  - name: memcached
+    target: { p99: 0ms }
+  - name: nginx
+    limits:
+      min: { cores: 1 }
+list: [a, b]
+";
+
+    #[test]
+    fn locates_keys_and_items() {
+        let p = KeyPath::root();
+        assert_eq!(locate(DOC, &p.key("name")), Some((1, 1)));
+        assert_eq!(locate(DOC, &p.key("apps")), Some((2, 1)));
+        assert_eq!(locate(DOC, &p.key("apps").index(0)), Some((3, 5)));
+        assert_eq!(
+            locate(DOC, &p.key("apps").index(0).key("target")),
+            Some((4, 5))
+        );
+        assert_eq!(
+            locate(DOC, &p.key("apps").index(0).key("target").key("p99")),
+            Some((4, 15))
+        );
+        assert_eq!(
+            locate(
+                DOC,
+                &p.key("apps").index(1).key("limits").key("min").key("cores")
+            ),
+            Some((7, 14))
+        );
+        assert_eq!(locate(DOC, &p.key("list").index(1)), Some((8, 11)));
+        // Absent leaf: nearest present ancestor.
+        assert_eq!(
+            locate(DOC, &p.key("apps").index(1).key("target")),
+            Some((5, 5))
+        );
+    }
+
+    #[test]
+    fn serde_errors_carry_position_and_key() {
+        #[derive(serde::Deserialize, Debug)]
+        #[serde(deny_unknown_fields)]
+        #[allow(dead_code)]
+        struct App {
+            name: String,
+            nr: u32,
+        }
+        #[derive(serde::Deserialize, Debug)]
+        #[serde(deny_unknown_fields)]
+        #[allow(dead_code)]
+        struct Doc {
+            apps: Vec<App>,
+        }
+        let e = parse::<Doc>(
+            Path::new("c.yaml"),
+            "apps:\n  - name: a\n    nr: 1\n  - name: b\n    colour: red\n",
+        )
+        .unwrap_err();
+        assert_eq!((e.line, e.col), (5, 5), "{e}");
+        assert_eq!(e.key, "apps[1].colour", "{e}");
+        assert!(e
+            .to_string()
+            .starts_with("c.yaml:5:5: apps[1].colour: unknown field"));
+
+        let e =
+            parse::<Doc>(Path::new("c.yaml"), "apps:\n  - name: a\n    nr: many\n").unwrap_err();
+        assert_eq!(e.line, 3, "{e}");
+        assert_eq!(e.key, "apps[0].nr", "{e}");
+    }
+
+    #[test]
+    fn validation_errors_point_at_the_key() {
+        let inv = Invalid::new(
+            KeyPath::root().key("apps").index(0).key("target"),
+            "must be > 0",
+        );
+        let e = invalid(Path::new("c.yaml"), DOC, inv);
+        assert_eq!(e.to_string(), "c.yaml:4:5: apps[0].target: must be > 0");
+    }
+}

@@ -1,0 +1,160 @@
+//! `qosd check` as a user runs it: the shipped files pass (exit 0); bad
+//! files fail with exit 2 and FILE:LINE:COL: KEY on stderr.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn qosd_check(args: &[&Path]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_qosd"))
+        .arg("check")
+        .args(args)
+        .output()
+        .expect("run qosd");
+    (
+        out.status.code().expect("exit code"),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn shipped_config_and_policies_pass() {
+    let root = repo();
+    let mut files = vec![root.join("config.yaml")];
+    for e in std::fs::read_dir(root.join("policies")).expect("policies/") {
+        files.push(e.expect("entry").path());
+    }
+    let refs: Vec<&Path> = files.iter().map(PathBuf::as_path).collect();
+    let (code, out, err) = qosd_check(&refs);
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    assert_eq!(
+        out.lines().filter(|l| l.starts_with("ok: ")).count(),
+        files.len(),
+        "{out}"
+    );
+    assert!(out.contains("policy `parties` from"), "{out}");
+}
+
+/// Writes `text` as `name` in a temp dir next to a copy of the policies.
+fn bad_file(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).expect("write");
+    p
+}
+
+const CONFIG: &str = "\
+apps:
+  - name: memcached
+    match: { comm: memcached }
+    class: lc
+    target: { p99: 1ms }
+policy: parties.yaml
+";
+
+#[test]
+fn bad_files_exit_2_with_file_line_col_and_key() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::copy(
+        repo().join("policies/parties.yaml"),
+        dir.path().join("parties.yaml"),
+    )
+    .expect("copy policy");
+    let good = bad_file(dir.path(), "good.yaml", CONFIG);
+    let cases = [
+        (
+            "unknown-key.yaml",
+            CONFIG.replace("    class: lc\n", "    class: lc\n    colour: red\n"),
+            ":5:5: apps[0].colour: unknown field `colour`",
+        ),
+        (
+            "wrong-unit.yaml",
+            CONFIG.replace("1ms", "1 fortnight"),
+            ":5:15: apps[0].target.p99: `1 fortnight`: unknown unit",
+        ),
+        (
+            "target-zero.yaml",
+            CONFIG.replace("1ms", "0ms"),
+            ":5:15: apps[0].target.p99: `0ms`: a target must be greater than 0",
+        ),
+        (
+            "bad-resource.yaml",
+            format!("{CONFIG}actuators: {{ enabled: [cores, gpus] }}\n"),
+            ":7:",
+        ),
+        (
+            "bad-policy.yaml",
+            "name: p\nparties:\n  cycle: [cores, gpus]\n".to_owned(),
+            ":3:",
+        ),
+        ("syntax.yaml", "apps: [\n  - name\n".to_owned(), ":"),
+    ];
+    for (name, text, want) in &cases {
+        let f = bad_file(dir.path(), name, text);
+        let (code, out, err) = qosd_check(&[&good, &f]);
+        assert_eq!(code, 2, "{name}: stdout:\n{out}\nstderr:\n{err}");
+        let line = err.lines().next().unwrap_or_default();
+        assert!(
+            line.starts_with(&format!("{}{want}", f.display())),
+            "{name}: {err}"
+        );
+        assert!(
+            out.contains(&format!("ok: {}", good.display())),
+            "{name}: {out}"
+        );
+        assert!(
+            err.contains("qosd: error: 1 of 2 file(s) invalid"),
+            "{name}: {err}"
+        );
+    }
+    // The unknown resource names its key.
+    let f = dir.path().join("bad-resource.yaml");
+    let (_, _, err) = qosd_check(&[&f]);
+    assert!(
+        err.contains("actuators.enabled") && err.contains("unknown variant `gpus`"),
+        "{err}"
+    );
+    let f = dir.path().join("bad-policy.yaml");
+    let (_, _, err) = qosd_check(&[&f]);
+    assert!(
+        err.contains(":3:") && err.contains("parties.cycle[1]"),
+        "{err}"
+    );
+}
+
+#[test]
+fn missing_file_exits_2_naming_it() {
+    let (code, _, err) = qosd_check(&[Path::new("/nonexistent/qosd.yaml")]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("/nonexistent/qosd.yaml: cannot read"), "{err}");
+}
+
+#[test]
+fn shipped_scenarios_pass_and_a_bad_one_is_located() {
+    let root = repo();
+    let mut files = Vec::new();
+    for e in std::fs::read_dir(root.join("scenarios")).expect("scenarios/") {
+        let p = e.expect("entry").path();
+        if p.extension().is_some_and(|x| x == "yaml") {
+            files.push(p);
+        }
+    }
+    assert!(files.len() >= 4, "{files:?}");
+    let refs: Vec<&Path> = files.iter().map(PathBuf::as_path).collect();
+    let (code, out, err) = qosd_check(&refs);
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    assert!(out.contains("scenario `ramp`"), "{out}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.yaml");
+    let text = std::fs::read_to_string(root.join("scenarios/ramp.yaml"))
+        .unwrap()
+        .replacen("duration_s:", "duration_s: -5\nbogus_key:", 1);
+    std::fs::write(&bad, text).unwrap();
+    let (code, _, err) = qosd_check(&[&bad]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("bad.yaml:"), "{err}");
+}

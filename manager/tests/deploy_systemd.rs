@@ -1,0 +1,513 @@
+//! The install path and the systemd unit: `make install` into a temp
+//! DESTDIR lays out what README says; `systemd-analyze verify` accepts the
+//! installed unit; and the unit's own command lines, read from the file,
+//! run with only its capabilities and put a knob back after a crash.
+//! Needs root (mount namespace, other users' processes) and the Debian
+//! packages `systemd`, `make`, `memcached`.
+
+mod deploy;
+#[path = "support/mod.rs"]
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use deploy::*;
+
+#[test]
+fn make_install_lays_out_every_file() {
+    let d = tempfile::tempdir().unwrap();
+    let out = make_install(d.path(), &[]);
+    let i = |p: &str| d.path().join(p.trim_start_matches('/'));
+    let same = |installed: &str, src: &str| {
+        assert_eq!(
+            std::fs::read(i(installed)).unwrap(),
+            std::fs::read(repo().join(src)).unwrap(),
+            "{installed} differs from {src}"
+        );
+    };
+    same("/usr/local/bin/qosd", QOSD);
+    same("/etc/qosd/config.yaml", "config.yaml");
+    for e in std::fs::read_dir(repo().join("policies")).unwrap() {
+        let name = e.unwrap().file_name().into_string().unwrap();
+        same(
+            &format!("/etc/qosd/policies/{name}"),
+            &format!("policies/{name}"),
+        );
+    }
+    assert!(i("/run/qosd").is_dir());
+    // The installed config is the one `qosd check` (the unit's
+    // ExecStartPre) validates, policy found relative to it.
+    let chk = Command::new(QOSD)
+        .arg("check")
+        .arg(i("/etc/qosd/config.yaml"))
+        .output()
+        .unwrap();
+    assert!(chk.status.success(), "{}", text(&chk.stderr));
+    assert!(text(&chk.stdout).contains("/etc/qosd/policies/parties.yaml"));
+    // Unit, man pages, completions.
+    same(
+        "/usr/local/lib/systemd/system/qosd.service",
+        "deploy/systemd/qosd.service",
+    );
+    let man = i("/usr/local/share/man/man1");
+    for page in [
+        "qosd.1",
+        "qosd-check.1",
+        "qosd-restore.1",
+        "qosd-completions.1",
+    ] {
+        let roff = std::fs::read_to_string(man.join(page)).unwrap();
+        assert!(roff.starts_with(".ie \\n(.g .ds Aq"), "{page} is not roff");
+        assert!(roff.contains(".SH NAME"), "{page}");
+    }
+    let bash =
+        std::fs::read_to_string(i("/usr/local/share/bash-completion/completions/qosd")).unwrap();
+    assert!(bash.contains("complete -F _qosd"), "bash completion");
+    let zsh = std::fs::read_to_string(i("/usr/local/share/zsh/site-functions/_qosd")).unwrap();
+    assert!(zsh.starts_with("#compdef qosd"));
+    let fish =
+        std::fs::read_to_string(i("/usr/local/share/fish/vendor_completions.d/qosd.fish")).unwrap();
+    assert!(fish.contains("complete -c qosd"));
+    assert!(text(&out.stdout).contains("systemctl start qosd"));
+}
+
+#[test]
+fn make_install_keeps_an_edited_config_and_honours_prefix() {
+    let d = tempfile::tempdir().unwrap();
+    let conf = d.path().join("etc/qosd/config.yaml");
+    std::fs::create_dir_all(conf.parent().unwrap()).unwrap();
+    std::fs::write(&conf, "# edited by the operator\napps: []\n").unwrap();
+    let out = make_install(d.path(), &["PREFIX=/usr"]);
+    assert_eq!(
+        std::fs::read_to_string(&conf).unwrap(),
+        "# edited by the operator\napps: []\n"
+    );
+    assert_eq!(
+        std::fs::read(d.path().join("etc/qosd/config.yaml.new")).unwrap(),
+        std::fs::read(repo().join("config.yaml")).unwrap()
+    );
+    assert!(text(&out.stdout).contains("kept "), "{}", text(&out.stdout));
+    // PREFIX=/usr: binary and unit under /usr, unit rewritten to match.
+    assert!(d.path().join("usr/bin/qosd").is_file());
+    let unit = d.path().join("usr/lib/systemd/system/qosd.service");
+    let s = unit_settings(&unit);
+    assert_eq!(exec_argv(&s, "ExecStart")[0], "/usr/bin/qosd");
+    assert_eq!(exec_argv(&s, "ExecStopPost")[0], "/usr/bin/qosd");
+    // Uninstall removes what install put, keeps the config unless PURGE=1.
+    let un = Command::new("make")
+        .current_dir(repo())
+        .args(["--no-print-directory", "uninstall", "PREFIX=/usr"])
+        .arg(format!("DESTDIR={}", d.path().display()))
+        .output()
+        .unwrap();
+    assert!(un.status.success(), "{}", text(&un.stderr));
+    assert!(!d.path().join("usr/bin/qosd").exists());
+    assert!(!unit.exists());
+    assert!(!d.path().join("usr/share/man/man1/qosd.1").exists());
+    assert!(conf.exists());
+}
+
+/// `systemd-analyze verify` with the installed tree as root: it checks
+/// every key, that each Exec binary exists and is executable, and the
+/// man page named in Documentation=. Warnings fail the test too.
+#[test]
+fn systemd_analyze_verifies_the_installed_unit() {
+    let d = tempfile::tempdir().unwrap();
+    make_install(d.path(), &[]);
+    // verify loads the unit's dependencies (sysinit.target, ...) from the
+    // root: give it the distribution's units.
+    let units = d.path().join("usr/lib/systemd");
+    std::fs::create_dir_all(&units).unwrap();
+    let cp = Command::new("cp")
+        .args(["-a", "/usr/lib/systemd/system"])
+        .arg(&units)
+        .status()
+        .unwrap();
+    assert!(cp.success());
+    let out = Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(format!("--root={}", d.path().display()))
+        .arg("qosd.service")
+        .env("MANPATH", d.path().join("usr/local/share/man"))
+        .output()
+        .expect("systemd-analyze (apt-get install systemd)");
+    assert!(
+        out.status.success() && out.stderr.is_empty(),
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status.code(),
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    // The same unit with a typo'd key does produce a complaint, so the
+    // empty stderr above means something.
+    let unit = d.path().join("usr/local/lib/systemd/system/qosd.service");
+    let s = std::fs::read_to_string(&unit).unwrap();
+    std::fs::write(&unit, s.replace("ProtectHome=", "ProtectHomes=")).unwrap();
+    let bad = Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(format!("--root={}", d.path().display()))
+        .arg("qosd.service")
+        .env("MANPATH", d.path().join("usr/local/share/man"))
+        .output()
+        .unwrap();
+    assert!(
+        text(&bad.stderr).contains("Unknown key 'ProtectHomes'"),
+        "{}",
+        text(&bad.stderr)
+    );
+}
+
+/// Starts `argv` (a `qosd set --hold ...`) in the unit's namespace and
+/// waits until it holds the change. The caller kills and waits for it.
+#[allow(clippy::zombie_processes)]
+fn hold_in_ns(ns: &UnitNs, argv: &[String]) -> std::process::Child {
+    let mut child = ns
+        .command(argv)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if out.read_line(&mut line).unwrap() == 0 {
+            let st = child.wait().unwrap();
+            let mut err = String::new();
+            std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+            panic!("{argv:?} exited ({st}) before holding: {err}");
+        }
+        if line.starts_with("holding") {
+            return child;
+        }
+    }
+}
+
+fn cgroup_of(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap()
+}
+
+/// The unit's ExecStartPre and ExecStopPost, exactly as written in the
+/// installed file, with its CapabilityBoundingSet and NoNewPrivileges: a
+/// `qosd` holding a knob of a memcached run as `nobody` is SIGKILLed (a
+/// crash), and ExecStopPost puts the knob back from the state file under
+/// /run/qosd. Every cores backend this machine has is exercised (cgroup
+/// writes need CAP_DAC_OVERRIDE, affinity of another user's threads
+/// CAP_SYS_NICE).
+#[test]
+fn unit_command_lines_restore_after_a_crash_with_only_the_unit_caps() {
+    let d = tempfile::tempdir().unwrap();
+    make_install(d.path(), &[]);
+    let unit = d.path().join("usr/local/lib/systemd/system/qosd.service");
+    let s = unit_settings(&unit);
+    let ns = UnitNs::new(d.path(), &s);
+
+    let pre = ns.command(&exec_argv(&s, "ExecStartPre")).output().unwrap();
+    assert!(pre.status.success(), "ExecStartPre: {}", text(&pre.stderr));
+    assert!(text(&pre.stdout).starts_with("ok: /etc/qosd/config.yaml"));
+
+    let caps = Command::new(QOSD)
+        .args(["caps", "--json"])
+        .output()
+        .unwrap();
+    let caps: serde_json::Value = serde_json::from_slice(&caps.stdout).unwrap();
+    let backends: Vec<String> = caps["cores"]["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|b| b["available"] == true)
+        .map(|b| b["name"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(backends.contains(&"affinity".to_owned()));
+
+    let stop_post = exec_argv(&s, "ExecStopPost");
+    let bin = exec_argv(&s, "ExecStart")[0].clone();
+    let state = d.path().join("run/qosd/state.json");
+    for backend in &backends {
+        let mc = support::memcached(2);
+        let pid = mc.pid();
+        let (cpus0, cg0) = (cpus_allowed(pid), cgroup_of(pid));
+        assert_eq!(cpus0, "0-1", "this test needs 2 CPUs");
+        let argv: Vec<String> = [
+            bin.as_str(),
+            "set",
+            "--hold",
+            "cores",
+            "--pid",
+            &pid.to_string(),
+            "--cpus",
+            "1",
+            "--backend",
+            backend,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let mut held = hold_in_ns(&ns, &argv);
+        assert_eq!(cpus_allowed(pid), "1", "{backend}: change made");
+        assert!(state.is_file(), "{backend}: journal in /run/qosd");
+        held.kill().unwrap(); // SIGKILL: no chance to restore itself
+        held.wait().unwrap();
+        assert_eq!(
+            cpus_allowed(pid),
+            "1",
+            "{backend}: still changed after the crash"
+        );
+
+        let post = ns.command(&stop_post).output().unwrap();
+        assert!(
+            post.status.success(),
+            "{backend}: ExecStopPost: {}",
+            text(&post.stderr)
+        );
+        assert!(
+            text(&post.stdout).contains("restored cores"),
+            "{}",
+            text(&post.stdout)
+        );
+        assert_eq!(cpus_allowed(pid), cpus0, "{backend}: affinity back");
+        assert_eq!(cgroup_of(pid), cg0, "{backend}: cgroup back");
+        assert!(!state.exists(), "{backend}: state file consumed");
+    }
+    // ExecStopPost with nothing to restore (a clean stop) succeeds too.
+    let post = ns.command(&stop_post).output().unwrap();
+    assert!(post.status.success());
+    assert!(text(&post.stdout).contains("nothing to restore"));
+    assert!(Path::new(&d.path().join("run/qosd")).is_dir());
+}
+
+/// GET `path` on the daemon's API; None until it answers 200.
+fn api(port: u16, path: &str) -> Option<serde_json::Value> {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(std::time::Duration::from_secs(5)))
+        .build()
+        .into();
+    let mut r = agent
+        .get(&format!("http://127.0.0.1:{port}{path}"))
+        .call()
+        .ok()?;
+    r.body_mut().read_json().ok()
+}
+
+fn wait_until(secs: u64, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while std::time::Instant::now() < deadline {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    false
+}
+
+/// ExecStart (`qosd run`, the real daemon with eBPF feedback) with only the
+/// unit's capabilities manages a memcached run as `nobody`; SIGTERM (what
+/// `systemctl stop` sends) restores its cores and exits 0; after SIGKILL
+/// the cores stay changed until ExecStopPost restores them.
+#[test]
+fn unit_exec_start_runs_the_daemon_with_only_the_unit_caps() {
+    let d = tempfile::tempdir().unwrap();
+    make_install(d.path(), &[]);
+    let unit = d.path().join("usr/local/lib/systemd/system/qosd.service");
+    let s = unit_settings(&unit);
+    let start = exec_argv(&s, "ExecStart");
+    assert_eq!(start[1..], ["run", "--config", "/etc/qosd/config.yaml"]);
+    let ns = UnitNs::new(d.path(), &s);
+    for kill in [
+        nix::sys::signal::Signal::SIGTERM,
+        nix::sys::signal::Signal::SIGKILL,
+    ] {
+        let mc = support::memcached(2);
+        let pid = mc.pid();
+        let cpus0 = cpus_allowed(pid);
+        let port = support::free_port();
+        // The installed config, pointed at this memcached and a free port.
+        let conf = d.path().join("etc/qosd/config.yaml");
+        let shipped = std::fs::read_to_string(repo().join("config.yaml")).unwrap();
+        let edited = shipped
+            .replace(
+                "match: { comm: memcached }",
+                &format!("match: {{ pid: {pid} }}"),
+            )
+            .replace(
+                "listen: 127.0.0.1:9477",
+                &format!("listen: 127.0.0.1:{port}"),
+            );
+        assert_ne!(edited, shipped);
+        std::fs::write(&conf, edited).unwrap();
+
+        let mut daemon = ns
+            .command(&start)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let managed = wait_until(30, || {
+            api(port, "/v1/apps/memcached").is_some_and(|v| v["managed"] == true)
+                && cpus_allowed(pid) != cpus0
+        });
+        if !managed {
+            let _ = daemon.kill();
+            let _ = daemon.wait();
+            panic!("qosd run did not take memcached's cores within 30 s ({kill})");
+        }
+        let status = api(port, "/v1/status").unwrap();
+        assert!(
+            status["ebpf_dropped_records"].is_u64(),
+            "the eBPF tracer runs: {status}"
+        );
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(daemon.id() as i32), kill).unwrap();
+        let st = daemon.wait().unwrap();
+        let post = ns.command(&exec_argv(&s, "ExecStopPost")).output().unwrap();
+        assert!(post.status.success(), "{}", text(&post.stderr));
+        if kill == nix::sys::signal::Signal::SIGTERM {
+            assert!(st.success(), "SIGTERM: {st}");
+            assert!(text(&post.stdout).contains("nothing to restore"));
+        } else {
+            assert!(
+                text(&post.stdout).contains("restored cores"),
+                "{}",
+                text(&post.stdout)
+            );
+        }
+        assert_eq!(cpus_allowed(pid), cpus0, "{kill}: cores back");
+    }
+}
+
+/// `argv` as root limited to `caps` (setpriv bounding set syntax).
+fn with_caps(caps: &str, argv: &[&str]) -> std::process::Output {
+    Command::new("setpriv")
+        .args(["--no-new-privs", "--inh-caps=-all"])
+        .arg(format!("--bounding-set={caps}"))
+        .arg("--")
+        .arg(QOSD)
+        .args(argv)
+        .output()
+        .expect("setpriv (util-linux)")
+}
+
+/// `qosd trace` of a memcached (user nobody) on a connection opened before
+/// the trace started, under `caps`: the requests it counted.
+fn traced_on_an_old_connection(caps: &str, mc: &support::Server) -> (bool, u64, String) {
+    use std::io::{BufRead, Write};
+    let s = std::net::TcpStream::connect(("127.0.0.1", mc.port)).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .unwrap();
+    let pid = mc.pid().to_string();
+    let caps = caps.to_owned();
+    let tracer = std::thread::spawn(move || {
+        with_caps(
+            &caps,
+            &["trace", "--pid", &pid, "--duration", "4", "--json"],
+        )
+    });
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let mut r = std::io::BufReader::new(s);
+    let mut line = String::new();
+    for i in 0..300 {
+        r.get_mut()
+            .write_all(format!("set k{i} 0 0 1\r\nx\r\n").as_bytes())
+            .unwrap();
+        line.clear();
+        r.read_line(&mut line).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(3));
+    }
+    let out = tracer.join().unwrap();
+    let summary = text(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["summary"] == true);
+    let n = summary.and_then(|v| v["requests"].as_u64()).unwrap_or(0);
+    (out.status.success(), n, text(&out.stderr))
+}
+
+/// Each capability of the unit is needed: with the unit's set the part of
+/// qosd that uses it works, without that one capability it fails.
+#[test]
+fn each_unit_capability_is_needed() {
+    let s = unit_settings(&repo().join("deploy/systemd/qosd.service"));
+    let all = bounding_set(&s);
+    let without = |cap: &str| {
+        let c = all.replace(&format!(",+{cap}"), "");
+        assert_ne!(c, all, "{cap} is in the unit");
+        c
+    };
+    let mc = support::memcached(2);
+    let pid = mc.pid().to_string();
+
+    // CAP_BPF, CAP_PERFMON: loading and attaching the eBPF programs.
+    let ok = with_caps(&all, &["trace", "--pid", &pid, "--duration", "1"]);
+    assert!(ok.status.success(), "{}", text(&ok.stderr));
+    for cap in ["bpf", "perfmon"] {
+        let out = with_caps(&without(cap), &["trace", "--pid", &pid, "--duration", "1"]);
+        assert_eq!(out.status.code(), Some(1), "without {cap}");
+        assert!(
+            text(&out.stderr).contains("CAP_BPF and CAP_PERFMON"),
+            "{}",
+            text(&out.stderr)
+        );
+    }
+
+    // CAP_SYS_PTRACE: the connections a process accepted before qosd
+    // started are found through /proc/PID/fd.
+    let (ok, n, err) = traced_on_an_old_connection(&all, &mc);
+    assert!(ok && n >= 50, "with the unit's caps: {n} requests; {err}");
+    let (ok, n, err) = traced_on_an_old_connection(&without("sys_ptrace"), &mc);
+    assert!(ok && n == 0, "without CAP_SYS_PTRACE: {n} requests; {err}");
+
+    // CAP_SYS_NICE: affinity of another user's threads; CAP_DAC_OVERRIDE:
+    // a group in a cgroup root (mode 0555), where this machine has one.
+    let caps = Command::new(QOSD)
+        .args(["caps", "--json"])
+        .output()
+        .unwrap();
+    let caps: serde_json::Value = serde_json::from_slice(&caps.stdout).unwrap();
+    let cgroup = caps["cores"]["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["available"] == true && b["name"].as_str().unwrap().starts_with("cgroup"))
+        .map(|b| b["name"].as_str().unwrap().to_owned());
+    let mut cases = vec![("sys_nice", "affinity".to_owned())];
+    match cgroup {
+        Some(b) => cases.push(("dac_override", b)),
+        None => eprintln!("CAP_DAC_OVERRIDE not checked: no cgroup cpuset on this machine"),
+    }
+    let d = tempfile::tempdir().unwrap();
+    let state = d.path().join("state.json");
+    let st = state.to_str().unwrap();
+    for (cap, backend) in cases {
+        let set = [
+            "set",
+            "--state-file",
+            st,
+            "cores",
+            "--pid",
+            &pid,
+            "--cpus",
+            "1",
+            "--backend",
+            &backend,
+        ];
+        let ok = with_caps(&all, &set);
+        assert!(ok.status.success(), "{backend}: {}", text(&ok.stderr));
+        let back = Command::new(QOSD)
+            .args(["restore", "--state-file", st])
+            .output()
+            .unwrap();
+        assert!(back.status.success());
+        let out = with_caps(&without(cap), &set);
+        assert_eq!(out.status.code(), Some(1), "{backend} without {cap}");
+        assert!(
+            text(&out.stderr).contains("EPERM") || text(&out.stderr).contains("Permission denied"),
+            "{}",
+            text(&out.stderr)
+        );
+        let _ = Command::new(QOSD)
+            .args(["restore", "--state-file", st])
+            .output();
+        assert_eq!(cpus_allowed(mc.pid()), "0-1");
+    }
+}

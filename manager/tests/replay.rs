@@ -1,0 +1,352 @@
+//! `qosd replay`, `compare`, `calibrate` and `load` as a user runs them.
+//! The sim tests are fast; `real_replay_*` starts real servers (run alone
+//! with `cargo test -p qosd-manager --test replay real_`).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn qosd(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_qosd"))
+        .current_dir(repo())
+        .args(args)
+        .output()
+        .expect("run qosd")
+}
+
+fn ok(args: &[&str]) -> String {
+    let o = qosd(args);
+    assert!(
+        o.status.success(),
+        "qosd {args:?}: {}\n{}",
+        String::from_utf8_lossy(&o.stderr),
+        String::from_utf8_lossy(&o.stdout)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn summary(dir: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap()
+}
+
+#[test]
+fn sim_replay_writes_every_output_and_is_deterministic() {
+    let t = tempfile::tempdir().unwrap();
+    let (a, b, c) = (t.path().join("a"), t.path().join("b"), t.path().join("c"));
+    for (dir, seed) in [(&a, "5"), (&b, "5"), (&c, "6")] {
+        ok(&[
+            "replay",
+            "scenarios/ramp.yaml",
+            "--sim",
+            "--seed",
+            seed,
+            "--out",
+            dir.to_str().unwrap(),
+        ]);
+    }
+    for f in [
+        "timeline.csv",
+        "summary.json",
+        "calibration.json",
+        "timeline.svg",
+        "timeline.png",
+    ] {
+        let len = std::fs::metadata(a.join(f)).map(|m| m.len()).unwrap_or(0);
+        assert!(len > 100, "{f} written ({len} bytes)");
+    }
+    let csv = |d: &Path| std::fs::read(d.join("timeline.csv")).unwrap();
+    assert_eq!(csv(&a), csv(&b), "same seed: byte-identical timeline.csv");
+    assert_ne!(csv(&a), csv(&c), "another seed: another timeline");
+    let text = String::from_utf8(csv(&a)).unwrap();
+    assert_eq!(
+        text.lines().next().unwrap(),
+        "t_s,app,offered_rps,achieved_rps,client_p99_ms,ebpf_p99_ms,target_ms,violation,cores,freq_mhz,llc_ways,mb_percent,power_w"
+    );
+    // mb_percent is empty: the simulated node has no memory-bandwidth knob.
+    assert!(
+        text.lines().nth(1).unwrap().contains(",,"),
+        "{}",
+        text.lines().nth(1).unwrap()
+    );
+    let s = summary(&a);
+    assert_eq!(s["energy_is_estimate"], true);
+    for k in [
+        "violation_fraction",
+        "core_seconds",
+        "mean_cores",
+        "energy_j",
+        "p99_max_ms",
+        "time_to_recover_s",
+    ] {
+        assert!(!s["apps"]["search"][k].is_null(), "{k}");
+        assert!(!s["total"][k].is_null(), "{k}");
+    }
+}
+
+/// Violations of the search app while its load is at most 80 % of capacity
+/// (outside the saturated top of the ramp), from a timeline.
+fn violations_below(dir: &Path, capacity: f64, frac: f64) -> f64 {
+    let text = std::fs::read_to_string(dir.join("timeline.csv")).unwrap();
+    let rows: Vec<Vec<String>> = text
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').map(str::to_owned).collect())
+        .collect();
+    let sel: Vec<&Vec<String>> = rows
+        .iter()
+        .filter(|r| r[1] == "search" && r[2].parse::<f64>().unwrap() <= frac * capacity)
+        .collect();
+    sel.iter().filter(|r| r[7] == "1").count() as f64 / sel.len() as f64
+}
+
+#[test]
+fn parties_on_the_sim_ramp_meets_targets_with_fewer_cores_than_static() {
+    let t = tempfile::tempdir().unwrap();
+    let (p, s) = (t.path().join("parties"), t.path().join("static"));
+    ok(&[
+        "replay",
+        "scenarios/ramp.yaml",
+        "--sim",
+        "--out",
+        p.to_str().unwrap(),
+    ]);
+    ok(&[
+        "replay",
+        "scenarios/ramp.yaml",
+        "--sim",
+        "--policy",
+        "static",
+        "--out",
+        s.to_str().unwrap(),
+    ]);
+    let cal: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(p.join("calibration.json")).unwrap())
+            .unwrap();
+    let cap = cal["apps"]["search"]["capacity_rps"].as_f64().unwrap();
+    let (sp, ss) = (summary(&p), summary(&s));
+    let core_s = |v: &serde_json::Value| v["total"]["core_seconds"].as_f64().unwrap();
+    let (vp, vs) = (
+        violations_below(&p, cap, 0.8),
+        violations_below(&s, cap, 0.8),
+    );
+    println!(
+        "PARTIES: {:.0} core·s, search violations at <= 80% load {:.1}%, overall {:.1}%; static: {:.0} core·s, {:.1}%, {:.1}%",
+        core_s(&sp),
+        vp * 100.0,
+        sp["apps"]["search"]["violation_fraction"].as_f64().unwrap() * 100.0,
+        core_s(&ss),
+        vs * 100.0,
+        ss["apps"]["search"]["violation_fraction"].as_f64().unwrap() * 100.0
+    );
+    assert!(
+        core_s(&sp) < core_s(&ss),
+        "PARTIES uses fewer core·s than the static split"
+    );
+    assert!(
+        vp < 0.08,
+        "PARTIES keeps violations low outside the saturated peak: {vp}"
+    );
+    assert!(vp < vs, "and lower than the static split: {vp} vs {vs}");
+}
+
+#[test]
+fn compare_feedback_sources() {
+    let t = tempfile::tempdir().unwrap();
+    let (e, c) = (t.path().join("ebpf"), t.path().join("client"));
+    ok(&[
+        "replay",
+        "scenarios/spike.yaml",
+        "--sim",
+        "--out",
+        e.to_str().unwrap(),
+    ]);
+    ok(&[
+        "replay",
+        "scenarios/spike.yaml",
+        "--sim",
+        "--feedback",
+        "client",
+        "--out",
+        c.to_str().unwrap(),
+    ]);
+    assert_eq!(summary(&c)["feedback"], "client");
+    let out = ok(&[
+        "compare",
+        e.to_str().unwrap(),
+        c.to_str().unwrap(),
+        "--out",
+        t.path().to_str().unwrap(),
+    ]);
+    assert!(
+        out.contains("spike sim ebpf parties") && out.contains("spike sim client parties"),
+        "{out}"
+    );
+    assert!(
+        std::fs::metadata(t.path().join("compare.png"))
+            .unwrap()
+            .len()
+            > 1000
+    );
+    assert!(
+        std::fs::metadata(t.path().join("compare.svg"))
+            .unwrap()
+            .len()
+            > 1000
+    );
+}
+
+#[test]
+fn duration_compresses_the_scenario() {
+    let t = tempfile::tempdir().unwrap();
+    ok(&[
+        "replay",
+        "scenarios/ramp.yaml",
+        "--sim",
+        "--duration",
+        "30",
+        "--out",
+        t.path().to_str().unwrap(),
+    ]);
+    let text = std::fs::read_to_string(t.path().join("timeline.csv")).unwrap();
+    assert_eq!(text.lines().count(), 1 + 60 * 2);
+    // The whole ramp is there: up to 100 % and back.
+    let peak = text
+        .lines()
+        .skip(1)
+        .filter(|l| l.contains(",search,"))
+        .map(|l| l.split(',').nth(2).unwrap().parse::<f64>().unwrap())
+        .fold(0.0, f64::max);
+    assert!(peak > 15_000.0, "{peak}");
+}
+
+#[test]
+fn usage_errors_exit_2_and_name_the_problem() {
+    let t = tempfile::tempdir().unwrap();
+    let bad = t.path().join("bad.yaml");
+    std::fs::write(&bad, "name: x\nduration_s: -1\napps: []\n").unwrap();
+    let o = qosd(&["replay", bad.to_str().unwrap(), "--sim"]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("bad.yaml:2:1: duration_s"), "{err}");
+    let o = qosd(&[
+        "load",
+        "--target",
+        "192.0.2.1:80",
+        "--protocol",
+        "http",
+        "--rps",
+        "10",
+        "--duration",
+        "1",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("not a loopback address"));
+    let o = qosd(&[
+        "replay",
+        "scenarios/ramp.yaml",
+        "--sim",
+        "--policy",
+        "/nonexistent.yaml",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("/nonexistent.yaml"));
+    let o = qosd(&["compare", t.path().to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+}
+
+/// A reduced ramp on real servers: calibrate quickly, replay 15 s with eBPF
+/// feedback (root); servers start and stop, outputs are written.
+#[test]
+fn real_replay_of_a_reduced_ramp() {
+    let t = tempfile::tempdir().unwrap();
+    let sc = t.path().join("mini.yaml");
+    std::fs::write(
+        &sc,
+        "name: mini\nduration_s: 15\ninterval_ms: 500\nfeedback: ebpf\napps:\n  \
+         - name: search\n    class: lc\n    server:\n      kind: fixture\n      work_us: 500\n    protocol: http\n    \
+         connections: 4\n    target:\n      knee_factor: 1.0\n    load:\n      kind: ramp\n      from: 0.07\n      to: 0.8\n      \
+         over_s: 6\n      hold_s: 2\n      back_s: 6\n",
+    )
+    .unwrap();
+    let cal = t.path().join("cal.json");
+    let o = qosd(&[
+        "calibrate",
+        sc.to_str().unwrap(),
+        "--step-s",
+        "0.5",
+        "--max-rps",
+        "20000",
+        "--out",
+        cal.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = t.path().join("run");
+    let o = qosd(&[
+        "replay",
+        sc.to_str().unwrap(),
+        "--policy",
+        "static",
+        "--calibration",
+        cal.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    // The server it started is gone.
+    let pid: u32 = err
+        .split("pid ")
+        .nth(1)
+        .unwrap()
+        .split(')')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        !Path::new(&format!("/proc/{pid}")).exists()
+            || std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .unwrap()
+                .contains(") Z"),
+        "server {pid} stopped"
+    );
+    let text = std::fs::read_to_string(out.join("timeline.csv")).unwrap();
+    let rows: Vec<&str> = text.lines().skip(1).collect();
+    assert!(rows.len() >= 28, "{} rows", rows.len());
+    let achieved: f64 = rows
+        .iter()
+        .map(|l| l.split(',').nth(3).unwrap().parse::<f64>().unwrap())
+        .sum();
+    assert!(achieved > 0.0);
+    assert!(
+        rows.iter()
+            .all(|l| l.split(',').nth(4).is_some_and(|c| !c.is_empty())),
+        "client p99 in every row"
+    );
+    // Server-side p99 from eBPF beside it (the policy's feedback here); the
+    // client's includes the loopback and its own scheduling, so it is not
+    // below the server's in most intervals.
+    let both: Vec<(f64, f64)> = rows
+        .iter()
+        .filter_map(|l| {
+            let c: Vec<&str> = l.split(',').collect();
+            Some((c[4].parse().ok()?, c[5].parse().ok()?))
+        })
+        .collect();
+    assert!(
+        both.len() * 10 >= rows.len() * 9,
+        "eBPF p99 in {} of {} rows",
+        both.len(),
+        rows.len()
+    );
+    let client_above = both.iter().filter(|(c, e)| c >= e).count();
+    assert!(
+        client_above * 10 >= both.len() * 8,
+        "client >= eBPF in {client_above} of {}",
+        both.len()
+    );
+    assert!(out.join("timeline.png").is_file() && out.join("plans.jsonl").is_file());
+}

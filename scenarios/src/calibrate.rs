@@ -1,0 +1,274 @@
+//! Calibration: an app's load–latency curve, its capacity (the throughput at
+//! which it saturates) and its knee (where latency leaves the flat part).
+//! Scenario loads are fractions of the capacity and targets may sit at the
+//! knee, so a scenario means the same thing on any machine. The curve comes
+//! from the simulated model (`--sim`) or from a sweep with the load
+//! generator against the real server ([`crate::real`]).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use qosd_core::Share;
+use serde::{Deserialize, Serialize};
+
+use crate::scenario::{AppSpec, Scenario};
+use crate::sim::model::{percentile, Queue, Sample, SimModel};
+
+/// One point of a load–latency curve.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Point {
+    pub offered_rps: f64,
+    pub achieved_rps: f64,
+    /// Client-side latency at the target percentile, µs.
+    pub latency_us: f64,
+}
+
+/// What calibration found for one app.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AppCalibration {
+    /// Highest throughput sustained, requests/s (load level 1.0).
+    pub capacity_rps: f64,
+    /// Load at the knee, requests/s.
+    pub knee_rps: f64,
+    /// Client-side latency at the knee, µs.
+    pub knee_latency_us: f64,
+    /// Client-side latency at the lowest load, µs.
+    pub base_latency_us: f64,
+    /// Percentile the latencies are at.
+    pub percentile: f64,
+    pub points: Vec<Point>,
+}
+
+/// Calibration of every app of a scenario.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Calibration {
+    /// `sim` or `real (<host>, <n> CPUs)`.
+    pub source: String,
+    pub apps: BTreeMap<String, AppCalibration>,
+}
+
+impl Calibration {
+    pub fn read(path: &Path) -> anyhow::Result<Calibration> {
+        let text = std::fs::read_to_string(path)?;
+        Ok(serde_json::from_str(&text)?)
+    }
+
+    pub fn write(&self, path: &Path) -> anyhow::Result<()> {
+        std::fs::write(path, serde_json::to_string_pretty(self)? + "\n")?;
+        Ok(())
+    }
+
+    /// QoS target of an app in µs (fixed, or a multiple of its knee latency).
+    pub fn target_us(&self, app: &AppSpec) -> Option<f64> {
+        let t = app.target.as_ref()?;
+        if let Some(ms) = t.ms {
+            return Some(ms * 1000.0);
+        }
+        let c = self.apps.get(&app.name)?;
+        Some(t.knee_factor.unwrap_or(1.0) * c.knee_latency_us)
+    }
+
+    /// Offered rps of an app at scenario time `t_s`.
+    pub fn offered_rps(&self, app: &AppSpec, t_s: f64) -> f64 {
+        self.apps
+            .get(&app.name)
+            .map_or(0.0, |c| app.load.level_at(t_s) * c.capacity_rps)
+    }
+}
+
+/// Index of the knee of an increasing, convex latency curve (Kneedle):
+/// with load and latency scaled to [0, 1], the point farthest below the
+/// diagonal, where latency stops being flat.
+pub fn knee(points: &[Point]) -> usize {
+    if points.len() < 3 {
+        return points.len().saturating_sub(1);
+    }
+    let (x0, x1) = (points[0].offered_rps, points[points.len() - 1].offered_rps);
+    let ymin = points
+        .iter()
+        .map(|p| p.latency_us)
+        .fold(f64::INFINITY, f64::min);
+    let ymax = points.iter().map(|p| p.latency_us).fold(0.0, f64::max);
+    let (dx, dy) = ((x1 - x0).max(1e-9), (ymax - ymin).max(1e-9));
+    let mut best = (0, f64::MIN);
+    for (i, p) in points.iter().enumerate() {
+        let d = (p.offered_rps - x0) / dx - (p.latency_us - ymin) / dy;
+        if d > best.1 {
+            best = (i, d);
+        }
+    }
+    best.0
+}
+
+/// Summarises a measured curve; `points` sorted by offered load.
+pub fn from_points(points: Vec<Point>, percentile: f64) -> Option<AppCalibration> {
+    let capacity = points.iter().map(|p| p.achieved_rps).fold(0.0, f64::max);
+    // The knee is looked for among points the app still kept up with.
+    let kept: Vec<Point> = points
+        .iter()
+        .copied()
+        .filter(|p| p.achieved_rps >= 0.95 * p.offered_rps)
+        .collect();
+    let mut curve = if kept.len() >= 3 {
+        kept
+    } else {
+        points.clone()
+    };
+    // Latency can only grow with load: a measured curve is made monotone
+    // (each point takes the lowest latency seen at this load or above), so
+    // that noise at light load (a descheduled server) is not a knee.
+    let mut low = f64::INFINITY;
+    for p in curve.iter_mut().rev() {
+        low = low.min(p.latency_us);
+        p.latency_us = low;
+    }
+    let base = curve.first()?.latency_us;
+    // Kneedle normalises latency by its maximum, so on a curve that rises
+    // gently before it explodes it finds the explosion; the flat part also
+    // ends where latency first exceeds KNEE_FLAT_FACTOR × the base. The knee
+    // is the earlier of the two.
+    let flat_end = curve
+        .iter()
+        .position(|p| p.latency_us > KNEE_FLAT_FACTOR * base)
+        .map_or(curve.len() - 1, |i| i.saturating_sub(1));
+    let k = curve[knee(&curve).min(flat_end)];
+    Some(AppCalibration {
+        capacity_rps: capacity,
+        knee_rps: k.offered_rps,
+        knee_latency_us: k.latency_us,
+        base_latency_us: base,
+        percentile,
+        points,
+    })
+}
+
+/// The flat part of a load–latency curve ends where latency first exceeds
+/// this multiple of its value at the lightest load.
+pub const KNEE_FLAT_FACTOR: f64 = 2.0;
+
+/// The allocation an app gets when it has the whole simulated node.
+pub fn whole_node(node: &crate::scenario::SimNode) -> Share {
+    Share {
+        nr_cores: node.nr_cores,
+        nr_ways: node.nr_ways,
+        freq_mhz: node.freq_max_mhz,
+        mb_percent: 0,
+    }
+}
+
+/// Calibrates every app of a scenario on the simulated node: the model's
+/// curve with the whole node, steady state, no noise.
+pub fn sim(sc: &Scenario) -> Calibration {
+    let mut apps = BTreeMap::new();
+    let all = whole_node(&sc.node);
+    for app in &sc.apps {
+        let m = SimModel::of(app);
+        let cap = m.capacity_rps(&all, &sc.node);
+        let s_us = m.service_time_us(&all, &sc.node);
+        let pct = app.target.as_ref().map_or(99.0, |t| t.percentile);
+        let points: Vec<Point> = (1..=98)
+            .map(|i| {
+                let x = i as f64 / 100.0;
+                let lambda = x * cap;
+                let q = Queue::new(m.servers(&all), s_us, m.service_cv, lambda * 1e-6);
+                let net = network_queue_ms(&m, x) * 1000.0 + m.network_ms * 1000.0;
+                let s = Sample {
+                    queue: q,
+                    shift_us: m.fixed_us,
+                    network_us: net,
+                    noise: 1.0,
+                    weight: 1.0,
+                };
+                Point {
+                    offered_rps: lambda,
+                    achieved_rps: lambda,
+                    latency_us: percentile(&[s], pct, true).unwrap_or(0.0),
+                }
+            })
+            .collect();
+        if let Some(c) = from_points(points, pct) {
+            apps.insert(
+                app.name.clone(),
+                AppCalibration {
+                    capacity_rps: cap,
+                    ..c
+                },
+            );
+        }
+    }
+    Calibration {
+        source: "sim".into(),
+        apps,
+    }
+}
+
+/// Steady-state network queueing delay at `load` (fraction of capacity),
+/// ms: an M/M/1-like term that grows as the load nears the network's
+/// capacity (`network_capacity_x` × the app's).
+pub fn network_queue_ms(m: &SimModel, load: f64) -> f64 {
+    let rho = (load / m.network_capacity_x.max(1e-9)).clamp(0.0, 0.95);
+    m.network_ms * rho / (1.0 - rho)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn knee_of_a_hockey_stick() {
+        let pts: Vec<Point> = (0..20)
+            .map(|i| {
+                let x = i as f64 * 50.0;
+                let y = if i < 14 {
+                    1000.0 + i as f64
+                } else {
+                    1000.0 + (i - 13) as f64 * 2000.0
+                };
+                Point {
+                    offered_rps: x,
+                    achieved_rps: x,
+                    latency_us: y,
+                }
+            })
+            .collect();
+        assert_eq!(knee(&pts), 13);
+        let c = from_points(pts, 99.0).unwrap();
+        assert_eq!(c.knee_rps, 650.0);
+        assert_eq!(c.capacity_rps, 950.0);
+    }
+
+    /// A noisy measured curve (as on a busy 2-CPU machine): a spike at the
+    /// lightest load, a gentle rise, then saturation. The knee is where the
+    /// rise starts, not at the saturation Kneedle alone would pick.
+    #[test]
+    fn knee_of_a_noisy_measured_curve() {
+        let raw = [
+            (94.0, 94.0, 44.4),
+            (131.0, 131.0, 32.6),
+            (183.0, 183.0, 25.5),
+            (262.0, 262.0, 17.6),
+            (377.0, 377.0, 36.8),
+            (538.0, 538.0, 128.2),
+            (768.0, 768.0, 186.1),
+            (851.0, 804.0, 1025.5),
+            (910.0, 910.0, 280.0),
+            (1030.0, 1030.0, 265.8),
+            (1072.0, 721.0, 1304.4),
+        ];
+        let pts = raw
+            .iter()
+            .map(|&(o, a, l)| Point {
+                offered_rps: o,
+                achieved_rps: a,
+                latency_us: l * 1000.0,
+            })
+            .collect();
+        let c = from_points(pts, 99.0).unwrap();
+        assert_eq!(c.capacity_rps, 1030.0);
+        assert_eq!(c.knee_rps, 262.0);
+        assert!(
+            (c.base_latency_us - 17_600.0).abs() < 1.0
+                && (c.knee_latency_us - 17_600.0).abs() < 1.0
+        );
+    }
+}

@@ -1,0 +1,354 @@
+//! The event loop of one load run: a timerfd wakes the thread at each
+//! scheduled send time (nanosecond resolution, unlike epoll's milliseconds),
+//! due requests are handed to non-blocking sockets, and replies are matched
+//! in order to their scheduled times.
+
+use std::collections::VecDeque;
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use nix::errno::Errno;
+use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
+use nix::sys::time::TimeSpec;
+use nix::sys::timerfd::{
+    ClockId as TimerClock, Expiration, TimerFd, TimerFlags, TimerSetTimeFlags,
+};
+use qosd_sensors::stats::LogHistogram;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use super::proto::{self, ReqKind};
+use super::{IntervalReport, LoadError, LoadReport, LoadSpec, Percentiles, Protocol, Schedule};
+use qosd_core::LatencySummary;
+
+mod conn;
+
+use conn::{preload, Conn};
+
+const TIMER_TOKEN: u64 = u64::MAX;
+/// A keep-alive connection that failed before any reply is retried after this.
+const RETRY_NS: u64 = 100_000_000;
+
+pub fn now_ns() -> u64 {
+    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .unwrap_or(TimeSpec::new(0, 0));
+    t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Pending {
+    sched_ns: u64,
+    seq: u64,
+    kind: ReqKind,
+    key: u32,
+}
+
+pub struct Engine<'a> {
+    spec: &'a LoadSpec,
+    epoll: Epoll,
+    timer: TimerFd,
+    conns: Vec<Option<Conn>>,
+    /// Keep-alive: when a dead connection may be retried (ns).
+    retry_at: Vec<u64>,
+    /// Per-request: free slots and requests waiting for a slot.
+    free: Vec<usize>,
+    backlog: VecDeque<Pending>,
+    rr: usize,
+    rng: ChaCha8Rng,
+    seq: u64,
+    scratch: Vec<u8>,
+    total: LogHistogram,
+    iv: LogHistogram,
+    lag: LogHistogram,
+    r: LoadReport,
+    iv_sched: u64,
+    iv_sent: u64,
+    iv_done: u64,
+    iv_err: u64,
+}
+
+impl<'a> Engine<'a> {
+    pub fn new(spec: &'a LoadSpec) -> Result<Self, LoadError> {
+        let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).map_err(io::Error::from)?;
+        let timer = TimerFd::new(
+            TimerClock::CLOCK_MONOTONIC,
+            TimerFlags::TFD_NONBLOCK | TimerFlags::TFD_CLOEXEC,
+        )
+        .map_err(io::Error::from)?;
+        epoll
+            .add(&timer, EpollEvent::new(EpollFlags::EPOLLIN, TIMER_TOKEN))
+            .map_err(io::Error::from)?;
+        let n = spec.connections;
+        Ok(Self {
+            spec,
+            epoll,
+            timer,
+            conns: (0..n).map(|_| None).collect(),
+            retry_at: vec![0; n],
+            free: (0..n).rev().collect(),
+            backlog: VecDeque::new(),
+            rr: 0,
+            // A different stream from the schedule's, same seed.
+            rng: ChaCha8Rng::seed_from_u64(spec.seed ^ 0x9e37_79b9_7f4a_7c15),
+            seq: 0,
+            scratch: vec![0; 64 * 1024],
+            total: LogHistogram::new(),
+            iv: LogHistogram::new(),
+            lag: LogHistogram::new(),
+            r: LoadReport {
+                target: spec.target.to_string(),
+                protocol: format!("{:?}", spec.protocol).to_lowercase(),
+                keepalive: spec.keepalive,
+                connections: spec.connections,
+                duration_s: spec.duration.as_secs_f64(),
+                ..Default::default()
+            },
+            iv_sched: 0,
+            iv_sent: 0,
+            iv_done: 0,
+            iv_err: 0,
+        })
+    }
+
+    pub fn run(
+        mut self,
+        stop: &AtomicBool,
+        on_interval: &mut dyn FnMut(&IntervalReport),
+    ) -> Result<LoadReport, LoadError> {
+        if self.spec.protocol == Protocol::Memcache && self.spec.memcache.preload {
+            preload(self.spec)?;
+        }
+        if self.spec.keepalive {
+            for i in 0..self.conns.len() {
+                self.open_keepalive(i, 0)?;
+            }
+        }
+        let dur_ns = self.spec.duration.as_nanos() as u64;
+        let iv_ns = self.spec.interval.as_nanos() as u64;
+        let mut sched = Schedule::new(
+            self.spec.rate.clone(),
+            self.spec.arrival,
+            self.spec.seed,
+            dur_ns,
+        );
+        let start = now_ns();
+        let end = start + dur_ns;
+        let deadline = end + self.spec.drain.as_nanos() as u64;
+        let mut next = sched.next().map(|a| start + a);
+        let mut next_report = start + iv_ns;
+        let mut events = vec![EpollEvent::empty(); 1024];
+        let mut dirty = Vec::new();
+        loop {
+            let now = now_ns();
+            while now >= next_report && next_report <= end {
+                self.emit(start, next_report, iv_ns, on_interval);
+                next_report += iv_ns;
+            }
+            while let Some(t) = next.filter(|&t| t <= now) {
+                self.dispatch(t, now, &mut dirty);
+                next = sched.next().map(|a| start + a);
+            }
+            for i in dirty.drain(..) {
+                self.flush(i);
+            }
+            if stop.load(Ordering::Relaxed) {
+                self.r.stopped = true;
+                break;
+            }
+            let outstanding = self.backlog.len()
+                + self
+                    .conns
+                    .iter()
+                    .flatten()
+                    .map(|c| c.inflight.len())
+                    .sum::<usize>();
+            if next.is_none() && ((outstanding == 0 && now >= end) || now >= deadline) {
+                break;
+            }
+            let wake = next.unwrap_or(deadline).min(if next_report <= end {
+                next_report
+            } else {
+                deadline
+            });
+            let ts = TimeSpec::new((wake / 1_000_000_000) as i64, (wake % 1_000_000_000) as i64);
+            self.timer
+                .set(
+                    Expiration::OneShot(ts),
+                    TimerSetTimeFlags::TFD_TIMER_ABSTIME,
+                )
+                .map_err(io::Error::from)?;
+            // The 50 ms cap only bounds how late a stop request is seen.
+            let n = match self.epoll.wait(&mut events, 50u16) {
+                Ok(n) => n,
+                Err(Errno::EINTR) => 0,
+                Err(e) => return Err(io::Error::from(e).into()),
+            };
+            for ev in &events[..n] {
+                if ev.data() != TIMER_TOKEN {
+                    self.on_event(ev.data() as usize, ev.events());
+                }
+            }
+        }
+        // Whatever is left unanswered timed out.
+        let left = self.backlog.len() as u64
+            + self
+                .conns
+                .iter()
+                .flatten()
+                .map(|c| c.inflight.len() as u64)
+                .sum::<u64>();
+        self.r.errors.timeout += left;
+        let dur = self.spec.duration.as_secs_f64();
+        self.r.offered_rps = self.r.scheduled as f64 / dur;
+        self.r.send_rps = self.r.sent as f64 / dur;
+        self.r.achieved_rps = self.r.completed as f64 / dur;
+        self.r.latency_us = percentiles(&self.total);
+        self.r.send_lag_us = percentiles(&self.lag);
+        Ok(self.r)
+    }
+
+    fn emit(
+        &mut self,
+        start: u64,
+        at: u64,
+        iv_ns: u64,
+        on_interval: &mut dyn FnMut(&IntervalReport),
+    ) {
+        let s = self.iv.len() as f64;
+        let us = |v: Option<u64>| v.map(|x| x as f64 / 1000.0);
+        let t_s = (at - start) as f64 / 1e9;
+        let rep = IntervalReport {
+            t_s,
+            interval_s: iv_ns as f64 / 1e9,
+            offered_rps: self.spec.rate.at(t_s),
+            scheduled: self.iv_sched,
+            sent: self.iv_sent,
+            completed: self.iv_done,
+            errors: self.iv_err,
+            latency: LatencySummary {
+                rps: s * 1e9 / iv_ns as f64,
+                requests: self.iv.len(),
+                latest_us: None,
+                mean_us: self.iv.mean().map(|m| m / 1000.0),
+                p50_us: us(self.iv.percentile(50.0)),
+                p95_us: us(self.iv.percentile(95.0)),
+                p99_us: us(self.iv.percentile(99.0)),
+            },
+        };
+        self.iv.clear();
+        (self.iv_sched, self.iv_sent, self.iv_done, self.iv_err) = (0, 0, 0, 0);
+        on_interval(&rep);
+    }
+
+    fn next_request(&mut self, sched_ns: u64) -> Pending {
+        self.seq += 1;
+        let (kind, key) = match self.spec.protocol {
+            Protocol::Http => (ReqKind::Http, 0),
+            Protocol::Memcache => {
+                let m = &self.spec.memcache;
+                let set = self.rng.gen::<f64>() < m.set_ratio;
+                (
+                    if set { ReqKind::Set } else { ReqKind::Get },
+                    self.rng.gen_range(0..m.nr_keys),
+                )
+            }
+        };
+        Pending {
+            sched_ns,
+            seq: self.seq,
+            kind,
+            key,
+        }
+    }
+
+    fn encode(&self, p: &Pending, out: &mut Vec<u8>) {
+        match p.kind {
+            ReqKind::Http => proto::write_http(
+                out,
+                &self.spec.http_path,
+                "localhost",
+                p.seq,
+                self.spec.keepalive,
+            ),
+            kind => {
+                proto::write_memcache(out, kind, p.key, self.spec.memcache.value_bytes);
+                if !self.spec.keepalive {
+                    // The server closes first, so TIME_WAIT stays on its side.
+                    out.extend_from_slice(b"quit\r\n");
+                }
+            }
+        }
+    }
+
+    fn dispatch(&mut self, sched_ns: u64, now: u64, dirty: &mut Vec<usize>) {
+        let p = self.next_request(sched_ns);
+        self.r.scheduled += 1;
+        self.iv_sched += 1;
+        if !self.spec.keepalive {
+            self.backlog.push_back(p);
+            self.start_backlog(now);
+            return;
+        }
+        // Round-robin over live connections; reopen dead ones when due.
+        let n = self.conns.len();
+        let mut chosen = None;
+        for k in 0..n {
+            let i = (self.rr + k) % n;
+            if self.conns[i].is_none() && self.retry_at[i] <= now {
+                let _ = self.open_keepalive(i, now);
+            }
+            if self.conns[i].is_some() {
+                chosen = Some(i);
+                break;
+            }
+        }
+        self.rr = (self.rr + 1) % n;
+        let Some(i) = chosen else {
+            self.fail_request();
+            self.r.errors.connect += 1;
+            return;
+        };
+        if self.conns[i]
+            .as_ref()
+            .is_some_and(|c| c.inflight.len() >= self.spec.max_in_flight)
+        {
+            self.fail_request();
+            self.r.errors.overflow += 1;
+            return;
+        }
+        let mut out = self.conns[i]
+            .as_mut()
+            .map(|c| std::mem::take(&mut c.out))
+            .unwrap_or_default();
+        self.encode(&p, &mut out);
+        if let Some(c) = self.conns[i].as_mut() {
+            c.out = out;
+            c.inflight.push_back(p);
+        }
+        self.note_sent(sched_ns, now);
+        dirty.push(i);
+    }
+
+    fn note_sent(&mut self, sched_ns: u64, now: u64) {
+        self.r.sent += 1;
+        self.iv_sent += 1;
+        self.lag.record(now.saturating_sub(sched_ns));
+    }
+
+    fn fail_request(&mut self) {
+        self.iv_err += 1;
+    }
+}
+
+fn percentiles(h: &LogHistogram) -> Percentiles {
+    let us = |p: f64| h.percentile(p).map(|v| v as f64 / 1000.0);
+    Percentiles {
+        mean: h.mean().map(|m| m / 1000.0),
+        p50: us(50.0),
+        p90: us(90.0),
+        p95: us(95.0),
+        p99: us(99.0),
+        p999: us(99.9),
+        max: us(100.0),
+    }
+}

@@ -1,0 +1,387 @@
+//! The validation pass of a parsed scenario: ranges, names, one target per
+//! latency-critical app, trace files readable. Returns the key at fault.
+
+use std::collections::HashSet;
+
+use qosd_core::AppClass;
+
+use super::{locate::Seg, AppSpec, Scenario, Server, Shape};
+use crate::load::{self, Protocol};
+
+type Fail = (Vec<Seg>, String);
+
+fn at(path: &[&dyn AsSeg]) -> Vec<Seg> {
+    path.iter().map(|s| s.seg()).collect()
+}
+
+trait AsSeg {
+    fn seg(&self) -> Seg;
+}
+impl AsSeg for &str {
+    fn seg(&self) -> Seg {
+        Seg::Key((*self).to_owned())
+    }
+}
+impl AsSeg for usize {
+    fn seg(&self) -> Seg {
+        Seg::Index(*self)
+    }
+}
+
+fn check(ok: bool, path: Vec<Seg>, msg: impl FnOnce() -> String) -> Result<(), Fail> {
+    if ok {
+        Ok(())
+    } else {
+        Err((path, msg()))
+    }
+}
+
+/// Largest load level accepted: twice the capacity (a deliberate overload).
+const MAX_LEVEL: f64 = 2.0;
+
+pub fn validate(s: &mut Scenario) -> Result<(), Fail> {
+    check(valid_name(&s.name), at(&[&"name"]), || {
+        format!("{:?}: use letters, digits, - and _", s.name)
+    })?;
+    check(
+        s.duration_s > 0.0 && s.duration_s <= 86_400.0,
+        at(&[&"duration_s"]),
+        || format!("{} s: must be in (0, 86400]", s.duration_s),
+    )?;
+    check(
+        (10..=60_000).contains(&s.interval_ms),
+        at(&[&"interval_ms"]),
+        || format!("{} ms: must be in 10..=60000", s.interval_ms),
+    )?;
+    check(
+        s.monitor_ms >= 10
+            && s.monitor_ms <= s.interval_ms
+            && (s.interval_ms / s.monitor_ms) * s.monitor_ms == s.interval_ms,
+        at(&[&"monitor_ms"]),
+        || {
+            format!(
+                "{} ms: must be >= 10 and divide interval_ms ({})",
+                s.monitor_ms, s.interval_ms
+            )
+        },
+    )?;
+    let n = &s.node;
+    check(
+        n.nr_cores as usize >= s.apps.len() && n.nr_cores <= 1024,
+        at(&[&"node", &"nr_cores"]),
+        || {
+            format!(
+                "{}: need at least one core per app ({} apps), at most 1024",
+                n.nr_cores,
+                s.apps.len()
+            )
+        },
+    )?;
+    check(
+        n.freq_min_mhz > 0 && n.freq_min_mhz <= n.freq_max_mhz,
+        at(&[&"node", &"freq_min_mhz"]),
+        || {
+            format!(
+                "{}..{} MHz: need 0 < min <= max",
+                n.freq_min_mhz, n.freq_max_mhz
+            )
+        },
+    )?;
+    check(
+        n.freq_step_mhz > 0,
+        at(&[&"node", &"freq_step_mhz"]),
+        || "must be > 0".into(),
+    )?;
+    check(
+        n.nr_ways == 0 || n.nr_ways as usize >= s.apps.len(),
+        at(&[&"node", &"nr_ways"]),
+        || {
+            format!(
+                "{}: 0 (no cache partitioning) or at least one way per app",
+                n.nr_ways
+            )
+        },
+    )?;
+    for (k, v) in [
+        ("idle_w", n.idle_w),
+        ("core_busy_w", n.core_busy_w),
+        ("core_idle_w", n.core_idle_w),
+    ] {
+        check(v.is_finite() && v >= 0.0, at(&[&"node", &k]), || {
+            format!("{v}: must be >= 0")
+        })?;
+    }
+    check(
+        !s.apps.is_empty() && s.apps.len() <= 16,
+        at(&[&"apps"]),
+        || "need 1 to 16 apps".into(),
+    )?;
+    let mut names = HashSet::new();
+    let dir = s.dir.clone();
+    for (i, a) in s.apps.iter_mut().enumerate() {
+        check(
+            names.insert(a.name.clone()),
+            at(&[&"apps", &i, &"name"]),
+            || format!("{:?} appears twice", a.name),
+        )?;
+        app(i, a)?;
+        a.load
+            .load_trace(&dir)
+            .map_err(|e| (at(&[&"apps", &i, &"load", &"file"]), e))?;
+        check(
+            a.load.peak() <= MAX_LEVEL,
+            at(&[&"apps", &i, &"load"]),
+            || {
+                format!(
+                    "peaks at {:.2} of capacity; at most {MAX_LEVEL}",
+                    a.load.peak()
+                )
+            },
+        )?;
+    }
+    if s.apps.iter().all(|a| a.class == AppClass::Be) {
+        return Err((
+            at(&[&"apps"]),
+            "need at least one latency-critical (lc) app".into(),
+        ));
+    }
+    Ok(())
+}
+
+fn valid_name(n: &str) -> bool {
+    !n.is_empty()
+        && n.len() <= 64
+        && n.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+}
+
+fn app(i: usize, a: &AppSpec) -> Result<(), Fail> {
+    let p = |k: &'static str| at(&[&"apps", &i, &k]);
+    check(valid_name(&a.name), p("name"), || {
+        format!("{:?}: use letters, digits, - and _", a.name)
+    })?;
+    check(
+        a.connections >= 1 && a.connections <= load::MAX_CONNECTIONS,
+        p("connections"),
+        || {
+            format!(
+                "{}: must be in 1..={}",
+                a.connections,
+                load::MAX_CONNECTIONS
+            )
+        },
+    )?;
+    check(
+        a.http_path.starts_with('/') && !a.http_path.contains(char::is_whitespace),
+        p("http_path"),
+        || format!("{:?}: must start with / and hold no spaces", a.http_path),
+    )?;
+    match &a.server {
+        Server::Memcached { threads, .. } => {
+            check(a.protocol == Protocol::Memcache, p("protocol"), || {
+                "memcached speaks `memcache`".into()
+            })?;
+            check(
+                (1..=256).contains(threads),
+                at(&[&"apps", &i, &"server", &"threads"]),
+                || format!("{threads}: must be in 1..=256"),
+            )?;
+        }
+        Server::Nginx { workers } => {
+            check(a.protocol == Protocol::Http, p("protocol"), || {
+                "nginx speaks `http`".into()
+            })?;
+            check(
+                (1..=64).contains(workers),
+                at(&[&"apps", &i, &"server", &"workers"]),
+                || format!("{workers}: must be in 1..=64"),
+            )?;
+        }
+        Server::Fixture { work_us, delay_us } => {
+            check(a.protocol == Protocol::Http, p("protocol"), || {
+                "the fixture server speaks `http`".into()
+            })?;
+            check(
+                *work_us <= 1_000_000 && *delay_us <= 10_000_000,
+                p("server"),
+                || "work_us <= 1 s and delay_us <= 10 s".into(),
+            )?;
+        }
+        Server::Command { argv } => {
+            check(
+                !argv.is_empty(),
+                at(&[&"apps", &i, &"server", &"argv"]),
+                || "empty command".into(),
+            )?;
+        }
+    }
+    if let Some(m) = &a.mix {
+        check(a.protocol == Protocol::Memcache, p("mix"), || {
+            "a request mix is for memcache apps".into()
+        })?;
+        check(
+            (0.0..=1.0).contains(&m.set_ratio) && m.nr_keys >= 1 && m.value_bytes <= 1 << 20,
+            p("mix"),
+            || "set_ratio in [0, 1], nr_keys >= 1, value_bytes <= 1 MiB".into(),
+        )?;
+    }
+    match (&a.class, &a.target) {
+        (AppClass::Lc, None) => {
+            return Err((p("target"), "a latency-critical app needs a target".into()))
+        }
+        (AppClass::Lc, Some(t)) => {
+            let tp = |k: &'static str| at(&[&"apps", &i, &"target", &k]);
+            check(
+                t.percentile > 0.0 && t.percentile <= 100.0,
+                tp("percentile"),
+                || format!("{}: must be in (0, 100]", t.percentile),
+            )?;
+            match (t.ms, t.knee_factor) {
+                (Some(ms), None) => check(ms > 0.0 && ms.is_finite(), tp("ms"), || {
+                    format!("{ms}: must be > 0")
+                })?,
+                (None, Some(k)) => check(k > 0.0 && k <= 100.0, tp("knee_factor"), || {
+                    format!("{k}: must be in (0, 100]")
+                })?,
+                _ => {
+                    return Err((
+                        p("target"),
+                        "give exactly one of `ms` and `knee_factor`".into(),
+                    ))
+                }
+            }
+        }
+        (AppClass::Be, Some(_)) => {
+            return Err((p("target"), "a best-effort app has no target".into()))
+        }
+        (AppClass::Be, None) => {}
+    }
+    shape(i, &a.load)?;
+    let m = &a.sim;
+    let sp = |k: &'static str| at(&[&"apps", &i, &"sim", &k]);
+    if let Some(v) = m.service_us {
+        check(v > 0.0 && v <= 1e7, sp("service_us"), || {
+            format!("{v}: must be in (0, 1e7]")
+        })?;
+    }
+    if matches!(a.server, Server::Command { .. }) {
+        check(m.service_us.is_some(), p("sim"), || {
+            "a `command` server needs sim.service_us for --sim".into()
+        })?;
+    }
+    if let Some(v) = m.service_cv {
+        check(v > 0.0 && v <= 1.0, sp("service_cv"), || {
+            format!("{v}: must be in (0, 1]")
+        })?;
+    }
+    for (k, v) in [("freq_sensitivity", m.freq_sensitivity), ("noise", m.noise)] {
+        if let Some(v) = v {
+            check((0.0..=1.0).contains(&v), sp(k), || {
+                format!("{v}: must be in [0, 1]")
+            })?;
+        }
+    }
+    for (k, v) in [
+        ("cache_slowdown", m.cache_slowdown),
+        ("fixed_us", m.fixed_us),
+        ("network_ms", m.network_ms),
+        ("network_tau_s", m.network_tau_s),
+    ] {
+        if let Some(v) = v {
+            check(v.is_finite() && v >= 0.0, sp(k), || {
+                format!("{v}: must be >= 0")
+            })?;
+        }
+    }
+    if let Some(v) = m.network_capacity_x {
+        check(v > 0.0, sp("network_capacity_x"), || {
+            format!("{v}: must be > 0")
+        })?;
+    }
+    if let Some(v) = m.parallelism {
+        check(v >= 1, sp("parallelism"), || "must be >= 1".into())?;
+    }
+    if let Some(v) = m.ways_needed {
+        check(v >= 1, sp("ways_needed"), || "must be >= 1".into())?;
+    }
+    Ok(())
+}
+
+fn shape(i: usize, s: &Shape) -> Result<(), Fail> {
+    let p = |k: &'static str| at(&[&"apps", &i, &"load", &k]);
+    let level = |k: &'static str, v: f64| {
+        check(v.is_finite() && v >= 0.0, p(k), || {
+            format!("{v}: must be >= 0")
+        })
+    };
+    let time = |k: &'static str, v: f64| {
+        check(v.is_finite() && v >= 0.0, p(k), || {
+            format!("{v} s: must be >= 0")
+        })
+    };
+    let span = |k: &'static str, v: f64| {
+        check(v.is_finite() && v > 0.0, p(k), || {
+            format!("{v} s: must be > 0")
+        })
+    };
+    match s {
+        Shape::Constant { level: l } => level("level", *l),
+        Shape::Ramp {
+            from,
+            to,
+            start_s,
+            over_s,
+            hold_s,
+            back_s,
+        } => {
+            level("from", *from)?;
+            level("to", *to)?;
+            time("start_s", *start_s)?;
+            span("over_s", *over_s)?;
+            time("hold_s", *hold_s)?;
+            back_s.map_or(Ok(()), |b| span("back_s", b))
+        }
+        Shape::Steps { steps } => {
+            check(!steps.is_empty(), p("steps"), || {
+                "need at least one step".into()
+            })?;
+            for (j, st) in steps.iter().enumerate() {
+                let q = |k: &'static str| at(&[&"apps", &i, &"load", &"steps", &j, &k]);
+                check(st.level.is_finite() && st.level >= 0.0, q("level"), || {
+                    format!("{}: must be >= 0", st.level)
+                })?;
+                check(j == 0 || st.at_s > steps[j - 1].at_s, q("at_s"), || {
+                    "step times must increase".into()
+                })?;
+            }
+            Ok(())
+        }
+        Shape::Diurnal {
+            min,
+            max,
+            period_s,
+            phase_s,
+        } => {
+            level("min", *min)?;
+            check(max >= min, p("max"), || format!("{max} < min {min}"))?;
+            span("period_s", *period_s)?;
+            time("phase_s", *phase_s)
+        }
+        Shape::Spike {
+            base,
+            peak,
+            at_s,
+            width_s,
+            rise_s,
+        } => {
+            level("base", *base)?;
+            level("peak", *peak)?;
+            time("at_s", *at_s)?;
+            time("width_s", *width_s)?;
+            span("rise_s", *rise_s)
+        }
+        Shape::Trace { file, .. } => {
+            check(!file.is_empty(), p("file"), || "empty file name".into())
+        }
+    }
+}

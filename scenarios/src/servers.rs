@@ -1,0 +1,163 @@
+//! Starting a scenario's servers on loopback for real runs and calibration:
+//! memcached and nginx from the distribution, the fixture server, or any
+//! command. Each is killed (and its files removed) when dropped.
+
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+
+use crate::scenario::{AppSpec, Server};
+
+/// A running server.
+pub struct Running {
+    pub name: String,
+    /// `127.0.0.1:PORT`.
+    pub addr: String,
+    pub port: u16,
+    pub pid: u32,
+    child: Child,
+    dir: Option<PathBuf>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(d) = &self.dir {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Starts the server of `app`. `fixture` is the command that runs the
+/// fixture server (e.g. `[qosd, fixture]` or the `qosd-fixture` binary).
+pub fn start(app: &AppSpec, fixture: &[String]) -> anyhow::Result<Running> {
+    let port = free_port()?;
+    let mut dir = None;
+    let mut cmd = match &app.server {
+        Server::Memcached { threads, memory_mb } => {
+            let mut c = Command::new("memcached");
+            c.args(["-l", "127.0.0.1", "-p", &port.to_string(), "-U", "0"])
+                .args([
+                    "-t",
+                    &threads.to_string(),
+                    "-m",
+                    &memory_mb.to_string(),
+                    "-c",
+                    "4096",
+                ]);
+            if nix::unistd::Uid::effective().is_root() {
+                c.args(["-u", "root"]); // memcached refuses to run as root otherwise
+            }
+            c
+        }
+        Server::Nginx { workers } => {
+            let d = std::env::temp_dir().join(format!("qosd-nginx-{}-{port}", std::process::id()));
+            std::fs::create_dir_all(d.join("www"))?;
+            std::fs::write(d.join("www/index.html"), "hello from qosd's nginx\n")?;
+            let conf = format!(
+                "daemon off; master_process {master}; worker_processes {workers}; pid {d}/nginx.pid;\n\
+                 error_log {d}/error.log;\n\
+                 events {{ worker_connections 4096; }}\n\
+                 http {{ access_log off; keepalive_requests 1000000; keepalive_timeout 120s;\n\
+                   server {{ listen 127.0.0.1:{port}; root {d}/www; }} }}\n",
+                d = d.display(),
+                // One worker: a single process, so the pid qosd traces with
+                // eBPF is the one that serves.
+                master = if *workers == 1 { "off" } else { "on" },
+            );
+            std::fs::write(d.join("nginx.conf"), conf)?;
+            let mut c = Command::new("nginx");
+            c.args([
+                "-p",
+                &d.display().to_string(),
+                "-c",
+                &d.join("nginx.conf").display().to_string(),
+            ]);
+            dir = Some(d);
+            c
+        }
+        Server::Fixture { work_us, delay_us } => {
+            let Some((prog, pre)) = fixture.split_first() else {
+                bail!("no fixture server command")
+            };
+            let mut c = Command::new(prog);
+            c.args(pre)
+                .args(["--listen", &format!("127.0.0.1:{port}")])
+                .args([
+                    "--work-us",
+                    &work_us.to_string(),
+                    "--delay-us",
+                    &delay_us.to_string(),
+                ]);
+            c
+        }
+        Server::Command { argv } => {
+            let argv: Vec<String> = argv
+                .iter()
+                .map(|a| a.replace("{port}", &port.to_string()))
+                .collect();
+            let Some((prog, rest)) = argv.split_first() else {
+                bail!("empty command")
+            };
+            let mut c = Command::new(prog);
+            c.args(rest);
+            c
+        }
+    };
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let child = cmd.spawn().with_context(|| {
+        format!(
+            "starting the server of {}: {:?}",
+            app.name,
+            cmd.get_program()
+        )
+    })?;
+    let mut r = Running {
+        name: app.name.clone(),
+        addr: format!("127.0.0.1:{port}"),
+        port,
+        pid: child.id(),
+        child,
+        dir,
+    };
+    wait_ready(&mut r)?;
+    Ok(r)
+}
+
+fn wait_ready(r: &mut Running) -> anyhow::Result<()> {
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(10) {
+        if TcpStream::connect(&r.addr).is_ok() {
+            return Ok(());
+        }
+        if let Some(status) = r.child.try_wait()? {
+            let mut err = String::new();
+            if let Some(mut e) = r.child.stderr.take() {
+                use std::io::Read;
+                let _ = e.read_to_string(&mut err);
+            }
+            bail!(
+                "server of {} exited ({status}) before listening on {}: {}",
+                r.name,
+                r.addr,
+                err.trim()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    bail!(
+        "server of {} did not listen on {} within 10 s",
+        r.name,
+        r.addr
+    )
+}

@@ -1,0 +1,296 @@
+//! The service model of one app on the simulated node: an M/M/c queue whose
+//! servers are the app's cores (up to its parallelism) and whose service
+//! time depends on frequency and cache ways; plus a backlog that carries
+//! overload from one sample to the next, and a network term only the client
+//! sees (its queue follows the load with a lag, as in the paper's Fig. 11).
+
+use qosd_core::Share;
+use serde::{Deserialize, Serialize};
+
+use crate::scenario::{AppSpec, Server, SimModelSpec, SimNode};
+
+/// Resolved service model of one app (defaults of its server kind, then the
+/// scenario's `sim:` overrides). Field meanings as in [`SimModelSpec`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SimModel {
+    pub service_us: f64,
+    pub service_cv: f64,
+    pub parallelism: u32,
+    pub freq_sensitivity: f64,
+    pub cache_slowdown: f64,
+    pub ways_needed: u32,
+    pub fixed_us: f64,
+    pub network_ms: f64,
+    pub network_capacity_x: f64,
+    pub network_tau_s: f64,
+    pub noise: f64,
+}
+
+impl SimModel {
+    /// The model of an app: its server kind's defaults, then overrides.
+    pub fn of(app: &AppSpec) -> SimModel {
+        // Defaults: memcached spends ~10 µs in the server and ~0.1 ms on the
+        // network; vSwarm-like HTTP services ~0.75 ms (paper 000, §IV-A).
+        let base = match &app.server {
+            Server::Memcached { threads, .. } => SimModel {
+                service_us: 12.0,
+                parallelism: *threads,
+                freq_sensitivity: 0.6,
+                cache_slowdown: 0.5,
+                ways_needed: 6,
+                fixed_us: 0.0,
+                network_ms: 0.1,
+                ..SimModel::generic()
+            },
+            Server::Nginx { workers } => SimModel {
+                service_us: 60.0,
+                parallelism: *workers,
+                ..SimModel::generic()
+            },
+            Server::Fixture { work_us, delay_us } => SimModel {
+                service_us: (*work_us as f64).max(1.0),
+                // One thread per connection; the work is a fixed CPU spin.
+                parallelism: app.connections as u32,
+                service_cv: 0.3,
+                fixed_us: *delay_us as f64,
+                ..SimModel::generic()
+            },
+            Server::Command { .. } => SimModel::generic(),
+        };
+        base.with(&app.sim)
+    }
+
+    fn generic() -> SimModel {
+        SimModel {
+            service_us: 100.0,
+            service_cv: 0.5,
+            parallelism: 64,
+            freq_sensitivity: 0.8,
+            cache_slowdown: 0.3,
+            ways_needed: 4,
+            fixed_us: 0.0,
+            network_ms: 0.75,
+            network_capacity_x: 1.3,
+            network_tau_s: 3.0,
+            noise: 0.05,
+        }
+    }
+
+    fn with(mut self, o: &SimModelSpec) -> SimModel {
+        macro_rules! set {
+            ($($f:ident),*) => { $( if let Some(v) = o.$f { self.$f = v; } )* };
+        }
+        set!(
+            service_us,
+            service_cv,
+            parallelism,
+            freq_sensitivity,
+            cache_slowdown,
+            ways_needed,
+            fixed_us,
+            network_ms,
+            network_capacity_x,
+            network_tau_s,
+            noise
+        );
+        self
+    }
+
+    /// Mean service time under an allocation, µs.
+    pub fn service_time_us(&self, a: &Share, node: &SimNode) -> f64 {
+        let f = (a.freq_mhz.max(1) as f64).min(node.freq_max_mhz as f64);
+        let fs = self.freq_sensitivity;
+        let freq = (1.0 - fs) + fs * node.freq_max_mhz as f64 / f;
+        let cache = if node.nr_ways == 0 {
+            1.0 // no partitioning: the app shares the whole cache
+        } else {
+            let need = self.ways_needed.max(1) as f64;
+            1.0 + self.cache_slowdown * (1.0 - (a.nr_ways as f64).min(need) / need)
+        };
+        self.service_us * freq * cache
+    }
+
+    /// Servers of the queue: cores, up to the app's parallelism.
+    pub fn servers(&self, a: &Share) -> u32 {
+        a.nr_cores.min(self.parallelism).max(1)
+    }
+
+    /// Throughput at which the app saturates under `a`, requests/s.
+    pub fn capacity_rps(&self, a: &Share, node: &SimNode) -> f64 {
+        self.servers(a) as f64 * 1e6 / self.service_time_us(a, node)
+    }
+}
+
+/// Steady-state response time of a c-server queue, in µs: P(T > t).
+///
+/// Service times are a fixed part plus an exponential part, so their
+/// coefficient of variation `cv` is below 1 as for real request handlers
+/// (cv = 1 is M/M/c). Waiting follows M/M/c (Erlang C) with the wait
+/// scaled by Allen–Cunneen's (1 + cv²)/2.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Queue {
+    /// Probability of waiting (Erlang C).
+    pub wait_p: f64,
+    /// Rate of the exponential part of the service time, per µs.
+    pub mu: f64,
+    /// Decay rate of the waiting time, per µs.
+    pub delta: f64,
+    /// Fixed part of the service time, µs.
+    pub det_us: f64,
+}
+
+impl Queue {
+    /// `c` servers with mean service time `s_us` and coefficient of
+    /// variation `cv` at arrival rate `lambda` (per µs); utilisation is
+    /// capped just below 1 (overload goes to the backlog).
+    pub fn new(c: u32, s_us: f64, cv: f64, lambda: f64) -> Queue {
+        let c = c.max(1);
+        let cv = cv.clamp(0.01, 1.0);
+        let rho = (lambda * s_us / c as f64).clamp(0.0, 0.98);
+        let a = rho * c as f64;
+        // Erlang B by recurrence, then C from B.
+        let mut b = 1.0;
+        for k in 1..=c {
+            b = a * b / (k as f64 + a * b);
+        }
+        let wait_p = if a == 0.0 {
+            0.0
+        } else {
+            b / (1.0 - rho * (1.0 - b))
+        };
+        let delta = c as f64 / s_us * (1.0 - rho) * 2.0 / (1.0 + cv * cv);
+        Queue {
+            wait_p,
+            mu: 1.0 / (cv * s_us),
+            delta,
+            det_us: (1.0 - cv) * s_us,
+        }
+    }
+
+    /// P(T > t), t in µs: the fixed part, then no wait with 1 − C, else an
+    /// Exp(δ) wait plus the Exp(μ) part (hypoexponential).
+    pub fn ccdf(&self, t: f64) -> f64 {
+        let t = t - self.det_us;
+        if t <= 0.0 {
+            return 1.0;
+        }
+        let s = (-self.mu * t).exp();
+        let both = if (self.delta - self.mu).abs() < 1e-12 * self.mu {
+            (1.0 + self.mu * t) * s
+        } else {
+            (self.delta * s - self.mu * (-self.delta * t).exp()) / (self.delta - self.mu)
+        };
+        (1.0 - self.wait_p) * s + self.wait_p * both
+    }
+}
+
+/// One sample of one app: a steady-state queue shifted by the backlog wait,
+/// the fixed delay and (for the client) the network, scaled by noise.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sample {
+    pub queue: Queue,
+    /// Added to every request's latency on the server, µs.
+    pub shift_us: f64,
+    /// Added on the client side only, µs.
+    pub network_us: f64,
+    /// Multiplicative noise.
+    pub noise: f64,
+    /// Requests completed in the sample (its weight in a mixture).
+    pub weight: f64,
+}
+
+impl Sample {
+    fn ccdf(&self, t: f64, client: bool) -> f64 {
+        let net = if client { self.network_us } else { 0.0 };
+        self.queue.ccdf(t / self.noise - self.shift_us - net)
+    }
+}
+
+/// The `p`-th percentile (µs) of the mixture of samples, weighted by their
+/// completed requests; `None` if nothing completed. Bisection on the CCDF.
+pub fn percentile(samples: &[Sample], p: f64, client: bool) -> Option<f64> {
+    let total: f64 = samples.iter().map(|s| s.weight).sum();
+    if total <= 0.0 {
+        return None;
+    }
+    let tail = (1.0 - p / 100.0).max(1e-9);
+    let exceed = |t: f64| {
+        samples
+            .iter()
+            .map(|s| s.weight * s.ccdf(t, client))
+            .sum::<f64>()
+            / total
+    };
+    let mut hi = 1.0;
+    while exceed(hi) > tail && hi < 1e12 {
+        hi *= 2.0;
+    }
+    let mut lo = 0.0;
+    for _ in 0..60 {
+        let mid = 0.5 * (lo + hi);
+        if exceed(mid) > tail {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+        if hi - lo < 1e-3 * hi {
+            break;
+        }
+    }
+    Some(hi)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mm1_matches_closed_form() {
+        // M/M/1 (cv = 1): T ~ Exp(μ − λ), p99 = ln(100)/(μ − λ).
+        let q = Queue::new(1, 100.0, 1.0, 0.5 / 100.0);
+        let s = Sample {
+            queue: q,
+            shift_us: 0.0,
+            network_us: 0.0,
+            noise: 1.0,
+            weight: 1.0,
+        };
+        let p99 = percentile(&[s], 99.0, false).unwrap();
+        let want = 100f64.ln() / (0.5 / 100.0);
+        assert!((p99 - want).abs() / want < 0.002, "{p99} vs {want}");
+    }
+
+    #[test]
+    fn more_servers_less_waiting() {
+        let mu = 1.0 / 1000.0;
+        let p = |c: u32| {
+            let q = Queue::new(c, 1.0 / mu, 0.5, 3.5 * mu);
+            percentile(
+                &[Sample {
+                    queue: q,
+                    shift_us: 0.0,
+                    network_us: 500.0,
+                    noise: 1.0,
+                    weight: 1.0,
+                }],
+                99.0,
+                false,
+            )
+            .unwrap()
+        };
+        assert!(p(4) > p(6) && p(6) > p(16), "{} {} {}", p(4), p(6), p(16));
+        let q = Queue::new(8, 1.0 / mu, 0.5, 3.5 * mu);
+        let s = Sample {
+            queue: q,
+            shift_us: 0.0,
+            network_us: 500.0,
+            noise: 1.0,
+            weight: 1.0,
+        };
+        let (server, client) = (
+            percentile(&[s], 99.0, false).unwrap(),
+            percentile(&[s], 99.0, true).unwrap(),
+        );
+        assert!((client - server - 500.0).abs() < 5.0, "{server} {client}");
+    }
+}

@@ -1,0 +1,347 @@
+//! The output of a replay, real or simulated: one row per app per interval
+//! (`timeline.csv`) and the summary per app and in total (`summary.json`).
+//! Floats are written with fixed decimals so that a deterministic run gives
+//! byte-identical files.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+/// Columns of `timeline.csv`, in order.
+pub const COLUMNS: &str = "t_s,app,offered_rps,achieved_rps,client_p99_ms,ebpf_p99_ms,target_ms,violation,cores,freq_mhz,llc_ways,mb_percent,power_w";
+
+/// One app over one interval; `None` where a figure does not exist (no
+/// target, no such knob on this machine, no request seen).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Row {
+    /// End of the interval, seconds since the start.
+    pub t_s: f64,
+    pub app: String,
+    pub offered_rps: f64,
+    pub achieved_rps: f64,
+    pub client_p99_ms: Option<f64>,
+    pub ebpf_p99_ms: Option<f64>,
+    pub target_ms: Option<f64>,
+    /// The latency the policy was fed exceeded the target.
+    pub violation: Option<bool>,
+    pub cores: Option<u32>,
+    pub freq_mhz: Option<u32>,
+    pub llc_ways: Option<u32>,
+    pub mb_percent: Option<u32>,
+    /// Power attributed to the app, W.
+    pub power_w: Option<f64>,
+}
+
+fn f(v: Option<f64>, decimals: usize) -> String {
+    v.filter(|x| x.is_finite())
+        .map_or(String::new(), |x| format!("{x:.decimals$}"))
+}
+fn u(v: Option<u32>) -> String {
+    v.map_or(String::new(), |x| x.to_string())
+}
+
+impl Row {
+    pub fn csv(&self) -> String {
+        format!(
+            "{:.3},{},{:.1},{:.1},{},{},{},{},{},{},{},{},{}",
+            self.t_s,
+            self.app,
+            self.offered_rps,
+            self.achieved_rps,
+            f(self.client_p99_ms, 3),
+            f(self.ebpf_p99_ms, 3),
+            f(self.target_ms, 3),
+            self.violation
+                .map_or(String::new(), |v| (v as u8).to_string()),
+            u(self.cores),
+            u(self.freq_mhz),
+            u(self.llc_ways),
+            u(self.mb_percent),
+            f(self.power_w, 2),
+        )
+    }
+
+    /// Parses a line written by [`Row::csv`].
+    pub fn parse(line: &str) -> Option<Row> {
+        let c: Vec<&str> = line.split(',').collect();
+        if c.len() != 13 {
+            return None;
+        }
+        let of = |s: &str| {
+            if s.is_empty() {
+                None
+            } else {
+                s.parse::<f64>().ok()
+            }
+        };
+        let ou = |s: &str| {
+            if s.is_empty() {
+                None
+            } else {
+                s.parse::<u32>().ok()
+            }
+        };
+        Some(Row {
+            t_s: c[0].parse().ok()?,
+            app: c[1].to_owned(),
+            offered_rps: c[2].parse().ok()?,
+            achieved_rps: c[3].parse().ok()?,
+            client_p99_ms: of(c[4]),
+            ebpf_p99_ms: of(c[5]),
+            target_ms: of(c[6]),
+            violation: ou(c[7]).map(|v| v != 0),
+            cores: ou(c[8]),
+            freq_mhz: ou(c[9]),
+            llc_ways: ou(c[10]),
+            mb_percent: ou(c[11]),
+            power_w: of(c[12]),
+        })
+    }
+}
+
+/// A whole run.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Timeline {
+    pub scenario: String,
+    /// `sim` or `real`.
+    pub mode: String,
+    pub feedback: String,
+    pub policy: String,
+    pub seed: u64,
+    pub interval_s: f64,
+    /// Apps in scenario order.
+    pub apps: Vec<String>,
+    pub rows: Vec<Row>,
+    /// Node power per interval, W (same order as the intervals).
+    pub node_power_w: Vec<f64>,
+    /// Power figures are a model, not a measurement.
+    pub energy_is_estimate: bool,
+    /// Plans the driver had to reject (outside the node or the limits).
+    pub rejected_plans: u64,
+}
+
+impl Timeline {
+    pub fn write_csv(&self, path: &Path) -> std::io::Result<()> {
+        let mut w = std::io::BufWriter::new(std::fs::File::create(path)?);
+        writeln!(w, "{COLUMNS}")?;
+        for r in &self.rows {
+            writeln!(w, "{}", r.csv())?;
+        }
+        w.flush()
+    }
+
+    /// Reads a `timeline.csv` back (for `qosd compare`).
+    pub fn read_csv(path: &Path) -> anyhow::Result<Vec<Row>> {
+        let text = std::fs::read_to_string(path)?;
+        let mut lines = text.lines();
+        if lines.next() != Some(COLUMNS) {
+            anyhow::bail!("{}: not a qosd timeline (header differs)", path.display());
+        }
+        lines
+            .enumerate()
+            .map(|(i, l)| {
+                Row::parse(l)
+                    .ok_or_else(|| anyhow::anyhow!("{}:{}: bad row", path.display(), i + 2))
+            })
+            .collect()
+    }
+
+    pub fn rows_of<'a>(&'a self, app: &'a str) -> impl Iterator<Item = &'a Row> + 'a {
+        self.rows.iter().filter(move |r| r.app == app)
+    }
+
+    pub fn summary(&self) -> Summary {
+        let dt = self.interval_s;
+        let client = self.feedback == "client";
+        let mut apps = BTreeMap::new();
+        for name in &self.apps {
+            let rows: Vec<&Row> = self.rows_of(name).collect();
+            apps.insert(name.clone(), app_summary(&rows, dt, client));
+        }
+        let all: Vec<&Row> = self.rows.iter().collect();
+        let mut total = app_summary(&all, dt, client);
+        // Per interval, not per row: an interval is violated if any app is.
+        let n = self.rows.len() / self.apps.len().max(1);
+        let violated = (0..n)
+            .filter(|&i| {
+                self.rows[i * self.apps.len()..(i + 1) * self.apps.len()]
+                    .iter()
+                    .any(|r| r.violation == Some(true))
+            })
+            .count();
+        total.violation_fraction = if n > 0 {
+            violated as f64 / n as f64
+        } else {
+            0.0
+        };
+        total.mean_cores = if n > 0 {
+            total.core_seconds / (n as f64 * dt)
+        } else {
+            0.0
+        };
+        // `+ 0.0`: an empty float sum is -0.0, printed "-0".
+        total.energy_j = self.node_power_w.iter().sum::<f64>() * dt + 0.0;
+        total.time_to_recover_s = Vec::new();
+        Summary {
+            scenario: self.scenario.clone(),
+            mode: self.mode.clone(),
+            feedback: self.feedback.clone(),
+            policy: self.policy.clone(),
+            seed: self.seed,
+            duration_s: n as f64 * dt,
+            energy_is_estimate: self.energy_is_estimate,
+            rejected_plans: self.rejected_plans,
+            apps,
+            total,
+        }
+    }
+}
+
+/// Figures of one app (or of the whole node in `total`).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct AppSummary {
+    /// Intervals in violation / intervals with a target.
+    pub violation_fraction: f64,
+    /// Same, judged on each latency source (whatever the policy was fed).
+    pub violation_fraction_client: Option<f64>,
+    pub violation_fraction_ebpf: Option<f64>,
+    /// Σ cores × interval, core·s.
+    pub core_seconds: f64,
+    pub mean_cores: f64,
+    /// Σ power × interval, J (the app's share; node total in `total`).
+    pub energy_j: f64,
+    /// Highest p99 of the latency the policy was fed, ms.
+    pub p99_max_ms: Option<f64>,
+    /// Length of each violation episode until the first good interval, s.
+    pub time_to_recover_s: Vec<f64>,
+}
+
+fn app_summary(rows: &[&Row], dt: f64, client: bool) -> AppSummary {
+    let judged: Vec<&&Row> = rows.iter().filter(|r| r.violation.is_some()).collect();
+    let frac = |n: usize, d: usize| if d > 0 { n as f64 / d as f64 } else { 0.0 };
+    let by = |get: fn(&Row) -> Option<f64>| {
+        let with: Vec<(f64, f64)> = rows
+            .iter()
+            .filter_map(|r| Some((get(r)?, r.target_ms?)))
+            .collect();
+        (!with.is_empty()).then(|| frac(with.iter().filter(|(l, t)| l > t).count(), with.len()))
+    };
+    let mut episodes = Vec::new();
+    let mut start: Option<f64> = None;
+    for r in rows {
+        match (r.violation, start) {
+            (Some(true), None) => start = Some(r.t_s - dt),
+            (Some(false), Some(s)) => {
+                episodes.push(((r.t_s - dt - s) * 1000.0).round() / 1000.0);
+                start = None;
+            }
+            _ => {}
+        }
+    }
+    let core_seconds: f64 = rows.iter().map(|r| r.cores.unwrap_or(0) as f64 * dt).sum();
+    let fed = |r: &Row| {
+        if client {
+            r.client_p99_ms
+        } else {
+            r.ebpf_p99_ms
+        }
+    };
+    AppSummary {
+        violation_fraction: frac(
+            judged.iter().filter(|r| r.violation == Some(true)).count(),
+            judged.len(),
+        ),
+        violation_fraction_client: by(|r| r.client_p99_ms),
+        violation_fraction_ebpf: by(|r| r.ebpf_p99_ms),
+        core_seconds,
+        mean_cores: if rows.is_empty() {
+            0.0
+        } else {
+            core_seconds / (rows.len() as f64 * dt)
+        },
+        energy_j: rows
+            .iter()
+            .map(|r| r.power_w.unwrap_or(0.0) * dt)
+            .sum::<f64>()
+            + 0.0,
+        p99_max_ms: rows.iter().filter_map(|r| fed(r)).reduce(f64::max),
+        time_to_recover_s: episodes,
+    }
+}
+
+/// `summary.json`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Summary {
+    pub scenario: String,
+    pub mode: String,
+    pub feedback: String,
+    pub policy: String,
+    pub seed: u64,
+    pub duration_s: f64,
+    pub energy_is_estimate: bool,
+    pub rejected_plans: u64,
+    pub apps: BTreeMap<String, AppSummary>,
+    pub total: AppSummary,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(t: f64, app: &str, lat: f64, cores: u32) -> Row {
+        Row {
+            t_s: t,
+            app: app.into(),
+            offered_rps: 100.0,
+            achieved_rps: 100.0,
+            client_p99_ms: Some(lat + 1.0),
+            ebpf_p99_ms: Some(lat),
+            target_ms: Some(10.0),
+            violation: Some(lat > 10.0),
+            cores: Some(cores),
+            freq_mhz: None,
+            llc_ways: None,
+            mb_percent: None,
+            power_w: Some(2.0),
+        }
+    }
+
+    #[test]
+    fn summary_counts_violations_episodes_and_core_seconds() {
+        // a: good, bad, bad, good, bad (unrecovered); b: always good.
+        let lat_a = [5.0, 12.0, 15.0, 8.0, 11.0];
+        let mut rows = Vec::new();
+        for (i, l) in lat_a.iter().enumerate() {
+            let t = (i + 1) as f64 * 0.5;
+            rows.push(row(t, "a", *l, 2));
+            rows.push(row(t, "b", 9.5, 1));
+        }
+        let tl = Timeline {
+            apps: vec!["a".into(), "b".into()],
+            rows,
+            interval_s: 0.5,
+            feedback: "ebpf".into(),
+            node_power_w: vec![10.0; 5],
+            ..Default::default()
+        };
+        let s = tl.summary();
+        let a = &s.apps["a"];
+        assert!((a.violation_fraction - 0.6).abs() < 1e-12);
+        assert_eq!(a.time_to_recover_s, vec![1.0]);
+        assert!((a.core_seconds - 5.0).abs() < 1e-12 && (a.mean_cores - 2.0).abs() < 1e-12);
+        assert_eq!(a.p99_max_ms, Some(15.0));
+        // b's client latency (10.5) is over the target, its eBPF one is not.
+        assert_eq!(s.apps["b"].violation_fraction_client, Some(1.0));
+        assert_eq!(s.apps["b"].violation_fraction_ebpf, Some(0.0));
+        assert!((s.total.violation_fraction - 0.6).abs() < 1e-12);
+        assert!(
+            (s.total.core_seconds - 7.5).abs() < 1e-12 && (s.total.mean_cores - 3.0).abs() < 1e-12
+        );
+        assert!((s.total.energy_j - 25.0).abs() < 1e-12);
+        // CSV round trip.
+        let r = &tl.rows[0];
+        assert_eq!(Row::parse(&r.csv()).as_ref(), Some(r));
+    }
+}

@@ -1,0 +1,207 @@
+//! CPU topology for attribution: which socket each CPU is on and its SMT
+//! sibling, read from `<root>/sys/devices/system/cpu` so that tests can
+//! describe any machine in a temp dir.
+
+use std::path::{Path, PathBuf};
+
+use super::PowerError;
+
+/// One logical CPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cpu {
+    /// Index into [`Topology::sockets`].
+    pub socket: usize,
+    /// The other hardware thread of the same core, if the core has two.
+    pub sibling: Option<u32>,
+    /// False for possible-but-offline CPUs (no topology directory).
+    pub online: bool,
+}
+
+/// Logical CPUs 0..n (index = CPU number) and the sockets they sit on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Topology {
+    pub cpus: Vec<Cpu>,
+    /// `physical_package_id` of each socket, ascending.
+    pub sockets: Vec<u32>,
+    /// Cores with more than two hardware threads (eq. (1) assumes two):
+    /// their CPUs are treated as having no sibling.
+    pub nr_wide_smt_cores: usize,
+}
+
+/// Parses a kernel CPU list such as `0-3,8,10-11`.
+pub fn parse_cpu_list(s: &str) -> Option<Vec<u32>> {
+    let mut out = Vec::new();
+    for part in s.trim().split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (u32, u32) = (a.parse().ok()?, b.parse().ok()?);
+                if b < a || b - a > 1 << 16 {
+                    return None;
+                }
+                out.extend(a..=b);
+            }
+            None => out.push(part.parse().ok()?),
+        }
+    }
+    Some(out)
+}
+
+pub(crate) fn read_trimmed(path: &Path) -> Result<String, PowerError> {
+    std::fs::read_to_string(path)
+        .map(|s| s.trim().to_owned())
+        .map_err(|source| PowerError::Io {
+            path: path.to_owned(),
+            source,
+        })
+}
+
+impl Topology {
+    /// Reads `possible` and each CPU's `topology/` under `root`.
+    pub fn read(root: &Path) -> Result<Topology, PowerError> {
+        let base = root.join("sys/devices/system/cpu");
+        let possible_path = base.join("possible");
+        let possible = read_trimmed(&possible_path)?;
+        let ids = parse_cpu_list(&possible).ok_or_else(|| PowerError::Parse {
+            path: possible_path.clone(),
+            what: format!("CPU list {possible:?}"),
+        })?;
+        let n = ids.iter().max().map_or(0, |m| *m as usize + 1);
+        let mut packages = vec![None; n];
+        let mut siblings = vec![None; n];
+        let mut wide = 0;
+        for cpu in ids {
+            let t: PathBuf = base.join(format!("cpu{cpu}/topology"));
+            if !t.exists() {
+                continue; // offline
+            }
+            let pkg = read_trimmed(&t.join("physical_package_id"))?;
+            let pkg: i64 = pkg.parse().map_err(|_| PowerError::Parse {
+                path: t.join("physical_package_id"),
+                what: format!("package id {pkg:?}"),
+            })?;
+            // -1 on some virtual machines: one socket.
+            packages[cpu as usize] = Some(pkg.max(0) as u32);
+            let list_path = t.join("thread_siblings_list");
+            let list = read_trimmed(&list_path)?;
+            let sibs = parse_cpu_list(&list).ok_or_else(|| PowerError::Parse {
+                path: list_path.clone(),
+                what: format!("CPU list {list:?}"),
+            })?;
+            match sibs.as_slice() {
+                [a, b] => siblings[cpu as usize] = Some(if *a == cpu { *b } else { *a }),
+                [_] | [] => {}
+                _ => {
+                    if sibs.first() == Some(&cpu) {
+                        wide += 1;
+                    }
+                }
+            }
+        }
+        let mut sockets: Vec<u32> = packages.iter().flatten().copied().collect();
+        sockets.sort_unstable();
+        sockets.dedup();
+        if sockets.is_empty() {
+            sockets.push(0);
+        }
+        let cpus = (0..n)
+            .map(|i| Cpu {
+                socket: packages[i]
+                    .and_then(|p| sockets.iter().position(|s| *s == p))
+                    .unwrap_or(0),
+                sibling: siblings[i].filter(|s| (*s as usize) < n),
+                online: packages[i].is_some(),
+            })
+            .collect();
+        Ok(Topology {
+            cpus,
+            sockets,
+            nr_wide_smt_cores: wide,
+        })
+    }
+
+    /// Index of the socket with this `physical_package_id`.
+    pub fn socket_index(&self, package_id: u32) -> Option<usize> {
+        self.sockets.iter().position(|s| *s == package_id)
+    }
+
+    /// Socket index of a CPU (0 for CPUs beyond the topology).
+    pub fn socket_of(&self, cpu: usize) -> usize {
+        self.cpus.get(cpu).map_or(0, |c| c.socket)
+    }
+
+    /// True when some core has two hardware threads.
+    pub fn has_smt(&self) -> bool {
+        self.cpus.iter().any(|c| c.sibling.is_some())
+    }
+
+    /// Online CPUs on each socket.
+    pub fn cpus_per_socket(&self) -> Vec<usize> {
+        let mut n = vec![0; self.sockets.len()];
+        for c in self.cpus.iter().filter(|c| c.online) {
+            n[c.socket] += 1;
+        }
+        n
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use std::fs;
+
+    /// Writes a fake `sys/devices/system/cpu` with `per_socket` cores per
+    /// socket, each with `smt` hardware threads (Linux numbering: CPU
+    /// `t * nr_cores + core`).
+    pub fn fake_cpus(root: &Path, sockets: u32, per_socket: u32, smt: u32) {
+        let base = root.join("sys/devices/system/cpu");
+        let cores = sockets * per_socket;
+        let n = cores * smt;
+        fs::create_dir_all(&base).unwrap();
+        fs::write(base.join("possible"), format!("0-{}\n", n - 1)).unwrap();
+        for cpu in 0..n {
+            let core = cpu % cores;
+            let t = base.join(format!("cpu{cpu}/topology"));
+            fs::create_dir_all(&t).unwrap();
+            fs::write(
+                t.join("physical_package_id"),
+                format!("{}\n", core / per_socket),
+            )
+            .unwrap();
+            let sibs: Vec<String> = (0..smt).map(|k| (k * cores + core).to_string()).collect();
+            fs::write(t.join("thread_siblings_list"), sibs.join(",") + "\n").unwrap();
+        }
+    }
+
+    #[test]
+    fn cpu_lists() {
+        assert_eq!(
+            parse_cpu_list("0-3,8,10-11\n"),
+            Some(vec![0, 1, 2, 3, 8, 10, 11])
+        );
+        assert_eq!(parse_cpu_list("5"), Some(vec![5]));
+        assert_eq!(parse_cpu_list("3-1"), None);
+        assert_eq!(parse_cpu_list("x"), None);
+    }
+
+    #[test]
+    fn two_sockets_with_smt() {
+        let d = tempfile::tempdir().unwrap();
+        fake_cpus(d.path(), 2, 2, 2);
+        let t = Topology::read(d.path()).unwrap();
+        assert_eq!(t.cpus.len(), 8);
+        assert_eq!(t.sockets, vec![0, 1]);
+        assert_eq!(t.cpus[0].sibling, Some(4));
+        assert_eq!(t.cpus[4].sibling, Some(0));
+        assert_eq!(t.cpus[3].socket, 1);
+        assert_eq!(t.cpus[7].socket, 1);
+        assert!(t.has_smt());
+        assert_eq!(t.cpus_per_socket(), vec![4, 4]);
+    }
+
+    #[test]
+    fn this_machine_reads() {
+        let t = Topology::read(Path::new("/")).unwrap();
+        assert!(!t.cpus.is_empty());
+        assert!(t.cpus.iter().any(|c| c.online));
+    }
+}

@@ -1,0 +1,228 @@
+//! CPU utilisation from `/proc`: CPU time of a process (all its threads,
+//! `/proc/PID/stat` utime + stime) and of the node (`/proc/stat`). Every
+//! path goes through one root prefix, so tests read a fake tree with the
+//! same code.
+//!
+//! The kernel counts these in clock ticks (`USER_HZ`, 100 per second), so
+//! a figure over 100 ms is only good to one tick; callers sum deltas over a
+//! longer span (the daemon uses its decision interval).
+
+use std::collections::HashMap;
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// Reads CPU time under a root prefix (`/` on a real machine).
+#[derive(Debug, Clone)]
+pub struct Procfs {
+    root: PathBuf,
+    ticks_per_s: f64,
+}
+
+/// The node's CPU time since boot, in seconds summed over every CPU.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct NodeCpu {
+    /// Time not idle (user, nice, system, irq, softirq, steal).
+    pub busy_s: f64,
+    /// Busy plus idle and iowait.
+    pub total_s: f64,
+}
+
+impl NodeCpu {
+    /// Fraction of the node's CPU time that was busy between two readings
+    /// (0.0..=1.0); 0 when no time passed.
+    pub fn utilisation_since(&self, earlier: &NodeCpu) -> f64 {
+        let total = self.total_s - earlier.total_s;
+        if total <= 0.0 {
+            return 0.0;
+        }
+        ((self.busy_s - earlier.busy_s) / total).clamp(0.0, 1.0)
+    }
+}
+
+fn not_found(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH)
+}
+
+impl Procfs {
+    /// `root` is the prefix of `/proc` (normally `/`).
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        // SAFETY: sysconf has no preconditions and only reads a constant.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+        Procfs {
+            root: root.into(),
+            ticks_per_s: if hz > 0 { hz as f64 } else { 100.0 },
+        }
+    }
+
+    fn path(&self, abs: &str) -> PathBuf {
+        self.root.join(abs.trim_start_matches('/'))
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// CPU seconds used so far by every thread of `pid` (utime + stime).
+    /// `Ok(None)` when the process is gone.
+    pub fn process_cpu_s(&self, pid: i32) -> io::Result<Option<f64>> {
+        let p = self.path(&format!("/proc/{pid}/stat"));
+        let s = match std::fs::read_to_string(&p) {
+            Ok(s) => s,
+            Err(e) if not_found(&e) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let ticks = parse_stat_cpu_ticks(&s).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{}: no utime/stime fields", p.display()),
+            )
+        })?;
+        Ok(Some(ticks as f64 / self.ticks_per_s))
+    }
+
+    /// The node's CPU time from the first line of `/proc/stat`.
+    pub fn node_cpu(&self) -> io::Result<NodeCpu> {
+        let p = self.path("/proc/stat");
+        let s = std::fs::read_to_string(&p)?;
+        parse_proc_stat(&s)
+            .map(|(busy, total)| NodeCpu {
+                busy_s: busy as f64 / self.ticks_per_s,
+                total_s: total as f64 / self.ticks_per_s,
+            })
+            .ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("{}: no `cpu` line", p.display()),
+                )
+            })
+    }
+}
+
+/// utime + stime (fields 14 and 15) of a `/proc/PID/stat` line, in ticks.
+/// The command name (field 2) may hold spaces and parentheses: fields are
+/// counted after the last `)`.
+pub fn parse_stat_cpu_ticks(stat: &str) -> Option<u64> {
+    let rest = stat.rsplit_once(')')?.1;
+    let mut f = rest.split_whitespace().skip(11); // field 3 is index 0
+    let utime: u64 = f.next()?.parse().ok()?;
+    let stime: u64 = f.next()?.parse().ok()?;
+    Some(utime + stime)
+}
+
+/// (busy, total) ticks of the aggregate `cpu` line of `/proc/stat`.
+pub fn parse_proc_stat(s: &str) -> Option<(u64, u64)> {
+    let line = s.lines().find(|l| l.starts_with("cpu "))?;
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|x| x.parse().unwrap_or(0))
+        .collect();
+    let at = |i: usize| v.get(i).copied().unwrap_or(0);
+    // user nice system idle iowait irq softirq steal (guest time is
+    // already inside user and nice).
+    let busy = at(0) + at(1) + at(2) + at(5) + at(6) + at(7);
+    let idle = at(3) + at(4);
+    (v.len() >= 4).then_some((busy, busy + idle))
+}
+
+/// CPU time used by a changing set of processes between calls: each pid's
+/// own delta, so a process that appears or exits does not count its whole
+/// past as one interval's use.
+#[derive(Debug, Default)]
+pub struct CpuMeter {
+    last: HashMap<i32, f64>,
+}
+
+impl CpuMeter {
+    /// CPU seconds `pids` used since the previous call (a pid seen for the
+    /// first time counts from now on). Pids no longer listed are forgotten.
+    pub fn delta_s(&mut self, procfs: &Procfs, pids: &[i32]) -> f64 {
+        let mut used = 0.0;
+        let mut next = HashMap::with_capacity(pids.len());
+        for &pid in pids {
+            // A process that cannot be read (gone, raced) adds nothing.
+            let Ok(Some(now)) = procfs.process_cpu_s(pid) else {
+                continue;
+            };
+            if let Some(before) = self.last.get(&pid) {
+                used += (now - before).max(0.0);
+            }
+            next.insert(pid, now);
+        }
+        self.last = next;
+        used
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn put(root: &Path, abs: &str, text: &str) {
+        let p = root.join(abs.trim_start_matches('/'));
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    }
+
+    fn stat_line(pid: i32, comm: &str, utime: u64, stime: u64) -> String {
+        format!(
+            "{pid} ({comm}) S 1 {pid} {pid} 0 -1 4194560 100 0 0 0 {utime} {stime} 0 0 20 0 4 0 12345 1000 100\n"
+        )
+    }
+
+    #[test]
+    fn parses_fields_after_a_tricky_comm() {
+        let s = stat_line(7, "a) b (c", 150, 50);
+        assert_eq!(parse_stat_cpu_ticks(&s), Some(200));
+        assert_eq!(parse_stat_cpu_ticks("7 (x) S 1"), None);
+    }
+
+    #[test]
+    fn node_utilisation_from_proc_stat() {
+        let a = "cpu  100 0 100 800 0 0 0 0 0 0\ncpu0 50 0 50 400 0 0 0 0 0 0\n";
+        let b = "cpu  250 0 150 900 100 0 0 0 0 0\n";
+        let (busy_a, tot_a) = parse_proc_stat(a).unwrap();
+        assert_eq!((busy_a, tot_a), (200, 1000));
+        let (busy_b, tot_b) = parse_proc_stat(b).unwrap();
+        let na = NodeCpu {
+            busy_s: busy_a as f64,
+            total_s: tot_a as f64,
+        };
+        let nb = NodeCpu {
+            busy_s: busy_b as f64,
+            total_s: tot_b as f64,
+        };
+        // 200 busy of 400 ticks.
+        assert!((nb.utilisation_since(&na) - 0.5).abs() < 1e-9);
+        assert_eq!(na.utilisation_since(&na), 0.0);
+    }
+
+    #[test]
+    fn meter_counts_each_pid_from_its_first_sight() {
+        let d = tempfile::tempdir().unwrap();
+        let pf = Procfs {
+            root: d.path().to_owned(),
+            ticks_per_s: 100.0,
+        };
+        put(d.path(), "/proc/10/stat", &stat_line(10, "srv", 100, 0));
+        let mut m = CpuMeter::default();
+        assert_eq!(m.delta_s(&pf, &[10]), 0.0);
+        put(d.path(), "/proc/10/stat", &stat_line(10, "srv", 130, 20));
+        put(d.path(), "/proc/11/stat", &stat_line(11, "srv", 5000, 0));
+        // pid 10: +50 ticks; pid 11 is new: nothing yet.
+        assert!((m.delta_s(&pf, &[10, 11]) - 0.5).abs() < 1e-9);
+        std::fs::remove_file(d.path().join("proc/10/stat")).unwrap();
+        put(d.path(), "/proc/11/stat", &stat_line(11, "srv", 5010, 0));
+        assert!((m.delta_s(&pf, &[10, 11]) - 0.1).abs() < 1e-9);
+        assert_eq!(pf.process_cpu_s(10).unwrap(), None);
+    }
+
+    #[test]
+    fn this_machine_is_readable() {
+        let pf = Procfs::new("/");
+        let me = std::process::id() as i32;
+        assert!(pf.process_cpu_s(me).unwrap().is_some());
+        let n = pf.node_cpu().unwrap();
+        assert!(n.total_s >= n.busy_s && n.total_s > 0.0);
+    }
+}
