@@ -107,7 +107,6 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         writeln!(out, "{}", header())?;
     }
     let mut next = start + interval;
-    let mut warned = std::collections::HashSet::new();
     loop {
         // Sleep to the next deadline in small steps so Ctrl-C is prompt.
         let stop_at = end.map_or(next, |e| e.min(next));
@@ -121,9 +120,6 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             let Some(r) = tracer.take_report(pid) else {
                 continue;
             };
-            if let Some(w) = r.warning.as_ref().filter(|_| warned.insert(pid)) {
-                eprintln!("qosd: warning: {w}");
-            }
             all_exited &= r.exited;
             if Instant::now() >= next || finished {
                 print_line(
