@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::Args as ClapArgs;
 use qosd_sensors::ebpf::{
-    KindReport, Mode, RequestTracer, TargetOptions, TraceError, TracerOptions,
+    KindReport, Mode, RequestTracer, TargetOptions, TargetReport, TraceError, TracerOptions,
 };
 use serde_json::json;
 
@@ -18,12 +18,17 @@ use crate::{signals, usage};
 #[command(after_help = "Examples:\n  \
     qosd trace --pid $(pidof memcached) --json\n  \
     qosd trace --pid 1234 --pid 5678 --interval 0.5 --duration 30\n  \
-    qosd trace --pid $(pidof -s nginx) --mode connection --port 80\n\n\
+    qosd trace --pid $(pidof -s nginx) --mode connection --port 80\n  \
+    qosd trace --pid $(pidof my-grpc-server) --mode grpc\n\n\
     Modes: `connection` counts one request per accepted connection (accept ->\n\
     close); `turn` counts request/response turns on persistent connections\n\
-    (keep-alive HTTP, memcached, redis); `auto` picks one per process from\n\
-    what it sees. Latencies are server-side: from the first request bytes\n\
-    read to the last reply bytes written. Needs root.")]
+    (keep-alive HTTP, memcached, redis); `grpc` counts gRPC calls multiplexed\n\
+    on HTTP/2 connections, with uprobes on the server's gRPC library (grpc-go\n\
+    executables with symbols, or a gRPC C-core shared library with symbols;\n\
+    otherwise it warns and falls back to `turn`); `auto` picks one per\n\
+    process from what it sees. Latencies are server-side: from the first\n\
+    request bytes read (gRPC: the call handed to the server) to the last\n\
+    reply bytes written (gRPC: the status). Needs root.")]
 pub struct Args {
     /// Process to trace (repeat for several).
     #[arg(long, required = true, value_name = "PID")]
@@ -35,7 +40,7 @@ pub struct Args {
     #[arg(long, default_value_t = 1.0, value_name = "SECS")]
     pub interval: f64,
     /// How requests are delimited.
-    #[arg(long, default_value = "auto", value_parser = ["auto", "connection", "turn"])]
+    #[arg(long, default_value = "auto", value_parser = ["auto", "connection", "turn", "grpc"])]
     pub mode: String,
     /// Only connections accepted on this local port (repeatable).
     #[arg(long, value_name = "N")]
@@ -125,7 +130,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                     r.mode,
                     &r.interval,
                     tracer.dropped(),
-                    false,
+                    None,
                 )?;
             }
         }
@@ -149,10 +154,18 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 r.mode,
                 &r.total,
                 tracer.dropped(),
-                true,
+                Some(&r),
             )?;
-            if r.exited && !a.json {
-                writeln!(out, "pid {pid} exited during the trace")?;
+            if !a.json {
+                if let Some(p) = &r.probes {
+                    writeln!(out, "pid {pid}: gRPC calls from uprobes on {p}")?;
+                }
+                if let Some(w) = &r.warning {
+                    writeln!(out, "pid {pid}: warning: {w}")?;
+                }
+                if r.exited {
+                    writeln!(out, "pid {pid} exited during the trace")?;
+                }
             }
         }
     }
@@ -186,8 +199,9 @@ fn print_line(
     mode: Mode,
     k: &KindReport,
     dropped: u64,
-    summary: bool,
+    summary_of: Option<&TargetReport>,
 ) -> anyhow::Result<()> {
+    let summary = summary_of.is_some();
     let mode = if mode == Mode::Auto {
         "undecided"
     } else {
@@ -207,9 +221,15 @@ fn print_line(
             "p99_us": k.p99_us,
             "dropped": dropped,
         });
-        if summary {
+        if let Some(r) = summary_of {
             v["summary"] = json!(true);
             v["max_us"] = json!(k.max_us);
+            if let Some(p) = &r.probes {
+                v["probes"] = json!(p);
+            }
+            if let Some(w) = &r.warning {
+                v["warning"] = json!(w);
+            }
         }
         writeln!(out, "{v}")?;
     } else {
