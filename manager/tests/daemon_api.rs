@@ -132,8 +132,25 @@ fn daemon_api_four_calls_per_pid_and_app() {
     let (code, _) = d.post("/v1/apps/nope/latency", r#"{"latencies_us":[1]}"#);
     assert_eq!(code, 404);
 
+    // Power: the power sensor runs (RAPL, else the model, an estimate).
+    let status = d.get("/v1/status");
+    let source = status["run"]["power"].as_str().unwrap().to_owned();
+    assert!(source == "rapl" || source == "model", "{status}");
+    assert!(wait_for(Duration::from_secs(5), || {
+        d.get(&format!("/v1/apps/{name}"))["power_w"].as_f64().is_some()
+    }));
+    let a = d.get(&format!("/v1/apps/{name}"));
+    assert!(a["power_w"].as_f64().unwrap() >= 0.0, "{a}");
+    assert_eq!(a["power"]["estimate"], source == "model", "{a}");
+
     // Prometheus text.
     let (ct, m) = d.get_text("/metrics");
+    let est = if source == "model" { "true" } else { "false" };
+    assert!(
+        m.contains(&format!("qosd_app_power_watts{{app=\"{name}\",estimate=\"{est}\"}}")),
+        "{m}"
+    );
+    assert!(m.contains(&format!("qosd_node_power_watts{{estimate=\"{est}\"}}")), "{m}");
     assert!(ct.starts_with("text/plain; version=0.0.4"), "{ct}");
     for needle in [
         format!("qosd_app_requests_total{{app=\"{name}\"}}"),
