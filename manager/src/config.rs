@@ -52,6 +52,10 @@ pub struct Config {
     /// eBPF request sensor settings.
     #[serde(default)]
     pub sensors: SensorsConfig,
+    /// The power sensor (per-app watts: RAPL where the node has it, else a
+    /// model, labelled an estimate); on unless `sensors.power` is false.
+    #[serde(default)]
+    pub power: qosd_sensors::power::PowerConfig,
     /// Journal of every knob's original value, so that the next start
     /// restores them after a SIGKILL (absolute path; default
     /// `<actuators.root>/run/qosd/state.json`).
@@ -249,6 +253,14 @@ pub struct SensorsConfig {
     /// Latencies kept per app for percentiles (the window), requests.
     #[serde(default = "default_window")]
     pub window_requests: u32,
+    /// Run the power sensor (a `sched_switch` BPF program; settings in
+    /// `power:`).
+    #[serde(default = "default_true")]
+    pub power: bool,
+}
+
+fn default_true() -> bool {
+    true
 }
 
 fn default_ringbuf_kib() -> u32 {
@@ -263,6 +275,7 @@ impl Default for SensorsConfig {
         SensorsConfig {
             ring_buffer_kib: default_ringbuf_kib(),
             window_requests: default_window(),
+            power: true,
         }
     }
 }

@@ -64,9 +64,15 @@ fn daemon_api_four_calls_per_pid_and_app() {
         p99["latency_us"].as_f64() >= p50["latency_us"].as_f64(),
         "{p50} {p99}"
     );
+    // Records reach the daemon within one poll of the ring buffer (20 ms).
+    assert!(wait_for(Duration::from_secs(2), || {
+        d.get(&format!("/v1/pids/{pid}"))["requests_total"]
+            .as_u64()
+            .unwrap_or(0)
+            >= 3500
+    }));
     let whole = d.get(&format!("/v1/pids/{pid}"));
     assert_eq!(whole["mode"], "turn", "{whole}");
-    assert!(whole["requests_total"].as_u64().unwrap() >= 3500, "{whole}");
 
     // Per app: the same four calls over the last decision interval.
     let _ = sequential_latencies(mc.port, 500);
@@ -132,8 +138,32 @@ fn daemon_api_four_calls_per_pid_and_app() {
     let (code, _) = d.post("/v1/apps/nope/latency", r#"{"latencies_us":[1]}"#);
     assert_eq!(code, 404);
 
+    // Power: the power sensor runs (RAPL, else the model, an estimate).
+    let status = d.get("/v1/status");
+    let source = status["run"]["power"].as_str().unwrap().to_owned();
+    assert!(source == "rapl" || source == "model", "{status}");
+    assert!(wait_for(Duration::from_secs(5), || {
+        d.get(&format!("/v1/apps/{name}"))["power_w"]
+            .as_f64()
+            .is_some()
+    }));
+    let a = d.get(&format!("/v1/apps/{name}"));
+    assert!(a["power_w"].as_f64().unwrap() >= 0.0, "{a}");
+    assert_eq!(a["power"]["estimate"], source == "model", "{a}");
+
     // Prometheus text.
     let (ct, m) = d.get_text("/metrics");
+    let est = if source == "model" { "true" } else { "false" };
+    assert!(
+        m.contains(&format!(
+            "qosd_app_power_watts{{app=\"{name}\",estimate=\"{est}\"}}"
+        )),
+        "{m}"
+    );
+    assert!(
+        m.contains(&format!("qosd_node_power_watts{{estimate=\"{est}\"}}")),
+        "{m}"
+    );
     assert!(ct.starts_with("text/plain; version=0.0.4"), "{ct}");
     for needle in [
         format!("qosd_app_requests_total{{app=\"{name}\"}}"),

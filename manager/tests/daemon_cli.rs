@@ -79,6 +79,11 @@ fn daemon_cli_bad_input_exits_2_names_the_spot_and_applies_nothing() {
             "monitor_interval_ms: 100\ndecide_interval_ms: 250\n",
             "10:1: decide_interval_ms: must be a multiple",
         ),
+        (
+            "target: { p99: 1ms }",
+            "power:\n  ht_ratio: 5\n",
+            "10:3: power.ht_ratio: 5 is outside 1..=2",
+        ),
     ];
     for (target, extra, want) in cases {
         std::fs::write(&cfg, config_text(pid, target, extra, &state, port)).unwrap();

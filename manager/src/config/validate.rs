@@ -76,6 +76,11 @@ impl Config {
                 "must be at least 1",
             ));
         }
+        if let Err(qosd_sensors::power::PowerError::Config { key, reason }) = self.power.validate()
+        {
+            let path = key.split('.').fold(KeyPath::root(), |k, seg| k.key(seg));
+            return Err(Invalid::new(path, reason));
+        }
         if let Some(p) = &self.state_file {
             if !p.is_absolute() {
                 return Err(Invalid::new(

@@ -12,6 +12,7 @@ use qosd_core::{
     AppClass, AppState, Decision, Feedback, Limits, Policy, QosTarget, Share, Snapshot,
 };
 use qosd_sensors::ebpf::{RequestTracer, TargetOptions};
+use qosd_sensors::power::PowerSensor;
 use qosd_sensors::procfs::{CpuMeter, NodeCpu, Procfs};
 use qosd_sensors::stats::LogHistogram;
 
@@ -43,6 +44,7 @@ pub struct Controller {
     policy: Box<dyn Policy + Send>,
     act: Actuation,
     tracer: Option<Arc<RequestTracer>>,
+    power: Option<PowerSensor>,
     shared: SharedState,
     finder: Finder,
     procfs: Procfs,
@@ -81,6 +83,7 @@ impl Controller {
             policy,
             act,
             tracer,
+            power: None,
             shared,
             finder: Finder::new(root),
             procfs: Procfs::new(root),
@@ -88,6 +91,11 @@ impl Controller {
             node_cpu: VecDeque::new(),
             dry_run,
         }
+    }
+
+    /// Samples `power` on every decision tick from now on.
+    pub fn set_power(&mut self, power: PowerSensor) {
+        self.power = Some(power);
     }
 
     pub fn actuation(&self) -> &Actuation {
@@ -111,6 +119,9 @@ impl Controller {
     /// for a plan and apply it.
     pub fn tick(&mut self, now_ms: u64, dt_s: f64, scan: bool, decide: bool) -> Events {
         let mut ev = self.discover(now_ms, scan);
+        if decide {
+            self.sample_power();
+        }
         let snap = self.measure(dt_s);
         self.policy.observe(now_ms, &snap);
         if decide {
@@ -130,6 +141,39 @@ impl Controller {
         }
         self.publish(decide);
         ev
+    }
+
+    /// Power of every app and the node over the last decision interval.
+    fn sample_power(&mut self) {
+        let Some(p) = self.power.as_mut() else { return };
+        let sample = p.sample();
+        let mut sh = self.shared.lock();
+        match sample {
+            Ok(s) => {
+                sh.power_error = None;
+                sh.node_power_w = Some(s.node.total_w);
+                for a in &self.apps {
+                    let Some(live) = sh.apps.get_mut(&a.cfg.name) else {
+                        continue;
+                    };
+                    if a.pids.is_empty() {
+                        live.power = None;
+                        live.power_w = None;
+                        continue;
+                    }
+                    let tgids: Vec<u32> = a.pids.iter().map(|&p| p as u32).collect();
+                    let ap = s.app(&tgids, Some(live.recent.rps()));
+                    live.power_w = Some(ap.power_w);
+                    live.power = Some(ap);
+                }
+            }
+            Err(e) => {
+                if sh.power_error.is_none() {
+                    tracing::warn!("power sample: {e}");
+                }
+                sh.power_error = Some(e.to_string());
+            }
+        }
     }
 
     /// Pids of the managed apps.
@@ -181,6 +225,19 @@ impl Controller {
                 ev.extend(self.admit(now_ms, i));
             } else {
                 ev.push(format!("app {name}: processes now {pids:?}"));
+            }
+        }
+        if scan {
+            // Running apps left out for want of units: units may be free now.
+            for i in 0..self.apps.len() {
+                let name = &self.apps[i].cfg.name;
+                if !self.apps[i].pids.is_empty() && !self.act.current().contains_key(name) {
+                    let before = self.apps[i].note.clone();
+                    let e = self.admit(now_ms, i);
+                    if self.apps[i].note != before {
+                        ev.extend(e);
+                    }
+                }
             }
         }
         if changed {
@@ -468,6 +525,7 @@ pub fn live_entry(a: &AppConfig, feedback: Feedback, nr_slots: usize) -> super::
         inbox: Default::default(),
         cpu_util: 0.0,
         power_w: None,
+        power: None,
         note: Some("not running".into()),
         apply_errors_total: 0,
     }

@@ -26,6 +26,7 @@ use anyhow::Context;
 use qosd_actuators::Actuators;
 use qosd_core::{Feedback, Resource};
 use qosd_sensors::ebpf::{RequestTracer, TracerOptions};
+use qosd_sensors::power::PowerSensor;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::time::MissedTickBehavior;
 
@@ -150,6 +151,18 @@ async fn serve(o: Options, cfg: Config, policy: PolicyFile, ppath: PathBuf) -> a
         }
     };
 
+    let power = if cfg.sensors.power {
+        match PowerSensor::open(&cfg.power, &cfg.actuators.root) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                println!("power: not measured ({e}); power_w is null");
+                None
+            }
+        }
+    } else {
+        println!("power: off (sensors.power: false)");
+        None
+    };
     let nr_slots = (cfg.decide_interval_ms / cfg.monitor_interval_ms).max(1) as usize;
     let knobs = knob_table(&act, &cfg.actuators.enabled);
     let info = RunInfo {
@@ -162,7 +175,9 @@ async fn serve(o: Options, cfg: Config, policy: PolicyFile, ppath: PathBuf) -> a
         dry_run: cfg.actuators.dry_run,
         knobs: knobs.clone(),
         ebpf: tracer.is_some(),
-        power: "none".into(),
+        power: power
+            .as_ref()
+            .map_or("none".into(), |p| p.caps().source.to_string()),
         started_unix_ms: unix_ms(),
     };
     let mut shared = Shared::new(info);
@@ -205,7 +220,23 @@ async fn serve(o: Options, cfg: Config, policy: PolicyFile, ppath: PathBuf) -> a
         ),
         None => println!("sensors: client feedback only; cpu from /proc"),
     }
-    println!("power: not measured (no power sensor in this build): power_w is null");
+    if let Some(p) = &power {
+        let c = p.caps();
+        println!(
+            "power: {} via {}{}, weighed by {}; per-app watts every decision",
+            c.source,
+            c.backend,
+            if c.source.is_estimate() {
+                " (ESTIMATES)"
+            } else {
+                ""
+            },
+            c.weight
+        );
+        for n in &c.notes {
+            println!("  {n}");
+        }
+    }
 
     let mut ctl = Controller::new(
         &cfg.apps,
@@ -218,6 +249,9 @@ async fn serve(o: Options, cfg: Config, policy: PolicyFile, ppath: PathBuf) -> a
         nr_slots,
         cfg.actuators.dry_run,
     );
+    if let Some(p) = power {
+        ctl.set_power(p);
+    }
     let start = Instant::now();
     let events = ctl.tick(0, 0.0, true, false);
     println!("apps:");

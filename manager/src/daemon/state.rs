@@ -32,6 +32,8 @@ pub struct AppLive {
     /// Share of its CPUs it used over the last decision interval, 0..=1.
     pub cpu_util: f64,
     pub power_w: Option<f64>,
+    /// The power sensor's figures of its last interval.
+    pub power: Option<qosd_core::AppPower>,
     /// Why it is not managed, or the last failure to apply its allocation.
     pub note: Option<String>,
     pub apply_errors_total: u64,
@@ -99,7 +101,8 @@ pub struct RunInfo {
     pub knobs: Vec<KnobInfo>,
     /// The eBPF request tracer runs (per-pid calls work).
     pub ebpf: bool,
-    /// Power figures: "none" until a power sensor runs.
+    /// Where power figures come from: `rapl`, `model` (estimates) or
+    /// `none` (the power sensor does not run).
     pub power: String,
     pub started_unix_ms: u64,
 }
@@ -116,6 +119,8 @@ pub struct Shared {
     pub missed_ticks_total: u64,
     pub node_cpu_util: Option<f64>,
     pub node_power_w: Option<f64>,
+    /// Why the last power sample failed, if it did.
+    pub power_error: Option<String>,
 }
 
 impl Shared {
@@ -130,6 +135,7 @@ impl Shared {
             missed_ticks_total: 0,
             node_cpu_util: None,
             node_power_w: None,
+            power_error: None,
         }
     }
 

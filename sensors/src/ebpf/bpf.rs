@@ -95,6 +95,11 @@ fn load<'o>(
         .events
         .set_max_entries(opts.ringbuf_bytes)
         .map_err(bpf_err("sizing the ring buffer"))?;
+    if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
+        // A quarter full wakes the reader at once (a burst must not fill
+        // the buffer before the next timed poll); less waits for the poll.
+        ro.wakeup_bytes = u64::from(opts.ringbuf_bytes / 4);
+    }
     let mut skel = open.load().map_err(bpf_err("loading the request tracer"))?;
     skel.attach()
         .map_err(bpf_err("attaching the syscall tracepoints"))?;
@@ -353,6 +358,11 @@ pub(super) fn run(
     loop {
         if let Err(e) = ring.poll(Duration::from_millis(20)) {
             tracing::warn!("polling the ring buffer: {e}");
+        }
+        // Records below the wakeup threshold raise no epoll event: take
+        // them now (the poll above was their timer).
+        if let Err(e) = ring.consume() {
+            tracing::warn!("reading the ring buffer: {e}");
         }
         drain(&mut batch);
         loop {
