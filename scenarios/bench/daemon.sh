@@ -38,7 +38,10 @@ while time.monotonic() - t0 < dur and n < rate * dur * 2:
         s.sendall(b"get bench\r\n")
         buf = b""
         while not buf.endswith(b"END\r\n"):
-            buf += s.recv(4096)
+            b = s.recv(4096)
+            if not b:
+                sys.exit(0)  # the server is gone
+            buf += b
     n += 1
     nxt = t0 + n / rate
     d = nxt - time.monotonic()
@@ -81,7 +84,8 @@ for run in $(seq 1 "$RUNS"); do
   pids+=($q)
   for _ in $(seq 100); do curl -sf "127.0.0.1:$api/v1/status" >/dev/null && break; sleep 0.1; done
   python3 "$work/load.py" "$RATE" $((SPAN_S + WARMUP_S + 2)) "${ports[@]}" &
-  pids+=($!)
+  lp=$!
+  pids+=($lp)
   sleep "$WARMUP_S"
   c0=$(ticks "$q")
   t0=$(date +%s.%N)
@@ -98,8 +102,9 @@ for run in $(seq 1 "$RUNS"); do
   managed=$(curl -sf "127.0.0.1:$api/v1/apps" | python3 -c 'import json,sys; print(sum(1 for a in json.load(sys.stdin) if a["managed"]))')
   kill -TERM "$q"
   wait "$q" || { echo "qosd run failed; log:" >&2; cat "$work/run$run.log" >&2; exit 1; }
+  kill "$lp" 2>/dev/null || true
   for p in "${mc[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
+  wait "$lp" "${mc[@]}" 2>/dev/null || true
   read -r cpu_pct ticks_m ticks_d missed <<<"$(python3 -c "
 import json,sys
 s=json.loads(sys.argv[1]); t=s['ticks']

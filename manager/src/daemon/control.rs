@@ -5,7 +5,7 @@
 //! their initial share; apps whose processes all exit are released and
 //! their knobs restored.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use qosd_core::{
@@ -32,8 +32,10 @@ struct AppRt {
     /// Why it is not managed, or its last failure to apply.
     note: Option<String>,
     cpu: CpuMeter,
-    /// (seconds, CPU seconds used) of the last ticks.
-    cpu_ticks: VecDeque<(f64, f64)>,
+    /// Seconds since its CPU time was last read.
+    cpu_span_s: f64,
+    /// Share of its CPUs it used over the last decision interval.
+    cpu_util: f64,
 }
 
 /// Something worth a line on stdout.
@@ -48,8 +50,7 @@ pub struct Controller {
     shared: SharedState,
     finder: Finder,
     procfs: Procfs,
-    nr_slots: usize,
-    node_cpu: VecDeque<NodeCpu>,
+    node_cpu: Option<NodeCpu>,
     dry_run: bool,
 }
 
@@ -63,7 +64,6 @@ impl Controller {
         tracer: Option<Arc<RequestTracer>>,
         shared: SharedState,
         root: &std::path::Path,
-        nr_slots: usize,
         dry_run: bool,
     ) -> Self {
         let apps = apps
@@ -75,7 +75,8 @@ impl Controller {
                 pids: Vec::new(),
                 note: None,
                 cpu: CpuMeter::default(),
-                cpu_ticks: VecDeque::new(),
+                cpu_span_s: 0.0,
+                cpu_util: 0.0,
             })
             .collect();
         Controller {
@@ -87,8 +88,7 @@ impl Controller {
             shared,
             finder: Finder::new(root),
             procfs: Procfs::new(root),
-            nr_slots,
-            node_cpu: VecDeque::new(),
+            node_cpu: None,
             dry_run,
         }
     }
@@ -122,7 +122,7 @@ impl Controller {
         if decide {
             self.sample_power();
         }
-        let snap = self.measure(dt_s);
+        let snap = self.measure(dt_s, decide);
         self.policy.observe(now_ms, &snap);
         if decide {
             let plan = self
@@ -353,8 +353,9 @@ impl Controller {
     }
 
     /// Feeds each app's latencies of this tick in and builds the snapshot
-    /// of the managed apps.
-    fn measure(&mut self, dt_s: f64) -> Snapshot {
+    /// of the managed apps. CPU time is read on decision ticks only: the
+    /// kernel counts it in 10 ms ticks, too coarse for 100 ms anyway.
+    fn measure(&mut self, dt_s: f64, decide: bool) -> Snapshot {
         let mut ticks: Vec<(LogHistogram, Option<u64>)> = Vec::with_capacity(self.apps.len());
         for a in &self.apps {
             ticks.push(match (a.feedback, &self.tracer) {
@@ -362,31 +363,25 @@ impl Controller {
                 _ => (LogHistogram::new(), None),
             });
         }
-        let nr_slots = self.nr_slots;
-        let mut utils = Vec::with_capacity(self.apps.len());
         for a in &mut self.apps {
-            let used = a.cpu.delta_s(&self.procfs, &a.pids);
-            if a.cpu_ticks.len() == nr_slots {
-                a.cpu_ticks.pop_front();
+            a.cpu_span_s += dt_s;
+            if !decide {
+                continue;
             }
-            a.cpu_ticks.push_back((dt_s, used));
-            let (secs, cpu): (f64, f64) = a
-                .cpu_ticks
-                .iter()
-                .fold((0.0, 0.0), |(s, c), (ds, dc)| (s + ds, c + dc));
+            let used = a.cpu.delta_s(&self.procfs, &a.pids);
             let nr_cpus = self
                 .act
                 .cpus(&a.cfg.name)
                 .map_or(self.act.nr_online_cpus(), |c| c.len());
-            utils.push(if secs > 0.0 {
-                (cpu / (secs * nr_cpus.max(1) as f64)).clamp(0.0, 1.0)
-            } else {
-                0.0
-            });
+            let secs = std::mem::take(&mut a.cpu_span_s);
+            if secs > 0.0 {
+                a.cpu_util = (used / (secs * nr_cpus.max(1) as f64)).clamp(0.0, 1.0);
+            }
         }
         let mut snap = Snapshot::default();
         let mut sh = self.shared.lock();
-        for ((a, (hist, latest)), util) in self.apps.iter().zip(ticks).zip(utils) {
+        for (a, (hist, latest)) in self.apps.iter().zip(ticks) {
+            let util = a.cpu_util;
             let Some(live) = sh.apps.get_mut(&a.cfg.name) else {
                 continue;
             };
@@ -479,15 +474,11 @@ impl Controller {
 
     /// Copies allocations, processes and node figures to the shared state.
     fn publish(&mut self, decided: bool) {
-        let node = self.procfs.node_cpu().ok();
+        let node = decided.then(|| self.procfs.node_cpu().ok()).flatten();
         let mut sh = self.shared.lock();
         if let Some(n) = node {
-            if self.node_cpu.len() == self.nr_slots + 1 {
-                self.node_cpu.pop_front();
-            }
-            self.node_cpu.push_back(n);
-            if let (Some(first), Some(last)) = (self.node_cpu.front(), self.node_cpu.back()) {
-                sh.node_cpu_util = Some(last.utilisation_since(first));
+            if let Some(before) = self.node_cpu.replace(n) {
+                sh.node_cpu_util = Some(n.utilisation_since(&before));
             }
         }
         sh.monitor_ticks_total += 1;

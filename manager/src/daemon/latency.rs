@@ -50,15 +50,19 @@ impl Recent {
         if latest_ns.is_some() {
             self.latest_ns = latest_ns;
         }
+        let mut changed = !hist.is_empty();
         if self.slots.len() == self.nr_slots {
-            self.slots.pop_front();
+            changed |= self.slots.pop_front().is_some_and(|(h, _)| !h.is_empty());
         }
         self.slots.push_back((hist, dur_s.max(0.0)));
         // A few thousand counters per slot: cheaper than keeping every
-        // request's latency to subtract when a slot leaves.
-        self.merged.clear();
-        for (h, _) in &self.slots {
-            self.merged.merge(h);
+        // request's latency to subtract when a slot leaves. An idle app's
+        // ticks change nothing.
+        if changed {
+            self.merged.clear();
+            for (h, _) in &self.slots {
+                self.merged.merge(h);
+            }
         }
     }
 

@@ -246,7 +246,6 @@ async fn serve(o: Options, cfg: Config, policy: PolicyFile, ppath: PathBuf) -> a
         tracer.clone(),
         shared.clone(),
         &cfg.actuators.root,
-        nr_slots,
         cfg.actuators.dry_run,
     );
     if let Some(p) = power {

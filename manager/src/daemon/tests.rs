@@ -114,7 +114,6 @@ fn control_loop_on_a_fake_tree() {
         None,
         shared.clone(),
         &root,
-        5,
         false,
     );
     let group = "/sys/fs/cgroup/cpuset/qosd-web";
