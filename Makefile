@@ -65,7 +65,7 @@ fixtures:
 
 ## test: every test, real eBPF and real servers included (run as root)
 test: build fixtures
-	$(CARGO) test --release --workspace -- --test-threads=2
+	$(CARGO) test --release --workspace --no-fail-fast -- --test-threads=2
 
 ## demo: a real server under load, followed live by `qosd trace`
 demo: build
