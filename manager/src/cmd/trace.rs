@@ -7,9 +7,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args as ClapArgs;
+use qosd_core::AppPower;
 use qosd_sensors::ebpf::{
     KindReport, Mode, RequestTracer, TargetOptions, TargetReport, TraceError, TracerOptions,
 };
+use qosd_sensors::power::{PowerConfig, PowerSensor};
 use serde_json::json;
 
 use crate::{signals, usage};
@@ -48,6 +50,11 @@ pub struct Args {
     /// One JSON object per line (and a last line with "summary": true).
     #[arg(long)]
     pub json: bool,
+    /// Add power columns: watts attributed to the process and joules per
+    /// request (the power sensor: RAPL, or a model estimate where there is
+    /// none, marked as such).
+    #[arg(long)]
+    pub power: bool,
     /// Ring buffer size in KiB (a power of two).
     #[arg(long, default_value_t = 128, value_name = "KIB")]
     pub ringbuf_kib: u32,
@@ -98,13 +105,29 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         };
         tracer.add_target(pid, opts).map_err(trace_err)?;
     }
+    let mut power = if a.power {
+        let ps = PowerSensor::open(&PowerConfig::default(), std::path::Path::new("/"))
+            .context("starting the power sensor (--power)")?;
+        Some(ps)
+    } else {
+        None
+    };
     signals::install()?;
     let start = Instant::now();
     let interval = Duration::from_secs_f64(a.interval);
     let end = a.duration.map(|d| start + Duration::from_secs_f64(d));
     let mut out = std::io::stdout().lock();
     if !a.json {
-        writeln!(out, "{}", header())?;
+        writeln!(
+            out,
+            "{}{}",
+            header(),
+            if a.power {
+                "   power_w  mJ/request"
+            } else {
+                ""
+            }
+        )?;
     }
     let mut next = start + interval;
     loop {
@@ -116,22 +139,26 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         let t_s = start.elapsed().as_secs_f64();
         let finished = signals::stop_requested() || end.is_some_and(|e| Instant::now() >= e);
         let mut all_exited = true;
+        let sample = match power.as_mut() {
+            Some(ps) => Some(ps.sample().context("sampling power")?),
+            None => None,
+        };
         for &pid in &a.pid {
             let Some(r) = tracer.take_report(pid) else {
                 continue;
             };
             all_exited &= r.exited;
             if Instant::now() >= next || finished {
-                print_line(
-                    &mut out,
-                    a.json,
+                let pw = sample.as_ref().map(|s| s.app(&[pid], Some(r.interval.rps)));
+                let line = Line {
                     t_s,
                     pid,
-                    r.mode,
-                    &r.interval,
-                    tracer.dropped(),
-                    None,
-                )?;
+                    mode: r.mode,
+                    k: &r.interval,
+                    dropped: tracer.dropped(),
+                    power: pw.as_ref(),
+                };
+                print_line(&mut out, a.json, &line, None)?;
             }
         }
         next += interval;
@@ -146,16 +173,15 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let t_s = start.elapsed().as_secs_f64();
     for &pid in &a.pid {
         if let Some(r) = tracer.take_report(pid) {
-            print_line(
-                &mut out,
-                a.json,
+            let line = Line {
                 t_s,
                 pid,
-                r.mode,
-                &r.total,
-                tracer.dropped(),
-                Some(&r),
-            )?;
+                mode: r.mode,
+                k: &r.total,
+                dropped: tracer.dropped(),
+                power: None,
+            };
+            print_line(&mut out, a.json, &line, Some(&r))?;
             if !a.json {
                 if let Some(p) = &r.probes {
                     writeln!(out, "pid {pid}: gRPC calls from uprobes on {p}")?;
@@ -190,22 +216,28 @@ fn header() -> String {
     )
 }
 
-#[allow(clippy::too_many_arguments)]
-fn print_line(
-    out: &mut impl Write,
-    json: bool,
+/// One line of output: a pid's figures over an interval or the whole run.
+struct Line<'a> {
     t_s: f64,
     pid: u32,
     mode: Mode,
-    k: &KindReport,
+    k: &'a KindReport,
     dropped: u64,
+    power: Option<&'a AppPower>,
+}
+
+fn print_line(
+    out: &mut impl Write,
+    json: bool,
+    l: &Line<'_>,
     summary_of: Option<&TargetReport>,
 ) -> anyhow::Result<()> {
     let summary = summary_of.is_some();
-    let mode = if mode == Mode::Auto {
+    let (t_s, pid, k, dropped) = (l.t_s, l.pid, l.k, l.dropped);
+    let mode = if l.mode == Mode::Auto {
         "undecided"
     } else {
-        mode.as_str()
+        l.mode.as_str()
     };
     if json {
         let mut v = json!({
@@ -221,6 +253,12 @@ fn print_line(
             "p99_us": k.p99_us,
             "dropped": dropped,
         });
+        if let Some(p) = l.power {
+            v["power_w"] = json!(p.power_w);
+            v["energy_per_request_j"] = json!(p.energy_per_request_j);
+            v["power_source"] = json!(p.source);
+            v["energy_is_estimate"] = json!(p.energy_is_estimate);
+        }
         if let Some(r) = summary_of {
             v["summary"] = json!(true);
             v["max_us"] = json!(k.max_us);
@@ -237,9 +275,16 @@ fn print_line(
         if summary {
             writeln!(out, "summary over {t_s:.1} s:")?;
         }
+        let power = l.power.map_or(String::new(), |p| {
+            let est = if p.energy_is_estimate { "~" } else { "" };
+            let mj = p
+                .energy_per_request_j
+                .map_or("-".into(), |j| format!("{est}{:.3}", j * 1e3));
+            format!(" {:>9} {:>11}", format!("{est}{:.2}", p.power_w), mj)
+        });
         writeln!(
             out,
-            "{:>7.1} {:>8} {:>10} {:>9} {:>10.1} {:>10} {:>10} {:>10} {:>10} {:>10} {:>7}",
+            "{:>7.1} {:>8} {:>10} {:>9} {:>10.1} {:>10} {:>10} {:>10} {:>10} {:>10} {:>7}{power}",
             t_s,
             pid,
             mode,
