@@ -160,7 +160,7 @@ pub fn run(
         ..Default::default()
     };
     let nr_iv = ((duration * 1000.0) / sc.interval_ms as f64).round() as usize;
-    let node = act.node().clone();
+    let node = *act.node();
     for iv in 0..nr_iv {
         let mut snap = Snapshot::default();
         for ((a, rx), srv) in sc.apps.iter().zip(&rxs).zip(&running) {
