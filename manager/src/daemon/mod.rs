@@ -222,16 +222,23 @@ async fn serve(o: Options, cfg: Config, policy: PolicyFile, ppath: PathBuf) -> a
     }
     if let Some(p) = &power {
         let c = p.caps();
+        let via = if c.backend == c.source.to_string() {
+            String::new()
+        } else {
+            format!(" via {}", c.backend)
+        };
+        let est = if c.source.is_estimate() {
+            " (ESTIMATES)"
+        } else {
+            ""
+        };
+        let weight = match c.weight {
+            qosd_sensors::power::Weight::Cycles => "cycles",
+            qosd_sensors::power::Weight::Time => "on-CPU time",
+        };
         println!(
-            "power: {} via {}{}, weighed by {}; per-app watts every decision",
-            c.source,
-            c.backend,
-            if c.source.is_estimate() {
-                " (ESTIMATES)"
-            } else {
-                ""
-            },
-            c.weight
+            "power: {}{via}{est}, threads weighed by {weight}; per-app watts every decision",
+            c.source
         );
         for n in &c.notes {
             println!("  {n}");
