@@ -349,19 +349,22 @@ async fn serve(o: Options, cfg: Config, policy: PolicyFile, ppath: PathBuf) -> a
     let _ = stop_tx.send(true);
     let _ = server.await;
     let restored = ctl.actuation_mut().restore_all();
-    drop(ctl);
-    drop(tracer);
-    match restored {
+    let result = match restored {
         Ok(c) => {
             for ch in &c {
                 println!("restored {ch}");
             }
-            println!("restored {} settings; bye", c.len());
+            println!("restored {} settings; detaching the eBPF programs", c.len());
             Ok(())
         }
         Err(e) => Err(anyhow::Error::new(e).context(format!(
             "restoring; what failed stays in {} for `qosd restore`",
             act_cfg.state_path().display()
         ))),
-    }
+    };
+    // Detaching every tracepoint waits for the kernel's RCU grace
+    // periods: about a second and a half here, after the knobs are back.
+    drop(ctl);
+    drop(tracer);
+    result
 }
