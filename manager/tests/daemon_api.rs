@@ -87,6 +87,10 @@ fn daemon_api_four_calls_per_pid_and_app() {
         let v = d.get(&format!("/v1/apps/{name}/{call}"));
         assert_eq!(v["app"], name.as_str(), "{v}");
     }
+    // The app's figures take in what the tracer has at each 100 ms tick.
+    assert!(wait_for(Duration::from_secs(2), || {
+        d.get("/v1/apps")[0]["requests_total"].as_u64().unwrap_or(0) >= 3500
+    }));
     let list = d.get("/v1/apps");
     assert_eq!(list[0]["name"], name.as_str());
     assert_eq!(list[0]["pids"][0].as_u64(), Some(u64::from(pid)));

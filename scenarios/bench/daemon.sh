@@ -82,7 +82,9 @@ for run in $(seq 1 "$RUNS"); do
   "$QOSD" run --config "$work/config.yaml" >"$work/run$run.log" 2>&1 &
   q=$!
   pids+=($q)
-  for _ in $(seq 100); do curl -sf "127.0.0.1:$api/v1/status" >/dev/null && break; sleep 0.1; done
+  up=0
+  for _ in $(seq 300); do curl -sf "127.0.0.1:$api/v1/status" >/dev/null && { up=1; break; }; sleep 0.1; done
+  [ "$up" = 1 ] || { echo "qosd run did not answer in 30 s; log:" >&2; cat "$work/run$run.log" >&2; exit 1; }
   python3 "$work/load.py" "$RATE" $((SPAN_S + WARMUP_S + 2)) "${ports[@]}" &
   lp=$!
   pids+=($lp)
@@ -100,6 +102,11 @@ for run in $(seq 1 "$RUNS"); do
   status=$(curl -sf "127.0.0.1:$api/v1/status")
   reqs=$(curl -sf "127.0.0.1:$api/v1/apps" | python3 -c 'import json,sys; print(sum(a["requests_total"] for a in json.load(sys.stdin)))')
   managed=$(curl -sf "127.0.0.1:$api/v1/apps" | python3 -c 'import json,sys; print(sum(1 for a in json.load(sys.stdin) if a["managed"]))')
+  if [ "$reqs" = 0 ]; then
+    echo "run $run: no request traced; qosd log:" >&2
+    cat "$work/run$run.log" >&2
+    exit 1
+  fi
   kill -TERM "$q"
   wait "$q" || { echo "qosd run failed; log:" >&2; cat "$work/run$run.log" >&2; exit 1; }
   kill "$lp" 2>/dev/null || true

@@ -277,7 +277,18 @@ fn us(d: Option<std::time::Duration>) -> Option<f64> {
     d.map(|d| d.as_secs_f64() * 1e6)
 }
 
-async fn pid(State(api): State<Api>, Path(pid): Path<i32>) -> Reply {
+/// A pid from the path, or a JSON 400 naming what was given.
+fn pid_arg(raw: &str) -> Result<i32, Failure> {
+    raw.parse().map_err(|_| {
+        fail(
+            StatusCode::BAD_REQUEST,
+            format!("{raw:?} is not a process id"),
+        )
+    })
+}
+
+async fn pid(State(api): State<Api>, Path(raw): Path<String>) -> Reply {
+    let pid = pid_arg(&raw)?;
     let (t, app) = traced(&api, pid)?;
     let p = pid as u32;
     let s = t.summary(p).unwrap_or_default();
@@ -301,9 +312,10 @@ async fn pid(State(api): State<Api>, Path(pid): Path<i32>) -> Reply {
 
 async fn pid_call(
     State(api): State<Api>,
-    Path((pid, call)): Path<(i32, String)>,
+    Path((raw, call)): Path<(String, String)>,
     Query(q): Query<PQuery>,
 ) -> Reply {
+    let pid = pid_arg(&raw)?;
     let (t, app) = traced(&api, pid)?;
     let p = pid as u32;
     Ok(Json(match call.as_str() {

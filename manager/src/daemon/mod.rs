@@ -222,16 +222,23 @@ async fn serve(o: Options, cfg: Config, policy: PolicyFile, ppath: PathBuf) -> a
     }
     if let Some(p) = &power {
         let c = p.caps();
+        let via = if c.backend == c.source.to_string() {
+            String::new()
+        } else {
+            format!(" via {}", c.backend)
+        };
+        let est = if c.source.is_estimate() {
+            " (ESTIMATES)"
+        } else {
+            ""
+        };
+        let weight = match c.weight {
+            qosd_sensors::power::Weight::Cycles => "cycles",
+            qosd_sensors::power::Weight::Time => "on-CPU time",
+        };
         println!(
-            "power: {} via {}{}, weighed by {}; per-app watts every decision",
-            c.source,
-            c.backend,
-            if c.source.is_estimate() {
-                " (ESTIMATES)"
-            } else {
-                ""
-            },
-            c.weight
+            "power: {}{via}{est}, threads weighed by {weight}; per-app watts every decision",
+            c.source
         );
         for n in &c.notes {
             println!("  {n}");
@@ -342,19 +349,22 @@ async fn serve(o: Options, cfg: Config, policy: PolicyFile, ppath: PathBuf) -> a
     let _ = stop_tx.send(true);
     let _ = server.await;
     let restored = ctl.actuation_mut().restore_all();
-    drop(ctl);
-    drop(tracer);
-    match restored {
+    let result = match restored {
         Ok(c) => {
             for ch in &c {
                 println!("restored {ch}");
             }
-            println!("restored {} settings; bye", c.len());
+            println!("restored {} settings; detaching the eBPF programs", c.len());
             Ok(())
         }
         Err(e) => Err(anyhow::Error::new(e).context(format!(
             "restoring; what failed stays in {} for `qosd restore`",
             act_cfg.state_path().display()
         ))),
-    }
+    };
+    // Detaching every tracepoint waits for the kernel's RCU grace
+    // periods: about a second and a half here, after the knobs are back.
+    drop(ctl);
+    drop(tracer);
+    result
 }
