@@ -32,26 +32,6 @@ use crate::daemon::actuate::Actuation;
 use crate::daemon::admit::Peers;
 use crate::usage;
 
-static STOP: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_signal(_: libc::c_int) {
-    STOP.store(true, Ordering::Relaxed);
-}
-
-fn catch_signals() {
-    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
-    let sa = SigAction::new(
-        SigHandler::Handler(on_signal),
-        SaFlags::empty(),
-        SigSet::empty(),
-    );
-    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-    unsafe {
-        let _ = sigaction(Signal::SIGINT, &sa);
-        let _ = sigaction(Signal::SIGTERM, &sa);
-    }
-}
-
 pub fn run(
     sc: &Scenario,
     args: &super::replay::Args,
@@ -60,7 +40,7 @@ pub fn run(
     policy: &mut dyn Policy,
     out: &Path,
 ) -> anyhow::Result<()> {
-    catch_signals();
+    crate::signals::install()?;
     let cal = match &args.calibration {
         Some(p) => Calibration::read(p).map_err(|e| usage!("{}: {e:#}", p.display()))?,
         None => {
@@ -211,7 +191,7 @@ pub fn run(
                 limits: Limits::default(),
             });
         }
-        if snap.apps.len() < sc.apps.len() || STOP.load(Ordering::Relaxed) {
+        if snap.apps.len() < sc.apps.len() || crate::signals::stop_requested() {
             break;
         }
         snap.apps.sort_by(|x, y| x.name.cmp(&y.name));
