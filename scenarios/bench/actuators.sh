@@ -3,10 +3,9 @@
 # running `memcached -t 4` (10 threads), per cores backend available here.
 # Whole-command times (process start, probing, state file) — what an
 # operator sees; the daemon pays only the apply part each tick.
-# Appends a section to ${BENCH_OUT:-BENCHMARKS.md}. Needs root.
+# Prints a markdown section on stdout (bench.sh collects it). Needs root.
 set -euo pipefail
 QOSD=${QOSD:-target/release/qosd}
-OUT=${BENCH_OUT:-BENCHMARKS.md}
 N=${N:-30}
 PORT=$((20000 + RANDOM % 20000))
 STATE=$(mktemp -d)/state.json
@@ -14,17 +13,17 @@ memcached -u root -t 4 -U 0 -l 127.0.0.1 -p "$PORT" & MC=$!
 trap 'kill $MC 2>/dev/null || true' EXIT
 for _ in $(seq 50); do [ "$(ls /proc/$MC/task | wc -l)" -ge 5 ] && break; sleep 0.1; done
 CPU=$(cut -d- -f2 /sys/devices/system/cpu/online | cut -d, -f1)
-ms() { echo "scale=2; $1 / 1000000" | bc; }
+ms() { awk -v ns="$1" 'BEGIN { printf "%.2f", ns / 1e6 }'; }
 {
   echo
   echo "## Actuators: qosd set cores / qosd restore ($(date -u +%Y-%m-%d), $(nproc) CPUs, $N runs each)"
   echo
   echo "| backend | set cores (mean ms) | restore (mean ms) |"
   echo "| --- | --- | --- |"
-} >> "$OUT"
+}
 for b in affinity cgroup1 cgroup2; do
   if ! "$QOSD" caps | grep -Eq "^  $b +yes"; then
-    echo "| $b | unavailable here | |" >> "$OUT"; continue
+    echo "| $b | unavailable here | |"; continue
   fi
   set_ns=0; rest_ns=0
   for _ in $(seq "$N"); do
@@ -33,6 +32,5 @@ for b in affinity cgroup1 cgroup2; do
     t2=$(date +%s%N)
     set_ns=$((set_ns + t1 - t0)); rest_ns=$((rest_ns + t2 - t1))
   done
-  echo "| $b | $(ms $((set_ns / N))) | $(ms $((rest_ns / N))) |" >> "$OUT"
+  echo "| $b | $(ms $((set_ns / N))) | $(ms $((rest_ns / N))) |"
 done
-echo "actuators: results appended to $OUT"
