@@ -7,7 +7,7 @@ CARGO ?= cargo
 APT_PKGS := clang llvm libelf-dev zlib1g-dev pkg-config make bpftool \
             memcached nginx-light redis-server wrk stress-ng linux-cpupower \
             prometheus libfontconfig-dev curl procps iproute2 \
-            systemd util-linux man-db
+            systemd util-linux man-db ruby-grpc
 QOSD := target/release/qosd
 
 # `make install` layout; `make install PREFIX=/usr DESTDIR=pkgroot` for a
@@ -27,7 +27,7 @@ GO ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
 TOOLS := target/tools
 KUBECONFORM_VERSION := v0.8.0
 
-.PHONY: all deps tools tracefs build test demo bench fmt lint clean install uninstall man
+.PHONY: all deps tools tracefs build fixtures test demo bench fmt lint clean install uninstall man
 
 all: build
 
@@ -58,16 +58,21 @@ tracefs:
 build: deps
 	$(CARGO) build --release --workspace --all-targets
 
+## fixtures: the gRPC fixture servers and load client (Go: PATH or
+## /usr/local/go/bin/go), grpcio from PyPI
+fixtures:
+	bash scenarios/fixtures/grpc-server/build.sh target/grpc-fixture
+
 ## test: every test, real eBPF and real servers included (run as root)
-test: build
-	$(CARGO) test --release --workspace -- --test-threads=2
+test: build fixtures
+	$(CARGO) test --release --workspace --no-fail-fast -- --test-threads=2
 
 ## demo: a real server under load, followed live by `qosd trace`
 demo: build
 	bash scenarios/demo.sh
 
 ## bench: figures into BENCHMARKS.md
-bench: build
+bench: build fixtures
 	bash scenarios/bench.sh
 
 ## install: binary, config, policies, systemd unit, man pages, completions

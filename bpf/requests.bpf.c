@@ -8,8 +8,11 @@
  *     server last wrote, and ends at the last outbound bytes before the next
  *     inbound bytes or the close (keep-alive HTTP/1.1, memcached, redis);
  *   - CONN records: accept -> close of the accepted fd (one request per
- *     connection, e.g. HTTP with "Connection: close").
- * Both kinds are emitted (as the target's emit bits allow); userspace picks
+ *     connection, e.g. HTTP with "Connection: close");
+ *   - H2 records: the connection's first inbound bytes are the HTTP/2 client
+ *     preface (a gRPC or other HTTP/2 server: userspace then knows that
+ *     turns mean nothing on it; per-call boundaries come from grpc.bpf.c).
+ * All kinds are emitted (as the target's emit bits allow); userspace picks
  * the mode that fits what it observes ("auto") and does all the statistics.
  *
  * Hooks: syscall tracepoints only (this kernel has no kprobes and no fentry).
@@ -73,7 +76,14 @@ struct {
 struct io_args {
 	__u32 fd;
 	__u32 dir; /* 0 inbound, 1 outbound */
+	__u64 buf; /* first inbound buffer of a connection, for the preface */
 };
+
+/* How an inbound syscall passes its buffer (args[1]). */
+#define BUF_NONE 0
+#define BUF_FLAT 1 /* read, recvfrom: the buffer */
+#define BUF_IOV 2  /* readv: struct iovec[] */
+#define BUF_MSG 3  /* recvmsg: struct user_msghdr */
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -178,16 +188,52 @@ int exit_accept(struct trace_event_raw_sys_exit *ctx)
 	return on_accept_exit(ctx->ret);
 }
 
+/* The user address where the first inbound bytes will land (0: unknown or
+ * too small a first piece to hold the preface). */
+static __always_inline __u64 first_buf(__u64 arg, int kind)
+{
+	struct iovec iov = {};
+	if (kind == BUF_FLAT)
+		return arg;
+	if (kind == BUF_MSG) {
+		struct user_msghdr m = {};
+		if (bpf_probe_read_user(&m, sizeof(m), (void *)arg))
+			return 0;
+		arg = (__u64)m.msg_iov;
+	}
+	if (kind == BUF_NONE || bpf_probe_read_user(&iov, sizeof(iov), (void *)arg))
+		return 0;
+	return iov.iov_len < QOSD_H2_PREFACE_LEN ? 0 : (__u64)iov.iov_base;
+}
+
 /* Syscall enter on a possibly-traced fd: remember it for the exit. */
-static __always_inline int on_io_enter(long fd, __u32 dir)
+static __always_inline int on_io_enter(long fd, __u32 dir, __u64 arg1, int kind)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	struct conn_key key = { .tgid = id >> 32, .fd = fd };
-	if (fd < 0 || !bpf_map_lookup_elem(&conns, &key))
+	if (fd < 0)
+		return 0;
+	struct conn_state *cs = bpf_map_lookup_elem(&conns, &key);
+	if (!cs)
 		return 0;
 	struct io_args a = { .fd = fd, .dir = dir };
+	/* Only a connection's first inbound bytes can be the preface. */
+	if (dir == 0 && cs->turns == 0 && (cs->emit & QOSD_EMIT_H2))
+		a.buf = first_buf(arg1, kind);
 	bpf_map_update_elem(&inflight, &id, &a, BPF_ANY);
 	return 0;
+}
+
+/* Whether the bytes at buf open with the HTTP/2 client preface. */
+static __always_inline bool is_h2_preface(__u64 buf)
+{
+	/* "PRI * HTTP/2.0\r\n" as two little-endian words. */
+	const __u64 want0 = 0x5448202a20495250ULL; /* "PRI * HT" */
+	const __u64 want1 = 0x0a0d302e322f5054ULL; /* "TP/2.0\r\n" */
+	__u64 got[2] = {};
+	if (bpf_probe_read_user(got, sizeof(got), (void *)buf))
+		return false;
+	return got[0] == want0 && got[1] == want1;
 }
 
 static __always_inline int on_io_exit(long ret)
@@ -198,6 +244,7 @@ static __always_inline int on_io_exit(long ret)
 		return 0;
 	struct conn_key key = { .tgid = id >> 32, .fd = a->fd };
 	__u32 dir = a->dir;
+	__u64 buf = a->buf;
 	bpf_map_delete_elem(&inflight, &id);
 	if (ret <= 0)
 		return 0;
@@ -205,6 +252,9 @@ static __always_inline int on_io_exit(long ret)
 	if (!cs)
 		return 0;
 	__u64 now = bpf_ktime_get_ns();
+	if (dir == 0 && buf && cs->turns == 0 && ret >= QOSD_H2_PREFACE_LEN &&
+	    is_h2_preface(buf))
+		emit(key.tgid, key.fd, cs, QOSD_REC_H2, now, now);
 	if (dir == 0) {
 		if (cs->state == QOSD_ST_RESPONDING) {
 			if (cs->emit & QOSD_EMIT_TURN)
@@ -225,11 +275,12 @@ static __always_inline int on_io_exit(long ret)
 	return 0;
 }
 
-#define IO_PAIR(name, dir)                                              \
+#define IO_PAIR(name, dir, bufkind)                                      \
 	SEC("tracepoint/syscalls/sys_enter_" #name)                     \
 	int enter_##name(struct trace_event_raw_sys_enter *ctx)         \
 	{                                                               \
-		return on_io_enter(ctx->args[0], dir);                  \
+		return on_io_enter(ctx->args[0], dir, ctx->args[1],     \
+				   bufkind);                            \
 	}                                                               \
 	SEC("tracepoint/syscalls/sys_exit_" #name)                      \
 	int exit_##name(struct trace_event_raw_sys_exit *ctx)           \
@@ -237,15 +288,15 @@ static __always_inline int on_io_exit(long ret)
 		return on_io_exit(ctx->ret);                            \
 	}
 
-IO_PAIR(read, 0)
-IO_PAIR(readv, 0)
-IO_PAIR(recvfrom, 0)
-IO_PAIR(recvmsg, 0)
-IO_PAIR(write, 1)
-IO_PAIR(writev, 1)
-IO_PAIR(sendto, 1)
-IO_PAIR(sendmsg, 1)
-IO_PAIR(sendfile64, 1) /* args[0] is out_fd: the socket */
+IO_PAIR(read, 0, BUF_FLAT)
+IO_PAIR(readv, 0, BUF_IOV)
+IO_PAIR(recvfrom, 0, BUF_FLAT)
+IO_PAIR(recvmsg, 0, BUF_MSG)
+IO_PAIR(write, 1, BUF_NONE)
+IO_PAIR(writev, 1, BUF_NONE)
+IO_PAIR(sendto, 1, BUF_NONE)
+IO_PAIR(sendmsg, 1, BUF_NONE)
+IO_PAIR(sendfile64, 1, BUF_NONE) /* args[0] is out_fd: the socket */
 
 SEC("tracepoint/syscalls/sys_enter_close")
 int enter_close(struct trace_event_raw_sys_enter *ctx)

@@ -11,10 +11,13 @@
 /* Record kinds: which boundary rule closed the request. */
 #define QOSD_REC_TURN 1 /* first inbound bytes .. last outbound bytes */
 #define QOSD_REC_CONN 2 /* accept .. close of the accepted fd */
+#define QOSD_REC_GRPC 3 /* gRPC call: stream start .. status written (grpc.bpf.c) */
+#define QOSD_REC_H2 4   /* an accepted connection opened with the HTTP/2 preface */
 
 /* target_cfg.emit bits: which record kinds to send for a target. */
 #define QOSD_EMIT_TURN 1
 #define QOSD_EMIT_CONN 2
+#define QOSD_EMIT_H2 4 /* look for the HTTP/2 preface in the first inbound bytes */
 
 /* Indexes of the per-CPU counters array. */
 #define QOSD_CNT_LOST 0       /* records dropped: ring buffer full */
@@ -26,7 +29,12 @@
 #define QOSD_ST_IN_REQ 1     /* inbound bytes seen, no reply yet */
 #define QOSD_ST_RESPONDING 2 /* reply bytes seen; ends at next inbound/close */
 
-/* One finished request, sent through the ring buffer. */
+/* The start of the HTTP/2 client connection preface, "PRI * HTTP/2.0\r\n". */
+#define QOSD_H2_PREFACE_LEN 16
+
+/* One finished request, sent through the ring buffer. GRPC records carry
+ * the stream object's address in conn_id and fd 0; H2 records have
+ * start_ns == end_ns (the preface read). */
 struct req_record {
 	__u64 start_ns; /* bpf_ktime_get_ns() (CLOCK_MONOTONIC) */
 	__u64 end_ns;
@@ -56,6 +64,13 @@ struct conn_state {
 	__u8 emit;  /* QOSD_EMIT_* bits, copied from the target at accept */
 };
 
+/* gRPC calls in flight (grpc.bpf.c): the process and the stream object. */
+struct grpc_key {
+	__u32 tgid;
+	__u32 pad;
+	__u64 stream;
+};
+
 /* Per traced process. */
 struct target_cfg {
 	__u8 emit;        /* QOSD_EMIT_* bits */
@@ -75,5 +90,6 @@ _Static_assert(sizeof(struct conn_key) == 8, "conn_key layout");
 _Static_assert(sizeof(struct conn_state) == 40, "conn_state layout");
 _Static_assert(sizeof(struct target_cfg) == 8, "target_cfg layout");
 _Static_assert(sizeof(struct port_key) == 8, "port_key layout");
+_Static_assert(sizeof(struct grpc_key) == 16, "grpc_key layout");
 
 #endif

@@ -1,29 +1,27 @@
 #!/usr/bin/env bash
-# `make demo` (until scenario replay lands): a real nginx from Debian on
-# loopback, a wrk load against it, and `qosd trace` following it live.
+# `make demo`: the paper's case study (scenarios/ramp.yaml) on this machine:
+# real servers, real eBPF feedback, the knobs this machine has; then where
+# the plots are and how to run the same on the simulated node or with
+# client feedback.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 QOSD=${QOSD:-target/release/qosd}
-dir=$(mktemp -d)
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-cleanup() { kill "${wrk_pid:-}" "${ngx_pid:-}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$dir"; }
-trap cleanup EXIT INT TERM
-cat >"$dir/nginx.conf" <<CONF
-daemon off; master_process off; worker_processes 1;
-error_log $dir/error.log; pid $dir/nginx.pid;
-events { worker_connections 1024; }
-http { access_log off; keepalive_requests 1000000;
-  client_body_temp_path $dir; proxy_temp_path $dir; fastcgi_temp_path $dir; uwsgi_temp_path $dir; scgi_temp_path $dir;
-  server { listen 127.0.0.1:$port; location / { return 200 "hello from nginx\n"; } } }
-CONF
-nginx -c "$dir/nginx.conf" -p "$dir" & ngx_pid=$!
-for _ in $(seq 50); do (echo >/dev/tcp/127.0.0.1/$port) 2>/dev/null && break; sleep 0.1; done
-echo "== nginx (pid $ngx_pid) on 127.0.0.1:$port; wrk: 4 keep-alive connections for 8 s"
-wrk -t 1 -c 4 -d 8s "http://127.0.0.1:$port/" >"$dir/wrk.txt" & wrk_pid=$!
-echo "== qosd trace --pid $ngx_pid --duration 8   (server-side latency from eBPF, no change to nginx)"
-"$QOSD" trace --pid "$ngx_pid" --duration 8
-wait "$wrk_pid" || true
-echo "== what wrk (the client) saw:"
-sed -n '/Latency/,/Req\/Sec/p;/requests in/p' "$dir/wrk.txt"
+OUT=${OUT:-out/ramp}
+DURATION=${DURATION:-60}
+echo "== qosd caps (what this machine lets qosd turn)"
+"$QOSD" caps
 echo
-echo "Try it on any server: sudo $QOSD trace --pid \$(pidof -s memcached) --json"
+echo "== qosd replay scenarios/ramp.yaml --feedback ebpf --duration $DURATION --out $OUT"
+echo "   (calibrates each server first: capacity and knee on this machine)"
+"$QOSD" replay scenarios/ramp.yaml --feedback ebpf --duration "$DURATION" --out "$OUT"
+echo
+echo "Plots: $OUT/timeline.png and $OUT/timeline.svg (load, p99 vs target with the"
+echo "client and eBPF lines, cores/frequency/ways over time); data: $OUT/timeline.csv,"
+echo "$OUT/summary.json."
+echo
+echo "The same on a simulated 16-core node (seconds, deterministic for a seed):"
+echo "  $QOSD replay scenarios/ramp.yaml --sim --out out/ramp-sim"
+echo "With the load generator's latency as the feedback instead of eBPF:"
+echo "  $QOSD replay scenarios/ramp.yaml --feedback client --duration $DURATION --out out/ramp-client"
+echo "  $QOSD compare $OUT out/ramp-client"
+echo "Follow any server live:  $QOSD trace --pid \$(pidof -s memcached) --json"

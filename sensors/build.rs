@@ -9,7 +9,7 @@ fn main() {
     // Watch the whole folder so that added or removed headers are noticed.
     println!("cargo:rerun-if-changed={}", bpf_dir.display());
     // One skeleton per program; more names join this list.
-    for name in ["requests", "sched"] {
+    for name in ["requests", "grpc", "sched"] {
         let src = bpf_dir.join(format!("{name}.bpf.c"));
         println!("cargo:rerun-if-changed={}", src.display());
         SkeletonBuilder::new()

@@ -23,3 +23,9 @@ pub fn install() -> anyhow::Result<()> {
 pub fn stop_requested() -> bool {
     STOP.load(Ordering::SeqCst)
 }
+
+/// The flag itself, for code that polls an `&AtomicBool` (the load
+/// generator's run loop).
+pub fn flag() -> &'static AtomicBool {
+    &STOP
+}

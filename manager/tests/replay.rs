@@ -349,4 +349,20 @@ fn real_replay_of_a_reduced_ramp() {
         both.len()
     );
     assert!(out.join("timeline.png").is_file() && out.join("plans.jsonl").is_file());
+    // The plans were put in force on the cores knob this machine has, and
+    // everything was put back at the end.
+    assert!(
+        rows.iter()
+            .all(|l| l.split(',').nth(8).is_some_and(|c| c == "1")),
+        "cores in every row: {rows:?}"
+    );
+    assert!(err.contains("knobs: cores"), "{err}");
+    let leftover: Vec<_> = std::fs::read_dir("/sys/fs/cgroup/cpuset")
+        .map(|d| {
+            d.flatten()
+                .filter(|e| e.file_name().to_string_lossy() == "qosd-search")
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(leftover.is_empty(), "replay left its cpuset group behind");
 }

@@ -162,3 +162,35 @@ fn single_connection_gap_is_the_network_stack() {
     assert_eq!(s["requests"], 2000, "{s}");
     assert_server_le_client("nginx keep-alive, 1 connection", &s, &lat);
 }
+
+/// `--power` adds the process's attributed power and energy per request;
+/// on a machine without RAPL every figure is flagged as an estimate.
+#[test]
+fn power_columns_are_present_and_labelled() {
+    let mc = memcached(1);
+    let trace = Trace::start(&[mc.pid()], &["--power"]);
+    memcache_load(mc.port, 2, 2000, None);
+    let lines = trace.stop();
+    let intervals: Vec<_> = lines
+        .iter()
+        .filter(|l| l.get("summary").is_none())
+        .collect();
+    assert!(
+        intervals
+            .iter()
+            .all(|l| l["power_w"].as_f64().is_some_and(|w| w >= 0.0)),
+        "{lines:?}"
+    );
+    let rapl = std::path::Path::new("/sys/class/powercap/intel-rapl:0/energy_uj").exists();
+    assert!(
+        intervals.iter().all(|l| l["energy_is_estimate"] == !rapl),
+        "{lines:?}"
+    );
+    assert!(
+        intervals
+            .iter()
+            .any(|l| l["power_w"].as_f64().unwrap() > 0.0
+                && l["energy_per_request_j"].as_f64().is_some_and(|j| j > 0.0)),
+        "some interval with requests has energy per request: {lines:?}"
+    );
+}

@@ -1,7 +1,6 @@
 //! `qosd load`: the open-loop load generator on its own. Requests leave on
 //! schedule whatever the replies do; latency counts from the scheduled time.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use clap::Args as ClapArgs;
@@ -72,27 +71,6 @@ pub struct Args {
     pub json: bool,
 }
 
-static STOP: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_signal(_: libc::c_int) {
-    STOP.store(true, Ordering::Relaxed);
-}
-
-/// Ctrl-C ends the run early and still prints the report.
-fn catch_sigint() {
-    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
-    let sa = SigAction::new(
-        SigHandler::Handler(on_signal),
-        SaFlags::empty(),
-        SigSet::empty(),
-    );
-    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-    unsafe {
-        let _ = sigaction(Signal::SIGINT, &sa);
-        let _ = sigaction(Signal::SIGTERM, &sa);
-    }
-}
-
 pub fn spec_from(a: &Args) -> anyhow::Result<LoadSpec> {
     if !(a.duration > 0.0 && a.duration <= load::MAX_DURATION.as_secs_f64()) {
         return Err(usage!(
@@ -123,7 +101,7 @@ pub fn spec_from(a: &Args) -> anyhow::Result<LoadSpec> {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let spec = spec_from(&args)?;
-    catch_sigint();
+    crate::signals::install()?;
     let json = args.json;
     let show = args.intervals;
     let mut on_interval = |r: &IntervalReport| {
@@ -147,12 +125,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             );
         }
     };
-    let report = load::run(&spec, &STOP, &mut on_interval).map_err(|e| match e {
-        LoadError::NotLoopback(_) | LoadError::BadTarget(..) | LoadError::BadSpec(_) => {
-            usage!("{e}")
-        }
-        e => anyhow::Error::new(e).context(format!("loading {}", args.target)),
-    })?;
+    let report =
+        load::run(&spec, crate::signals::flag(), &mut on_interval).map_err(|e| match e {
+            LoadError::NotLoopback(_) | LoadError::BadTarget(..) | LoadError::BadSpec(_) => {
+                usage!("{e}")
+            }
+            e => anyhow::Error::new(e).context(format!("loading {}", args.target)),
+        })?;
     if json {
         println!("{}", serde_json::to_string(&report)?);
     } else {

@@ -7,10 +7,10 @@
 //! pid, its listening port), client latency from the load generator; the
 //! policy is fed the one `--feedback` names.
 //!
-//! Not wired yet (the daemon loop owns it): applying the policy's plans
-//! through the actuators. Until then the plans are written to
-//! `plans.jsonl` and not applied, and the resource columns of
-//! `timeline.csv` stay empty.
+//! The policy's plans are put in force through the daemon's actuation
+//! ([`crate::daemon::actuate::Actuation`]: the same code as `qosd run`),
+//! on the knobs this machine has; every plan also goes to `plans.jsonl`.
+//! Everything is put back when the replay ends, is interrupted, or fails.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -20,7 +20,7 @@ use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use anyhow::Context;
-use qosd_core::{AppState, Feedback, Limits, NodeCaps, Policy, QosTarget, Share, Snapshot};
+use qosd_core::{AppState, Feedback, Limits, Policy, QosTarget, Resource, Share, Snapshot};
 use qosd_scenarios::calibrate::Calibration;
 use qosd_scenarios::load::{self, IntervalReport, Rate};
 use qosd_scenarios::scenario::Scenario;
@@ -28,27 +28,9 @@ use qosd_scenarios::timeline::{Row, Timeline};
 use qosd_scenarios::{output, servers, sweep};
 use qosd_sensors::ebpf::{Mode, RequestTracer, TargetOptions, TracerOptions};
 
+use crate::daemon::actuate::Actuation;
+use crate::daemon::admit::Peers;
 use crate::usage;
-
-static STOP: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_signal(_: libc::c_int) {
-    STOP.store(true, Ordering::Relaxed);
-}
-
-fn catch_signals() {
-    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
-    let sa = SigAction::new(
-        SigHandler::Handler(on_signal),
-        SaFlags::empty(),
-        SigSet::empty(),
-    );
-    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-    unsafe {
-        let _ = sigaction(Signal::SIGINT, &sa);
-        let _ = sigaction(Signal::SIGTERM, &sa);
-    }
-}
 
 pub fn run(
     sc: &Scenario,
@@ -58,7 +40,7 @@ pub fn run(
     policy: &mut dyn Policy,
     out: &Path,
 ) -> anyhow::Result<()> {
-    catch_signals();
+    crate::signals::install()?;
     let cal = match &args.calibration {
         Some(p) => Calibration::read(p).map_err(|e| usage!("{}: {e:#}", p.display()))?,
         None => {
@@ -108,9 +90,27 @@ pub fn run(
                 .with_context(|| format!("tracing {} (pid {})", s.name, s.pid))?;
         }
     }
+    let mut act = start_actuation()?;
+    let knobs: Vec<&str> = Resource::CYCLE
+        .iter()
+        .filter(|r| act.node().has(**r))
+        .map(|r| r.name())
+        .collect();
     eprintln!(
-        "feedback: {feedback}; knobs: none applied by replay yet (the policy's plans go to plans.jsonl)"
+        "feedback: {feedback}; knobs: {}",
+        if knobs.is_empty() {
+            "none on this machine (plans go to plans.jsonl only)".to_string()
+        } else {
+            knobs.join(", ")
+        }
     );
+    let pids: BTreeMap<String, Vec<i32>> = sc
+        .apps
+        .iter()
+        .zip(&running)
+        .map(|(a, s)| (a.name.clone(), vec![s.pid as i32]))
+        .collect();
+    admit_all(&mut act, sc, &pids)?;
     let stop = Arc::new(AtomicBool::new(false));
     let mut rxs = Vec::new();
     let mut handles = Vec::new();
@@ -140,17 +140,7 @@ pub fn run(
         ..Default::default()
     };
     let nr_iv = ((duration * 1000.0) / sc.interval_ms as f64).round() as usize;
-    let node = NodeCaps {
-        nr_cores: 0,
-        nr_ways: 0,
-        freq: None,
-        mb: None,
-    };
-    let current: BTreeMap<String, Share> = sc
-        .apps
-        .iter()
-        .map(|a| (a.name.clone(), Share::default()))
-        .collect();
+    let node = *act.node();
     for iv in 0..nr_iv {
         let mut snap = Snapshot::default();
         for ((a, rx), srv) in sc.apps.iter().zip(&rxs).zip(&running) {
@@ -180,10 +170,10 @@ pub fn run(
                 ebpf_p99_ms: ebpf,
                 target_ms: target_us.map(|t| t / 1000.0),
                 violation: target_us.and_then(|t| fed.map(|l| l * 1000.0 > t)),
-                cores: None,
-                freq_mhz: None,
-                llc_ways: None,
-                mb_percent: None,
+                cores: level(&act, &a.name, Resource::Cores),
+                freq_mhz: level(&act, &a.name, Resource::Frequency),
+                llc_ways: level(&act, &a.name, Resource::CacheWays),
+                mb_percent: level(&act, &a.name, Resource::MemoryBandwidth),
                 power_w: None,
             });
             let pct = a.target.as_ref().map_or(99.0, |t| t.percentile);
@@ -201,12 +191,28 @@ pub fn run(
                 limits: Limits::default(),
             });
         }
-        if snap.apps.len() < sc.apps.len() || STOP.load(Ordering::Relaxed) {
+        if snap.apps.len() < sc.apps.len() || crate::signals::stop_requested() {
             break;
         }
         snap.apps.sort_by(|x, y| x.name.cmp(&y.name));
-        let plan = policy.decide(((iv + 1) as u64) * sc.interval_ms, &snap, &current, &node);
+        let now_ms = ((iv + 1) as u64) * sc.interval_ms;
+        policy.observe(now_ms, &snap);
+        let current = act.current().clone();
+        let plan = policy.decide(now_ms, &snap, &current, &node);
         writeln!(plans, "{}", serde_json::to_string(&plan)?)?;
+        if plan.allocations != current {
+            for a in act
+                .set(&plan.allocations, &pids, false)
+                .map_err(anyhow::Error::msg)?
+            {
+                if let Some(e) = a.error {
+                    eprintln!(
+                        "applying {}'s allocation failed (it keeps the previous one): {e}",
+                        a.app
+                    );
+                }
+            }
+        }
         if iv % 10 == 9 {
             let last: Vec<String> = tl.rows[tl.rows.len() - sc.apps.len()..]
                 .iter()
@@ -230,6 +236,11 @@ pub fn run(
     for h in handles {
         let _ = h.join();
     }
+    match act.restore_all() {
+        Ok(ch) if !ch.is_empty() => eprintln!("restored {} setting(s)", ch.len()),
+        Ok(_) => {}
+        Err(e) => eprintln!("restoring the knobs: {e} (run `qosd restore`)"),
+    }
     drop(running); // kills the servers
                    // Keep whole intervals only (a stop may cut the last one short).
     tl.rows
@@ -243,4 +254,63 @@ pub fn run(
         files.plot_svg.display()
     );
     Ok(())
+}
+
+/// The actuators with their defaults (state file under /run/qosd, so that a
+/// SIGKILLed replay is undone by `qosd restore`), behind the daemon's
+/// actuation. Knobs the machine lacks are simply absent from the node.
+fn start_actuation() -> anyhow::Result<Actuation> {
+    let cfg = qosd_actuators::Config::default();
+    let (act, leftovers) =
+        qosd_actuators::Actuators::start(&cfg).context("starting the actuators")?;
+    if !leftovers.is_empty() {
+        eprintln!(
+            "put back {} setting(s) a previous run left",
+            leftovers.len()
+        );
+    }
+    Actuation::new(act, &Resource::CYCLE).context("reading the CPU topology")
+}
+
+/// Every app starts with one unit of each pooled knob and the rest shared
+/// out by the policy from there (the same admission as `qosd run`).
+fn admit_all(
+    act: &mut Actuation,
+    sc: &Scenario,
+    pids: &BTreeMap<String, Vec<i32>>,
+) -> anyhow::Result<()> {
+    let mut peers = Peers::new();
+    let initial = Share {
+        nr_cores: 1,
+        nr_ways: 1,
+        ..Default::default()
+    };
+    for a in &sc.apps {
+        let (plan, _) = act
+            .admit(&a.name, initial, Limits::default(), &peers)
+            .map_err(|e| anyhow::anyhow!("admitting {}: {e}", a.name))?;
+        let admitted: BTreeMap<String, Vec<i32>> = pids
+            .iter()
+            .filter(|(n, _)| plan.contains_key(*n))
+            .map(|(n, p)| (n.clone(), p.clone()))
+            .collect();
+        for r in act
+            .set(&plan, &admitted, false)
+            .map_err(anyhow::Error::msg)?
+        {
+            if let Some(e) = r.error {
+                anyhow::bail!("applying {}'s start allocation: {e}", r.app);
+            }
+        }
+        peers.insert(a.name.clone(), (a.class, Limits::default()));
+    }
+    Ok(())
+}
+
+/// The level of `r` in force for `app`, where the node has that knob.
+fn level(act: &Actuation, app: &str, r: Resource) -> Option<u32> {
+    if !act.node().has(r) {
+        return None;
+    }
+    act.current().get(app).map(|s| s.get(r))
 }

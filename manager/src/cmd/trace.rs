@@ -7,9 +7,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args as ClapArgs;
+use qosd_core::AppPower;
 use qosd_sensors::ebpf::{
-    KindReport, Mode, RequestTracer, TargetOptions, TraceError, TracerOptions,
+    KindReport, Mode, RequestTracer, TargetOptions, TargetReport, TraceError, TracerOptions,
 };
+use qosd_sensors::power::{PowerConfig, PowerSensor};
 use serde_json::json;
 
 use crate::{signals, usage};
@@ -18,12 +20,17 @@ use crate::{signals, usage};
 #[command(after_help = "Examples:\n  \
     qosd trace --pid $(pidof memcached) --json\n  \
     qosd trace --pid 1234 --pid 5678 --interval 0.5 --duration 30\n  \
-    qosd trace --pid $(pidof -s nginx) --mode connection --port 80\n\n\
+    qosd trace --pid $(pidof -s nginx) --mode connection --port 80\n  \
+    qosd trace --pid $(pidof my-grpc-server) --mode grpc\n\n\
     Modes: `connection` counts one request per accepted connection (accept ->\n\
     close); `turn` counts request/response turns on persistent connections\n\
-    (keep-alive HTTP, memcached, redis); `auto` picks one per process from\n\
-    what it sees. Latencies are server-side: from the first request bytes\n\
-    read to the last reply bytes written. Needs root.")]
+    (keep-alive HTTP, memcached, redis); `grpc` counts gRPC calls multiplexed\n\
+    on HTTP/2 connections, with uprobes on the server's gRPC library (grpc-go\n\
+    executables with symbols, or a gRPC C-core shared library with symbols;\n\
+    otherwise it warns and falls back to `turn`); `auto` picks one per\n\
+    process from what it sees. Latencies are server-side: from the first\n\
+    request bytes read (gRPC: the call handed to the server) to the last\n\
+    reply bytes written (gRPC: the status). Needs root.")]
 pub struct Args {
     /// Process to trace (repeat for several).
     #[arg(long, required = true, value_name = "PID")]
@@ -35,7 +42,7 @@ pub struct Args {
     #[arg(long, default_value_t = 1.0, value_name = "SECS")]
     pub interval: f64,
     /// How requests are delimited.
-    #[arg(long, default_value = "auto", value_parser = ["auto", "connection", "turn"])]
+    #[arg(long, default_value = "auto", value_parser = ["auto", "connection", "turn", "grpc"])]
     pub mode: String,
     /// Only connections accepted on this local port (repeatable).
     #[arg(long, value_name = "N")]
@@ -43,6 +50,11 @@ pub struct Args {
     /// One JSON object per line (and a last line with "summary": true).
     #[arg(long)]
     pub json: bool,
+    /// Add power columns: watts attributed to the process and joules per
+    /// request (the power sensor: RAPL, or a model estimate where there is
+    /// none, marked as such).
+    #[arg(long)]
+    pub power: bool,
     /// Ring buffer size in KiB (a power of two).
     #[arg(long, default_value_t = 128, value_name = "KIB")]
     pub ringbuf_kib: u32,
@@ -93,13 +105,29 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         };
         tracer.add_target(pid, opts).map_err(trace_err)?;
     }
+    let mut power = if a.power {
+        let ps = PowerSensor::open(&PowerConfig::default(), std::path::Path::new("/"))
+            .context("starting the power sensor (--power)")?;
+        Some(ps)
+    } else {
+        None
+    };
     signals::install()?;
     let start = Instant::now();
     let interval = Duration::from_secs_f64(a.interval);
     let end = a.duration.map(|d| start + Duration::from_secs_f64(d));
     let mut out = std::io::stdout().lock();
     if !a.json {
-        writeln!(out, "{}", header())?;
+        writeln!(
+            out,
+            "{}{}",
+            header(),
+            if a.power {
+                "   power_w  mJ/request"
+            } else {
+                ""
+            }
+        )?;
     }
     let mut next = start + interval;
     loop {
@@ -111,22 +139,26 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         let t_s = start.elapsed().as_secs_f64();
         let finished = signals::stop_requested() || end.is_some_and(|e| Instant::now() >= e);
         let mut all_exited = true;
+        let sample = match power.as_mut() {
+            Some(ps) => Some(ps.sample().context("sampling power")?),
+            None => None,
+        };
         for &pid in &a.pid {
             let Some(r) = tracer.take_report(pid) else {
                 continue;
             };
             all_exited &= r.exited;
             if Instant::now() >= next || finished {
-                print_line(
-                    &mut out,
-                    a.json,
+                let pw = sample.as_ref().map(|s| s.app(&[pid], Some(r.interval.rps)));
+                let line = Line {
                     t_s,
                     pid,
-                    r.mode,
-                    &r.interval,
-                    tracer.dropped(),
-                    false,
-                )?;
+                    mode: r.mode,
+                    k: &r.interval,
+                    dropped: tracer.dropped(),
+                    power: pw.as_ref(),
+                };
+                print_line(&mut out, a.json, &line, None)?;
             }
         }
         next += interval;
@@ -141,18 +173,25 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let t_s = start.elapsed().as_secs_f64();
     for &pid in &a.pid {
         if let Some(r) = tracer.take_report(pid) {
-            print_line(
-                &mut out,
-                a.json,
+            let line = Line {
                 t_s,
                 pid,
-                r.mode,
-                &r.total,
-                tracer.dropped(),
-                true,
-            )?;
-            if r.exited && !a.json {
-                writeln!(out, "pid {pid} exited during the trace")?;
+                mode: r.mode,
+                k: &r.total,
+                dropped: tracer.dropped(),
+                power: None,
+            };
+            print_line(&mut out, a.json, &line, Some(&r))?;
+            if !a.json {
+                if let Some(p) = &r.probes {
+                    writeln!(out, "pid {pid}: gRPC calls from uprobes on {p}")?;
+                }
+                if let Some(w) = &r.warning {
+                    writeln!(out, "pid {pid}: warning: {w}")?;
+                }
+                if r.exited {
+                    writeln!(out, "pid {pid} exited during the trace")?;
+                }
             }
         }
     }
@@ -177,21 +216,28 @@ fn header() -> String {
     )
 }
 
-#[allow(clippy::too_many_arguments)]
-fn print_line(
-    out: &mut impl Write,
-    json: bool,
+/// One line of output: a pid's figures over an interval or the whole run.
+struct Line<'a> {
     t_s: f64,
     pid: u32,
     mode: Mode,
-    k: &KindReport,
+    k: &'a KindReport,
     dropped: u64,
-    summary: bool,
+    power: Option<&'a AppPower>,
+}
+
+fn print_line(
+    out: &mut impl Write,
+    json: bool,
+    l: &Line<'_>,
+    summary_of: Option<&TargetReport>,
 ) -> anyhow::Result<()> {
-    let mode = if mode == Mode::Auto {
+    let summary = summary_of.is_some();
+    let (t_s, pid, k, dropped) = (l.t_s, l.pid, l.k, l.dropped);
+    let mode = if l.mode == Mode::Auto {
         "undecided"
     } else {
-        mode.as_str()
+        l.mode.as_str()
     };
     if json {
         let mut v = json!({
@@ -207,9 +253,21 @@ fn print_line(
             "p99_us": k.p99_us,
             "dropped": dropped,
         });
-        if summary {
+        if let Some(p) = l.power {
+            v["power_w"] = json!(p.power_w);
+            v["energy_per_request_j"] = json!(p.energy_per_request_j);
+            v["power_source"] = json!(p.source);
+            v["energy_is_estimate"] = json!(p.energy_is_estimate);
+        }
+        if let Some(r) = summary_of {
             v["summary"] = json!(true);
             v["max_us"] = json!(k.max_us);
+            if let Some(p) = &r.probes {
+                v["probes"] = json!(p);
+            }
+            if let Some(w) = &r.warning {
+                v["warning"] = json!(w);
+            }
         }
         writeln!(out, "{v}")?;
     } else {
@@ -217,9 +275,16 @@ fn print_line(
         if summary {
             writeln!(out, "summary over {t_s:.1} s:")?;
         }
+        let power = l.power.map_or(String::new(), |p| {
+            let est = if p.energy_is_estimate { "~" } else { "" };
+            let mj = p
+                .energy_per_request_j
+                .map_or("-".into(), |j| format!("{est}{:.3}", j * 1e3));
+            format!(" {:>9} {:>11}", format!("{est}{:.2}", p.power_w), mj)
+        });
         writeln!(
             out,
-            "{:>7.1} {:>8} {:>10} {:>9} {:>10.1} {:>10} {:>10} {:>10} {:>10} {:>10} {:>7}",
+            "{:>7.1} {:>8} {:>10} {:>9} {:>10.1} {:>10} {:>10} {:>10} {:>10} {:>10} {:>7}{power}",
             t_s,
             pid,
             mode,

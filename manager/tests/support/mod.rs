@@ -3,6 +3,8 @@
 //! and `qosd` run as a child process.
 #![allow(dead_code)]
 
+pub mod grpc;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;

@@ -1,4 +1,4 @@
-//! The tracer thread: owns the loaded BPF object, applies target changes,
+//! The tracer thread: owns the loaded BPF objects, applies target changes,
 //! drains the ring buffer and feeds the per-target statistics.
 
 use std::cell::RefCell;
@@ -11,6 +11,7 @@ use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
 use libbpf_rs::{MapCore, MapFlags, OpenObject, RingBufferBuilder};
 
 use super::target::TargetStats;
+use super::uprobes::{attach_grpc, GrpcProbes};
 use super::{seed, Cmd, Mode, Shared, TargetOptions, TraceError, TracerOptions};
 
 #[allow(clippy::all, clippy::undocumented_unsafe_blocks)]
@@ -24,8 +25,11 @@ use skel::{RequestsSkel, RequestsSkelBuilder};
 // Constants of bpf/requests.h.
 const REC_TURN: u8 = 1;
 const REC_CONN: u8 = 2;
+const REC_GRPC: u8 = 3;
+const REC_H2: u8 = 4;
 const EMIT_TURN: u8 = 1;
 const EMIT_CONN: u8 = 2;
+const EMIT_H2: u8 = 4;
 const CNT_LOST: u32 = 0;
 const ST_IDLE: u8 = 0;
 const ST_RESPONDING: u8 = 2;
@@ -104,14 +108,18 @@ fn load<'o>(
 
 fn emit_bits(mode: Mode) -> u8 {
     match mode {
-        Mode::Auto => EMIT_TURN | EMIT_CONN,
+        Mode::Auto => EMIT_TURN | EMIT_CONN | EMIT_H2,
         Mode::Connection => EMIT_CONN,
         Mode::Turn => EMIT_TURN,
+        // Calls come from the uprobes; the preface tells how many
+        // connections carry them.
+        Mode::Grpc => EMIT_H2,
     }
 }
 
 fn add_target(
     skel: &RequestsSkel<'_>,
+    grpc: &mut Result<GrpcProbes<'_>, String>,
     shared: &Shared,
     window: usize,
     pid: u32,
@@ -120,6 +128,9 @@ fn add_target(
     if pid == 0 || !std::path::Path::new(&format!("/proc/{pid}")).exists() {
         return Err(TraceError::NoSuchProcess(pid));
     }
+    // Attached before the stats exist: a record that comes meanwhile has no
+    // target and is dropped, like one from before tracing.
+    let (mode, probes, warning) = attach_grpc(grpc, pid, opts.mode);
     let flags = MapFlags::ANY;
     let upd = |what, r: libbpf_rs::Result<()>| r.map_err(bpf_err(what));
     for &port in &opts.ports {
@@ -133,21 +144,21 @@ fn add_target(
             skel.maps.ports.update(bytes_of(&k), &[1], flags),
         )?;
     }
-    let emit = emit_bits(opts.mode);
+    let emit = emit_bits(mode);
     let cfg = target_cfg {
         emit,
         port_filter: u8::from(!opts.ports.is_empty()),
         pad: [0; 6],
     };
-    // Stats first, so that no record of this pid finds nowhere to go.
+    // Stats first, so that no syscall record of this pid finds nowhere to go.
+    let mut stats = TargetStats::new(mode, window, super::monotonic_ns());
+    stats.probes = probes;
+    stats.warning = warning;
     shared
         .targets
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .insert(
-            pid,
-            TargetStats::new(opts.mode, window, super::monotonic_ns()),
-        );
+        .insert(pid, stats);
     upd(
         "adding the target",
         skel.maps
@@ -172,7 +183,7 @@ fn add_target(
             .conns
             .update(bytes_of(&k), bytes_of(&v), MapFlags::NO_EXIST);
     }
-    tracing::info!(pid, mode = %opts.mode, ports = ?opts.ports, "tracing requests");
+    tracing::info!(pid, %mode, ports = ?opts.ports, "tracing requests");
     Ok(())
 }
 
@@ -191,7 +202,10 @@ fn conns_of(skel: &RequestsSkel<'_>, pid: u32) -> Vec<(Vec<u8>, conn_state)> {
         .collect()
 }
 
-fn remove_target(skel: &RequestsSkel<'_>, pid: u32) {
+fn remove_target(skel: &RequestsSkel<'_>, grpc: &mut Result<GrpcProbes<'_>, String>, pid: u32) {
+    if let Ok(g) = grpc.as_mut() {
+        g.detach(pid);
+    }
     let _ = skel.maps.targets.delete(bytes_of(&pid));
     for (k, _) in conns_of(skel, pid) {
         let _ = skel.maps.conns.delete(&k);
@@ -250,6 +264,8 @@ fn ingest(shared: &Shared, records: &mut Vec<req_record>) {
                 t.turn.record(r.end_ns, latency);
             }
             REC_CONN => t.conn.record(r.end_ns, latency),
+            REC_GRPC => t.grpc.record(r.end_ns, latency),
+            REC_H2 => t.h2_conns += 1,
             _ => {}
         }
     }
@@ -294,6 +310,18 @@ pub(super) fn run(
             return;
         }
     };
+    // Declared after `skel`, so dropped (detached) before it.
+    let mut grpc_storage = MaybeUninit::uninit();
+    let mut grpc = GrpcProbes::load(
+        &mut grpc_storage,
+        &skel.maps.events,
+        &skel.maps.counters,
+        opts.ringbuf_bytes,
+    );
+    if let Err(e) = &grpc {
+        // Syscall tracing still works; gRPC targets get this as a warning.
+        tracing::warn!("gRPC uprobes unavailable: {e}");
+    }
     let pending: RefCell<Vec<req_record>> = RefCell::new(Vec::with_capacity(4096));
     let mut builder = RingBufferBuilder::new();
     let added = builder.add(&skel.maps.events, |data: &[u8]| {
@@ -340,10 +368,11 @@ pub(super) fn run(
         loop {
             match cmds.try_recv() {
                 Ok(Cmd::Add(pid, t, reply)) => {
-                    let _ = reply.send(add_target(&skel, &shared, opts.window, pid, &t));
+                    let r = add_target(&skel, &mut grpc, &shared, opts.window, pid, &t);
+                    let _ = reply.send(r);
                 }
                 Ok(Cmd::Remove(pid, reply)) => {
-                    remove_target(&skel, pid);
+                    remove_target(&skel, &mut grpc, pid);
                     shared
                         .targets
                         .lock()
@@ -367,7 +396,7 @@ pub(super) fn run(
                 // Its last replies were complete; then stop matching the
                 // pid in the kernel (it may be reused).
                 flush(&mut batch, pid);
-                remove_target(&skel, pid);
+                remove_target(&skel, &mut grpc, pid);
             }
         }
     }

@@ -2,17 +2,20 @@
 //! of running processes, from syscall tracepoints, with no change to the
 //! application and no client feedback.
 //!
-//! [`RequestTracer`] loads `bpf/requests.bpf.c` once and traces any number
-//! of processes. Per pid it answers the four calls of the eBeeMetrics paper
+//! [`RequestTracer`] loads `bpf/requests.bpf.c` (syscalls) and
+//! `bpf/grpc.bpf.c` (gRPC uprobes, attached per process) once and traces
+//! any number of processes. Per pid it answers the four calls of the eBeeMetrics paper
 //! (`rps`, `latest_latency`, `average_latency`, `latency_percentile`) over a
 //! window of the last N requests, plus counts, drops and the request
 //! boundary mode in use. The kernel side emits one record per request; the
 //! statistics are all done here (see [`crate::stats`]).
 
 mod bpf;
+mod grpc;
 mod probe;
 mod seed;
 mod target;
+mod uprobes;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -28,7 +31,7 @@ use target::TargetStats;
 /// How a target's byte stream is cut into requests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Mode {
-    /// Pick `Connection` or `Turn` per target from what is observed.
+    /// Pick `Connection`, `Turn` or `Grpc` per target from what is observed.
     #[default]
     Auto,
     /// One request per accepted connection: accept -> close.
@@ -37,6 +40,11 @@ pub enum Mode {
     /// after the server last wrote -> last outbound bytes before the next
     /// inbound bytes or the close.
     Turn,
+    /// gRPC calls multiplexed as HTTP/2 streams: uprobes on the server's
+    /// gRPC library (grpc-go or C-core), from the call's start to its status
+    /// being written. Falls back to `Turn` with a warning where the library
+    /// cannot be probed.
+    Grpc,
 }
 
 impl Mode {
@@ -45,6 +53,7 @@ impl Mode {
             Mode::Auto => "auto",
             Mode::Connection => "connection",
             Mode::Turn => "turn",
+            Mode::Grpc => "grpc",
         }
     }
 }
@@ -56,8 +65,9 @@ impl std::str::FromStr for Mode {
             "auto" => Ok(Mode::Auto),
             "connection" => Ok(Mode::Connection),
             "turn" => Ok(Mode::Turn),
+            "grpc" => Ok(Mode::Grpc),
             _ => Err(format!(
-                "unknown mode {s:?}: expected auto, connection or turn"
+                "unknown mode {s:?}: expected auto, connection, turn or grpc"
             )),
         }
     }

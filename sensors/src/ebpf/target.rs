@@ -1,9 +1,9 @@
 //! Per-target statistics and the `auto` choice between boundary modes.
 //!
-//! The kernel sends TURN and CONN records side by side (for `auto`); each
-//! kind has its own window, interval and total, so whichever mode is chosen
-//! covers every request since tracing began, and a late decision loses
-//! nothing.
+//! The kernel sends TURN, CONN and (with the gRPC uprobes) GRPC records side
+//! by side (for `auto`); each kind has its own window, interval and total,
+//! so whichever mode is chosen covers every request since tracing began,
+//! and a late decision loses nothing.
 
 use qosd_core::LatencySummary;
 use serde::Serialize;
@@ -50,9 +50,16 @@ pub(crate) struct TargetStats {
     pub requested: Mode,
     pub turn: KindStats,
     pub conn: KindStats,
+    pub grpc: KindStats,
     /// TURN records that were the first turn of their connection: the
     /// number of connections seen through turns.
     pub first_turns: u64,
+    /// Connections that opened with the HTTP/2 preface (H2 records).
+    pub h2_conns: u64,
+    /// The gRPC library probed for this target, if any.
+    pub probes: Option<String>,
+    /// Why gRPC calls cannot be traced here, and what is done instead.
+    pub warning: Option<String>,
     pub exited: bool,
     pub started_ns: u64,
     pub interval_start_ns: u64,
@@ -60,6 +67,13 @@ pub(crate) struct TargetStats {
 
 /// Connections average at least this many turns: keep-alive, use `turn`.
 const TURNS_PER_CONN_FOR_TURN: f64 = 1.5;
+/// Connections average at least this many gRPC calls: multiplexed, use
+/// `grpc`; fewer (one call per connection) and `connection` counts them.
+const CALLS_PER_CONN_FOR_GRPC: f64 = 1.5;
+/// HTTP/2 without probes: a call on its own connection takes two or three
+/// turns (settings, the call, acks); closing connections with fewer turns
+/// than this are taken as one call each.
+const H2_TURNS_PER_CALL_CONN: f64 = 4.0;
 
 impl TargetStats {
     pub fn new(requested: Mode, window: usize, now_ns: u64) -> Self {
@@ -67,7 +81,11 @@ impl TargetStats {
             requested,
             turn: KindStats::new(window),
             conn: KindStats::new(window),
+            grpc: KindStats::new(window),
             first_turns: 0,
+            h2_conns: 0,
+            probes: None,
+            warning: None,
             exited: false,
             started_ns: now_ns,
             interval_start_ns: now_ns,
@@ -79,6 +97,31 @@ impl TargetStats {
     pub fn effective_mode(&self) -> Mode {
         if self.requested != Mode::Auto {
             return self.requested;
+        }
+        // Connections that close, about one per connection opened: what
+        // `connection` mode needs.
+        let closing = |opened: u64| self.conn.total_count * 2 >= opened;
+        if self.grpc.total_count > 0 {
+            // Calls seen by the uprobes. Connections with no preface seen
+            // (open before tracing) count as multiplexed.
+            let conns = self.h2_conns.max(self.conn.total_count);
+            let per_conn = self.grpc.total_count as f64 / conns.max(1) as f64;
+            if conns > 0 && per_conn < CALLS_PER_CONN_FOR_GRPC && closing(self.h2_conns) {
+                return Mode::Connection;
+            }
+            return Mode::Grpc;
+        }
+        if self.h2_conns > 0 && self.probes.is_none() {
+            // HTTP/2 without probes: its turns (settings, pings, window
+            // updates) are not calls, but a short connection per call still
+            // counts one; a busy multiplexed connection gets the turn
+            // fallback (the warning says calls cannot be told apart).
+            let turns_per_conn = self.turn.total_count as f64 / self.first_turns.max(1) as f64;
+            return if closing(self.h2_conns) && turns_per_conn < H2_TURNS_PER_CALL_CONN {
+                Mode::Connection
+            } else {
+                Mode::Turn
+            };
         }
         if self.first_turns == 0 {
             return Mode::Auto;
@@ -96,9 +139,14 @@ impl TargetStats {
 
     /// The statistics of the mode in use (turns while undecided).
     pub fn chosen(&self) -> &KindStats {
-        match self.effective_mode() {
+        self.kind(self.effective_mode())
+    }
+
+    fn kind(&self, mode: Mode) -> &KindStats {
+        match mode {
             Mode::Connection => &self.conn,
-            _ => &self.turn,
+            Mode::Grpc => &self.grpc,
+            Mode::Auto | Mode::Turn => &self.turn,
         }
     }
 
@@ -121,24 +169,33 @@ impl TargetStats {
         let mode = self.effective_mode();
         let secs = (now.saturating_sub(self.interval_start_ns)) as f64 / 1e9;
         let total_secs = (now.saturating_sub(self.started_ns)) as f64 / 1e9;
-        let k = match mode {
-            Mode::Connection => &self.conn,
-            _ => &self.turn,
-        };
+        tracing::debug!(
+            %mode,
+            turns = self.turn.total_count,
+            first_turns = self.first_turns,
+            conns = self.conn.total_count,
+            h2_conns = self.h2_conns,
+            grpc_calls = self.grpc.total_count,
+            "boundary evidence"
+        );
+        let k = self.kind(mode);
         let mut report = TargetReport {
             mode,
             interval: KindReport::from_hist(&k.interval, k.interval_count, secs, k.interval_latest),
             total: KindReport::from_hist(&k.total, k.total_count, total_secs, k.window.latest()),
             histogram: LogHistogram::default(),
             exited: self.exited,
+            probes: self.probes.clone(),
+            warning: self.warning.clone(),
         };
         // The interval's latencies go to the caller whole (the daemon merges
         // them over its own time horizon and across a process group).
-        report.histogram = match mode {
-            Mode::Connection => std::mem::take(&mut self.conn.interval),
-            _ => std::mem::take(&mut self.turn.interval),
-        };
-        for k in [&mut self.turn, &mut self.conn] {
+        report.histogram = std::mem::take(match mode {
+            Mode::Connection => &mut self.conn.interval,
+            Mode::Grpc => &mut self.grpc.interval,
+            Mode::Auto | Mode::Turn => &mut self.turn.interval,
+        });
+        for k in [&mut self.turn, &mut self.conn, &mut self.grpc] {
             k.interval.clear();
             k.interval_count = 0;
             k.interval_latest = None;
@@ -186,6 +243,11 @@ pub struct TargetReport {
     /// Every latency of the interval, ns (of the mode in use).
     pub histogram: LogHistogram,
     pub exited: bool,
+    /// The gRPC library whose uprobes delimit calls, e.g. "grpc-go v1.79.3
+    /// (handleStream .. writeStatus)".
+    pub probes: Option<String>,
+    /// Why per-call gRPC tracing is not possible, and the mode used instead.
+    pub warning: Option<String>,
 }
 
 #[cfg(test)]
@@ -219,6 +281,47 @@ mod tests {
     #[test]
     fn auto_is_undecided_before_any_request() {
         assert_eq!(stats_with(0, 0, 0).effective_mode(), Mode::Auto);
+    }
+
+    fn grpc_stats(calls: u64, h2: u64, closed: u64) -> TargetStats {
+        let mut t = stats_with(calls * 3, h2, closed);
+        t.grpc.total_count = calls;
+        t.h2_conns = h2;
+        t.probes = Some("grpc-go".into());
+        t
+    }
+
+    #[test]
+    fn auto_picks_grpc_for_multiplexed_streams() {
+        assert_eq!(grpc_stats(1000, 1, 0).effective_mode(), Mode::Grpc);
+        // Two calls per connection are already invisible to `connection`.
+        assert_eq!(grpc_stats(200, 100, 100).effective_mode(), Mode::Grpc);
+    }
+
+    #[test]
+    fn auto_picks_grpc_on_connections_open_before_tracing() {
+        assert_eq!(grpc_stats(50, 0, 0).effective_mode(), Mode::Grpc);
+    }
+
+    #[test]
+    fn auto_picks_connection_for_a_connection_per_call() {
+        assert_eq!(grpc_stats(500, 500, 500).effective_mode(), Mode::Connection);
+        // Not yet closed: still `grpc`, which counts them all meanwhile.
+        assert_eq!(grpc_stats(500, 500, 0).effective_mode(), Mode::Grpc);
+    }
+
+    #[test]
+    fn http2_without_probes_counts_short_connections_else_turns() {
+        let h2 = |turns, first, closed| {
+            let mut t = stats_with(turns, first, closed);
+            t.h2_conns = first;
+            t.effective_mode()
+        };
+        // A connection per call: two or three turns each, all closed.
+        assert_eq!(h2(2500, 1000, 1000), Mode::Connection);
+        // One multiplexed connection, open or closed at the end.
+        assert_eq!(h2(5000, 1, 0), Mode::Turn);
+        assert_eq!(h2(5000, 1, 1), Mode::Turn);
     }
 
     #[test]
