@@ -48,6 +48,7 @@ while time.monotonic() - t0 < dur and n < rate * dur * 2:
     if d > 0: time.sleep(d)
 EOF
 
+mb() { awk -v k="$1" 'BEGIN { printf "%.1f", k / 1024 }'; }
 ticks() { awk '{ split($0, a, ") "); split(a[2], f, " "); print f[12] + f[13] }' "/proc/$1/stat"; }
 hz=$(getconf CLK_TCK)
 
@@ -137,9 +138,9 @@ for r in "${results[@]}"; do
   read -r cpu rss hwm tm td missed reqs managed <<<"$r"
   cpus+=("$cpu")
   rsss+=("$hwm")
-  printf '| %d | %s | %.1f | %.1f | %s / %s | %s | %s | %s |\n' "$i" "$cpu" "$(echo "$rss/1024" | bc -l)" "$(echo "$hwm/1024" | bc -l)" "$tm" "$td" "$missed" "$reqs" "$managed"
+  printf '| %d | %s | %s | %s | %s / %s | %s | %s | %s |\n' "$i" "$cpu" "$(mb "$rss")" "$(mb "$hwm")" "$tm" "$td" "$missed" "$reqs" "$managed"
 done
 med_cpu=$(printf '%s\n' "${cpus[@]}" | sort -g | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}')
 max_rss=$(printf '%s\n' "${rsss[@]}" | sort -g | tail -1)
 echo
-printf 'Median CPU %s %% of one core (goal <= 1 %%; PARTIES'"'"' own runtime used 15 %%); peak RSS %.1f MB (goal <= 30 MB).\n' "$med_cpu" "$(echo "$max_rss/1024" | bc -l)"
+printf 'Median CPU %s %% of one core (goal <= 1 %%; PARTIES'"'"' own runtime used 15 %%); peak RSS %s MB (goal <= 30 MB).\n' "$med_cpu" "$(mb "$max_rss")"

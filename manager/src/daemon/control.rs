@@ -8,19 +8,17 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use qosd_core::{
-    AppClass, AppState, Decision, Feedback, Limits, Policy, QosTarget, Share, Snapshot,
-};
+use qosd_core::{AppState, Feedback, Limits, Policy, Snapshot};
 use qosd_sensors::ebpf::{RequestTracer, TargetOptions};
 use qosd_sensors::power::PowerSensor;
 use qosd_sensors::procfs::{CpuMeter, NodeCpu, Procfs};
 use qosd_sensors::stats::LogHistogram;
 
-use super::actuate::{Actuation, Applied};
+use super::actuate::Actuation;
 use super::admit::Peers;
 use super::discover::Finder;
 use super::latency::from_tracer;
-use super::state::{unix_ms, DecisionRecord, SharedState};
+use super::state::SharedState;
 use crate::config::AppConfig;
 
 /// One configured app and what the loop keeps about it.
@@ -53,6 +51,9 @@ pub struct Controller {
     node_cpu: Option<NodeCpu>,
     dry_run: bool,
 }
+
+mod report;
+pub use report::{describe_target, live_entry};
 
 impl Controller {
     #[allow(clippy::too_many_arguments)]
@@ -141,39 +142,6 @@ impl Controller {
         }
         self.publish(decide);
         ev
-    }
-
-    /// Power of every app and the node over the last decision interval.
-    fn sample_power(&mut self) {
-        let Some(p) = self.power.as_mut() else { return };
-        let sample = p.sample();
-        let mut sh = self.shared.lock();
-        match sample {
-            Ok(s) => {
-                sh.power_error = None;
-                sh.node_power_w = Some(s.node.total_w);
-                for a in &self.apps {
-                    let Some(live) = sh.apps.get_mut(&a.cfg.name) else {
-                        continue;
-                    };
-                    if a.pids.is_empty() {
-                        live.power = None;
-                        live.power_w = None;
-                        continue;
-                    }
-                    let tgids: Vec<u32> = a.pids.iter().map(|&p| p as u32).collect();
-                    let ap = s.app(&tgids, Some(live.recent.rps()));
-                    live.power_w = Some(ap.power_w);
-                    live.power = Some(ap);
-                }
-            }
-            Err(e) => {
-                if sh.power_error.is_none() {
-                    tracing::warn!("power sample: {e}");
-                }
-                sh.power_error = Some(e.to_string());
-            }
-        }
     }
 
     /// Pids of the managed apps.
@@ -319,39 +287,6 @@ impl Controller {
         ev
     }
 
-    /// "1 core (CPU 0)", "2 cores (CPUs 0-1), 4 ways", or "as found".
-    pub fn describe(&self, app: &str) -> String {
-        let Some(s) = self.act.current().get(app) else {
-            return "nothing managed".into();
-        };
-        let mut parts = Vec::new();
-        if s.nr_cores > 0 {
-            let cpus = self.act.cpus(app).unwrap_or_default();
-            let list = qosd_actuators::cpulist::format(&cpus);
-            let (c, p) = if s.nr_cores == 1 {
-                ("core", "CPU")
-            } else {
-                ("cores", "CPUs")
-            };
-            let p = if cpus.len() == 1 { "CPU" } else { p };
-            parts.push(format!("{} {c} ({p} {list})", s.nr_cores));
-        }
-        if s.nr_ways > 0 {
-            parts.push(format!("{} LLC ways", s.nr_ways));
-        }
-        if s.freq_mhz > 0 {
-            parts.push(format!("{} MHz", s.freq_mhz));
-        }
-        if s.mb_percent > 0 {
-            parts.push(format!("{} % memory bandwidth", s.mb_percent));
-        }
-        if parts.is_empty() {
-            "its resources as found".into()
-        } else {
-            parts.join(", ")
-        }
-    }
-
     /// Feeds each app's latencies of this tick in and builds the snapshot
     /// of the managed apps. CPU time is read on decision ticks only: the
     /// kernel counts it in 10 ms ticks, too coarse for 100 ms anyway.
@@ -408,70 +343,6 @@ impl Controller {
         snap
     }
 
-    /// Records decisions and apply outcomes (for the API) and returns
-    /// their log lines. `plan_error`: the whole plan was refused.
-    fn record(
-        &mut self,
-        now_ms: u64,
-        decisions: &[Decision],
-        applied: &[Applied],
-        plan_error: Option<&str>,
-    ) -> Events {
-        let mut ev = Events::new();
-        for a in applied.iter().filter(|a| !a.gone) {
-            if let Some(rt) = self.apps.iter_mut().find(|r| r.cfg.name == a.app) {
-                rt.note = a
-                    .error
-                    .clone()
-                    .map(|e| format!("applying its allocation failed: {e}"));
-            }
-        }
-        let mut sh = self.shared.lock();
-        for a in applied.iter().filter(|a| a.error.is_some() && !a.gone) {
-            if let Some(live) = sh.apps.get_mut(&a.app) {
-                live.apply_errors_total += 1;
-            }
-            if !decisions.iter().any(|d| d.app == a.app) {
-                ev.push(format!(
-                    "app {}: applying its allocation failed: {}",
-                    a.app,
-                    a.error.as_deref().unwrap_or("")
-                ));
-            }
-        }
-        for d in decisions {
-            let failed = applied.iter().find(|a| a.app == d.app && a.error.is_some());
-            let in_force = self.act.current().get(&d.app).map(|s| s.get(d.resource));
-            let ok = plan_error.is_none() && failed.is_none() && in_force == Some(d.to);
-            let error = plan_error
-                .map(str::to_owned)
-                .or_else(|| failed.and_then(|a| a.error.clone()))
-                .or_else(|| (!ok).then(|| "the app is not managed any more".to_owned()));
-            ev.push(format!(
-                "{d}{}",
-                match (&error, self.dry_run) {
-                    (Some(e), _) => format!(" — NOT APPLIED: {e}"),
-                    (None, true) => " (dry run)".to_owned(),
-                    _ => String::new(),
-                }
-            ));
-            sh.record(DecisionRecord {
-                t_ms: now_ms,
-                unix_ms: unix_ms(),
-                app: d.app.clone(),
-                resource: d.resource,
-                kind: d.kind,
-                from: d.from,
-                to: d.to,
-                unit: d.resource.unit(),
-                reason: d.reason.clone(),
-                applied: ok && !self.dry_run,
-                error,
-            });
-        }
-        ev
-    }
-
     /// Copies allocations, processes and node figures to the shared state.
     fn publish(&mut self, decided: bool) {
         let node = decided.then(|| self.procfs.node_cpu().ok()).flatten();
@@ -499,37 +370,5 @@ impl Controller {
                 live.cpus = cpus;
             }
         }
-    }
-}
-
-/// The starting live entry of a configured app.
-pub fn live_entry(a: &AppConfig, feedback: Feedback, nr_slots: usize) -> super::state::AppLive {
-    super::state::AppLive {
-        name: a.name.clone(),
-        class: a.class,
-        feedback,
-        target: a.qos_target().filter(|_| a.class == AppClass::Lc),
-        pids: Vec::new(),
-        share: None::<Share>,
-        cpus: None,
-        recent: super::latency::Recent::new(nr_slots),
-        inbox: Default::default(),
-        cpu_util: 0.0,
-        power_w: None,
-        power: None,
-        note: Some("not running".into()),
-        apply_errors_total: 0,
-    }
-}
-
-/// For the start-up banner: "p99 ≤ 1 ms".
-pub fn describe_target(t: Option<QosTarget>) -> String {
-    match t {
-        Some(t) => format!(
-            "p{} <= {}",
-            t.percentile,
-            crate::policy::alloc::fmt_us(t.value_us)
-        ),
-        None => "no target".into(),
     }
 }
