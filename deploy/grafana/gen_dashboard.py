@@ -61,7 +61,7 @@ ts("Knobs in use", "1 when the policy turns the knob on that node; 0 when the no
 ], 12, extra={"options": {"legend": {"displayMode": "table", "placement": "right"}}})
 nl()
 row("Power")
-NO_POWER = " Needs qosd's power sensor: the power metrics are not in this build of qosd yet, so this panel stays empty."
+NO_POWER = " Empty where qosd runs with sensors.power: false or cannot load its sched_switch program (see qosd's startup banner)."
 ts("Power", "Power attributed to each app and the node's; estimate=\"true\" when it comes from qosd's model (no RAPL), not a measurement." + NO_POWER, "watt", [
     (f'qosd_app_power_watts{{{SEL}}}', "{{app}} ({{instance}}, estimate={{estimate}})"),
     ('qosd_node_power_watts{instance=~"$instance"}', "node ({{instance}}, estimate={{estimate}})"),
