@@ -170,6 +170,9 @@ fn main() {
     drop(mc);
     println!("## Request tracing overhead (memcached at saturation)\n");
     println!(
+        "Command: `cargo run --release -p qosd-manager --example trace_overhead -- {rounds} {secs} {conns}`\n"
+    );
+    println!(
         "memcached -t 2 on loopback, closed-loop `get` from {conns} connections, {rounds} interleaved \
          rounds of {secs} s without / with `qosd trace --pid` attached (alternating order).\n"
     );

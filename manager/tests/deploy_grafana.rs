@@ -433,7 +433,9 @@ fn grafana_dashboard_matches_a_live_daemon_and_prometheus() {
         }
         let panel = panel_description(&dash, title);
         if !waiting.is_empty() && !panel.contains("cannot load its sched_switch program") {
-            failures.push(format!("{title}: shows {waiting:?} but its description does not say when they are missing"));
+            failures.push(format!(
+                "{title}: shows {waiting:?} but its description does not say when they are missing"
+            ));
         }
         let v = query(&substitute(expr));
         if v["status"] != "success" {

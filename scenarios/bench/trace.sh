@@ -14,6 +14,4 @@ awk '/^(ingest|query)\//{name=$0} /time:/{t=$4" "$5} /thrpt:/{th=$4" "$5} /time:
 echo
 echo "Goals: >= 20 M records/s ingested on one core; <= 1 µs for any percentile of a 100k window."
 echo
-echo "Command: \`cargo run --release -p qosd-manager --example trace_overhead -- 6 4 8\`"
-echo
 cargo run -q --release -p qosd-manager --example trace_overhead -- 6 4 8
