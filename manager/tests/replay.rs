@@ -365,4 +365,9 @@ fn real_replay_of_a_reduced_ramp() {
         })
         .unwrap_or_default();
     assert!(leftover.is_empty(), "replay left its cpuset group behind");
+    // No power figure in a real replay yet: the summary says so (null), it
+    // does not claim 0 J.
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    assert!(summary["apps"]["search"]["energy_j"].is_null(), "{summary}");
 }

@@ -76,12 +76,12 @@ pub fn summary_table(s: &Summary) -> String {
             ""
         };
         let line = format!(
-            "{:<12} {:>9.1}% {:>10.0} {:>10.2} {:>10.0} {:>12}  {}{}",
+            "{:<12} {:>9.1}% {:>10.0} {:>10.2} {:>10} {:>12}  {}{}",
             name,
             a.violation_fraction * 100.0,
             a.core_seconds,
             a.mean_cores,
-            a.energy_j,
+            a.energy_j.map_or("-".into(), |e| format!("{e:.0}")),
             a.p99_max_ms.map_or("-".into(), |v| format!("{v:.2}")),
             rec.join(" "),
             more
@@ -119,13 +119,13 @@ pub fn compare(dirs: &[PathBuf], out: &Path) -> anyhow::Result<String> {
         let mut line = |app: &str, a: &crate::timeline::AppSummary| {
             let _ = writeln!(
                 table,
-                "{:<28} {:<10} {:>9.1}% {:>10.0} {:>10.2} {:>10.0} {:>12}",
+                "{:<28} {:<10} {:>9.1}% {:>10.0} {:>10.2} {:>10} {:>12}",
                 label,
                 app,
                 a.violation_fraction * 100.0,
                 a.core_seconds,
                 a.mean_cores,
-                a.energy_j,
+                a.energy_j.map_or("-".into(), |e| format!("{e:.0}")),
                 a.p99_max_ms.map_or("-".into(), |v| format!("{v:.2}"))
             );
         };

@@ -182,7 +182,8 @@ impl Timeline {
             0.0
         };
         // `+ 0.0`: an empty float sum is -0.0, printed "-0".
-        total.energy_j = self.node_power_w.iter().sum::<f64>() * dt + 0.0;
+        total.energy_j = (!self.node_power_w.is_empty())
+            .then(|| self.node_power_w.iter().sum::<f64>() * dt + 0.0);
         total.time_to_recover_s = Vec::new();
         Summary {
             scenario: self.scenario.clone(),
@@ -210,8 +211,9 @@ pub struct AppSummary {
     /// Σ cores × interval, core·s.
     pub core_seconds: f64,
     pub mean_cores: f64,
-    /// Σ power × interval, J (the app's share; node total in `total`).
-    pub energy_j: f64,
+    /// Σ power × interval, J (the app's share; node total in `total`);
+    /// `None` when the run had no power figure (not a zero).
+    pub energy_j: Option<f64>,
     /// Highest p99 of the latency the policy was fed, ms.
     pub p99_max_ms: Option<f64>,
     /// Length of each violation episode until the first good interval, s.
@@ -261,11 +263,12 @@ fn app_summary(rows: &[&Row], dt: f64, client: bool) -> AppSummary {
         } else {
             core_seconds / (rows.len() as f64 * dt)
         },
-        energy_j: rows
-            .iter()
-            .map(|r| r.power_w.unwrap_or(0.0) * dt)
-            .sum::<f64>()
-            + 0.0,
+        energy_j: rows.iter().any(|r| r.power_w.is_some()).then(|| {
+            rows.iter()
+                .map(|r| r.power_w.unwrap_or(0.0) * dt)
+                .sum::<f64>()
+                + 0.0
+        }),
         p99_max_ms: rows.iter().filter_map(|r| fed(r)).reduce(f64::max),
         time_to_recover_s: episodes,
     }
@@ -339,7 +342,7 @@ mod tests {
         assert!(
             (s.total.core_seconds - 7.5).abs() < 1e-12 && (s.total.mean_cores - 3.0).abs() < 1e-12
         );
-        assert!((s.total.energy_j - 25.0).abs() < 1e-12);
+        assert!((s.total.energy_j.unwrap() - 25.0).abs() < 1e-12);
         // CSV round trip.
         let r = &tl.rows[0];
         assert_eq!(Row::parse(&r.csv()).as_ref(), Some(r));
