@@ -9,16 +9,20 @@ use nix::unistd::Pid;
 use crate::error::{Error, Result};
 use crate::root::Root;
 
+/// A /proc file of `pid` that cannot be read: the process is gone when the
+/// file is missing, otherwise an I/O error naming the path.
+fn pid_err(pid: i32, what: &'static str, path: &Path, e: std::io::Error) -> Error {
+    if e.kind() == std::io::ErrorKind::NotFound {
+        Error::NoSuchPid(pid)
+    } else {
+        Error::io(what, path, e)
+    }
+}
+
 /// Thread ids of a process, sorted. `NoSuchPid` when it does not exist.
 pub fn tids(root: &Root, pid: i32) -> Result<Vec<i32>> {
     let dir = root.path(format!("/proc/{pid}/task"));
-    let rd = std::fs::read_dir(&dir).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::NotFound {
-            Error::NoSuchPid(pid)
-        } else {
-            Error::io("listing", &dir, e)
-        }
-    })?;
+    let rd = std::fs::read_dir(&dir).map_err(|e| pid_err(pid, "listing", &dir, e))?;
     let mut v: Vec<i32> = rd
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
         .collect();
@@ -31,13 +35,7 @@ pub fn tids(root: &Root, pid: i32) -> Result<Vec<i32>> {
 /// crash never touches a different process that reused the pid.
 pub fn start_time(root: &Root, pid: i32) -> Result<u64> {
     let p = root.path(format!("/proc/{pid}/stat"));
-    let s = std::fs::read_to_string(&p).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::NotFound {
-            Error::NoSuchPid(pid)
-        } else {
-            Error::io("reading", &p, e)
-        }
-    })?;
+    let s = std::fs::read_to_string(&p).map_err(|e| pid_err(pid, "reading", &p, e))?;
     // The command name (field 2) may hold spaces and parentheses: split
     // after the last ')'. Field 22 is then the 20th field after it.
     let rest = s.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
@@ -63,13 +61,7 @@ pub fn check_pid(root: &Root, pid: i32) -> Result<()> {
 /// `Cpus_allowed_list` of a thread or process, from `/proc/PID/status`.
 pub fn cpus_allowed(root: &Root, pid: i32) -> Result<Vec<u32>> {
     let p = root.path(format!("/proc/{pid}/status"));
-    let s = std::fs::read_to_string(&p).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::NotFound {
-            Error::NoSuchPid(pid)
-        } else {
-            Error::io("reading", &p, e)
-        }
-    })?;
+    let s = std::fs::read_to_string(&p).map_err(|e| pid_err(pid, "reading", &p, e))?;
     let line = s
         .lines()
         .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
@@ -81,13 +73,7 @@ pub fn cpus_allowed(root: &Root, pid: i32) -> Result<Vec<u32>> {
 /// `controller` is e.g. "cpuset" for a v1 hierarchy, `None` for v2 ("0::").
 pub fn cgroup_of(root: &Root, pid: i32, controller: Option<&str>) -> Result<String> {
     let p = root.path(format!("/proc/{pid}/cgroup"));
-    let s = std::fs::read_to_string(&p).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::NotFound {
-            Error::NoSuchPid(pid)
-        } else {
-            Error::io("reading", &p, e)
-        }
-    })?;
+    let s = std::fs::read_to_string(&p).map_err(|e| pid_err(pid, "reading", &p, e))?;
     for line in s.lines() {
         let mut it = line.splitn(3, ':');
         let (_, ctrls, path) = match (it.next(), it.next(), it.next()) {
