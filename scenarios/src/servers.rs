@@ -1,6 +1,6 @@
 //! Starting a scenario's servers on loopback for real runs and calibration:
-//! memcached and nginx from the distribution, the fixture server, or any
-//! command. Each is killed (and its files removed) when dropped.
+//! memcached and nginx from the distribution, the HTTP or gRPC fixture
+//! server, or any command. Each is killed (and its files removed) when dropped.
 
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
@@ -99,6 +99,12 @@ pub fn start(app: &AppSpec, fixture: &[String]) -> anyhow::Result<Running> {
                 ]);
             c
         }
+        Server::Grpc { work_us } => {
+            let mut c = Command::new(grpc_fixture()?);
+            c.args(["-host", "127.0.0.1", "-port", &port.to_string()])
+                .args(["-work-us", &work_us.to_string()]);
+            c
+        }
         Server::Command { argv } => {
             let argv: Vec<String> = argv
                 .iter()
@@ -132,6 +138,46 @@ pub fn start(app: &AppSpec, fixture: &[String]) -> anyhow::Result<Running> {
     };
     wait_ready(&mut r)?;
     Ok(r)
+}
+
+/// Name of the gRPC fixture server's binary.
+pub const GRPC_FIXTURE: &str = "grpc-fixture-server";
+
+/// Finds the gRPC fixture server: `$QOSD_GRPC_FIXTURE`, then `PATH`, then
+/// beside this binary (`target/grpc-fixture/` of a source tree, where
+/// `make fixtures` builds it, or `../libexec/qosd/` of an install).
+pub fn grpc_fixture() -> anyhow::Result<PathBuf> {
+    if let Some(p) = std::env::var_os("QOSD_GRPC_FIXTURE") {
+        let p = PathBuf::from(p);
+        if !p.is_file() {
+            bail!("QOSD_GRPC_FIXTURE={}: no such file", p.display());
+        }
+        return Ok(p);
+    }
+    let in_path = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|d| d.join(GRPC_FIXTURE));
+    let exe = std::env::current_exe().ok();
+    // target/release/qosd, target/release/deps/test-binary, PREFIX/bin/qosd.
+    let beside = exe.iter().flat_map(|e| {
+        e.ancestors()
+            .skip(1)
+            .take(3)
+            .flat_map(|d| {
+                [
+                    d.join("grpc-fixture").join(GRPC_FIXTURE),
+                    d.join("libexec/qosd").join(GRPC_FIXTURE),
+                ]
+            })
+            .collect::<Vec<_>>()
+    });
+    in_path.chain(beside).find(|p| p.is_file()).ok_or_else(|| {
+        anyhow::anyhow!(
+            "{GRPC_FIXTURE} not found (QOSD_GRPC_FIXTURE, PATH, target/grpc-fixture/): \
+             build it with `make fixtures` (needs Go), or use `kind: command` for your own gRPC server"
+        )
+    })
 }
 
 fn wait_ready(r: &mut Running) -> anyhow::Result<()> {

@@ -14,7 +14,13 @@ use crate::usage;
 #[command(after_help = "Examples:\n  \
     qosd load --target 127.0.0.1:11211 --protocol memcache --rps 20000 --duration 10 --keepalive\n  \
     qosd load --target 127.0.0.1:8080 --protocol http --rps 2000 --duration 30 --json\n  \
-    qosd load --target 127.0.0.1:8080 --protocol http --rps 500 --duration 5 --arrival uniform --intervals\n\n\
+    qosd load --target 127.0.0.1:8080 --protocol http --rps 500 --duration 5 --arrival uniform --intervals\n  \
+    qosd load --target 127.0.0.1:50051 --protocol grpc --rps 5000 --duration 10 --keepalive --max-in-flight 64\n  \
+    qosd load --target 127.0.0.1:50051 --protocol grpc --rps 500 --duration 10 --work-us 200\n\n\
+    gRPC calls the unary method --grpc-method with a google.protobuf.UInt64Value request\n\
+    (the fixture server's /qosd.fixture.Fixture/Work; the value is its CPU work per call).\n\
+    With --keepalive the calls are HTTP/2 streams multiplexed on --connections (default 1)\n\
+    connections; without it every call opens its own connection.\n\n\
     Latency is measured from each request's scheduled send time, so a server stall shows\n\
     in the tail instead of slowing the sender (no coordinated omission). Only loopback\n\
     targets are accepted.")]
@@ -22,7 +28,7 @@ pub struct Args {
     /// Server to load, HOST:PORT (loopback only).
     #[arg(long)]
     pub target: String,
-    /// Wire protocol: http or memcache.
+    /// Wire protocol: http, memcache or grpc.
     #[arg(long, value_parser = |s: &str| s.parse::<Protocol>())]
     pub protocol: Protocol,
     /// Offered load, requests per second.
@@ -31,14 +37,18 @@ pub struct Args {
     /// Length of the run, seconds.
     #[arg(long, default_value_t = 10.0)]
     pub duration: f64,
-    /// Keep-alive: number of connections (requests are pipelined on them).
-    /// Otherwise: most connections open at once. Default 8 with --keepalive,
-    /// 256 without.
+    /// Keep-alive: number of connections (requests are pipelined on them;
+    /// gRPC calls are multiplexed on them). Otherwise: most connections open
+    /// at once. Default 8 with --keepalive (gRPC: 1), 256 without.
     #[arg(long)]
     pub connections: Option<usize>,
     /// Persistent connections; without it, one connection per request.
     #[arg(long)]
     pub keepalive: bool,
+    /// Keep-alive: most unanswered requests (gRPC: open streams) on one
+    /// connection; requests beyond it are counted as `overflow` errors.
+    #[arg(long, default_value_t = 100_000)]
+    pub max_in_flight: usize,
     /// Arrival process: poisson or uniform.
     #[arg(long, default_value = "poisson", value_parser = |s: &str| s.parse::<Arrival>())]
     pub arrival: Arrival,
@@ -60,6 +70,13 @@ pub struct Args {
     /// memcached: do not write every key before the run.
     #[arg(long)]
     pub no_preload: bool,
+    /// gRPC: full name of the unary method to call.
+    #[arg(long, default_value = load::FIXTURE_METHOD)]
+    pub grpc_method: String,
+    /// gRPC: the request's value, the fixture's CPU work per call in µs
+    /// (0: the server's own -work-us).
+    #[arg(long, default_value_t = 0)]
+    pub work_us: u64,
     /// Print one line per interval while running.
     #[arg(long)]
     pub intervals: bool,
@@ -86,7 +103,14 @@ pub fn spec_from(a: &Args) -> anyhow::Result<LoadSpec> {
     )
     .map_err(|e| usage!("{e}"))?;
     s.keepalive = a.keepalive;
-    s.connections = a.connections.unwrap_or(if a.keepalive { 8 } else { 256 });
+    s.connections = a.connections.unwrap_or(match (a.keepalive, a.protocol) {
+        (true, Protocol::Grpc) => 1,
+        (true, _) => 8,
+        (false, _) => 256,
+    });
+    s.max_in_flight = a.max_in_flight;
+    s.grpc.method = a.grpc_method.clone();
+    s.grpc.work_us = a.work_us;
     s.arrival = a.arrival;
     s.seed = a.seed;
     s.http_path = a.path.clone();
@@ -142,10 +166,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
 fn print_report(r: &LoadReport) {
     let f = |v: Option<f64>| v.map_or("-".to_owned(), |x| format!("{x:.1}"));
-    let mode = if r.keepalive {
-        "keep-alive"
-    } else {
-        "connection per request"
+    let mode = match (r.keepalive, r.protocol.as_str()) {
+        (true, "grpc") => "streams multiplexed",
+        (true, _) => "keep-alive",
+        (false, "grpc") => "connection per call",
+        (false, _) => "connection per request",
     };
     println!(
         "target {} ({}, {mode}, {} connections), {:.1} s",

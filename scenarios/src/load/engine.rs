@@ -1,4 +1,4 @@
-//! The event loop of one load run: a timerfd wakes the thread at each
+//! The event loop of one HTTP/1.1 or memcached load run: a timerfd wakes the thread at each
 //! scheduled send time (nanosecond resolution, unlike epoll's milliseconds),
 //! due requests are handed to non-blocking sockets, and replies are matched
 //! in order to their scheduled times.
@@ -13,13 +13,12 @@ use nix::sys::time::TimeSpec;
 use nix::sys::timerfd::{
     ClockId as TimerClock, Expiration, TimerFd, TimerFlags, TimerSetTimeFlags,
 };
-use qosd_sensors::stats::LogHistogram;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::proto::{self, ReqKind};
-use super::{IntervalReport, LoadError, LoadReport, LoadSpec, Percentiles, Protocol, Schedule};
-use qosd_core::LatencySummary;
+use super::tally::Tally;
+use super::{IntervalReport, LoadError, LoadReport, LoadSpec, Protocol, Schedule};
 
 mod conn;
 
@@ -57,14 +56,7 @@ pub struct Engine<'a> {
     rng: ChaCha8Rng,
     seq: u64,
     scratch: Vec<u8>,
-    total: LogHistogram,
-    iv: LogHistogram,
-    lag: LogHistogram,
-    r: LoadReport,
-    iv_sched: u64,
-    iv_sent: u64,
-    iv_done: u64,
-    iv_err: u64,
+    t: Tally,
 }
 
 impl<'a> Engine<'a> {
@@ -92,21 +84,7 @@ impl<'a> Engine<'a> {
             rng: ChaCha8Rng::seed_from_u64(spec.seed ^ 0x9e37_79b9_7f4a_7c15),
             seq: 0,
             scratch: vec![0; 64 * 1024],
-            total: LogHistogram::new(),
-            iv: LogHistogram::new(),
-            lag: LogHistogram::new(),
-            r: LoadReport {
-                target: spec.target.to_string(),
-                protocol: format!("{:?}", spec.protocol).to_lowercase(),
-                keepalive: spec.keepalive,
-                connections: spec.connections,
-                duration_s: spec.duration.as_secs_f64(),
-                ..Default::default()
-            },
-            iv_sched: 0,
-            iv_sent: 0,
-            iv_done: 0,
-            iv_err: 0,
+            t: Tally::new(spec),
         })
     }
 
@@ -141,7 +119,7 @@ impl<'a> Engine<'a> {
         loop {
             let now = now_ns();
             while now >= next_report && next_report <= end {
-                self.emit(start, next_report, iv_ns, on_interval);
+                self.t.emit(self.spec, start, next_report, on_interval);
                 next_report += iv_ns;
             }
             while let Some(t) = next.filter(|&t| t <= now) {
@@ -152,7 +130,7 @@ impl<'a> Engine<'a> {
                 self.flush(i);
             }
             if stop.load(Ordering::Relaxed) {
-                self.r.stopped = true;
+                self.t.r.stopped = true;
                 break;
             }
             let outstanding = self.backlog.len()
@@ -197,53 +175,14 @@ impl<'a> Engine<'a> {
                 .flatten()
                 .map(|c| c.inflight.len() as u64)
                 .sum::<u64>();
-        self.r.errors.timeout += left;
-        let dur = self.spec.duration.as_secs_f64();
-        self.r.offered_rps = self.r.scheduled as f64 / dur;
-        self.r.send_rps = self.r.sent as f64 / dur;
-        self.r.achieved_rps = self.r.completed as f64 / dur;
-        self.r.latency_us = percentiles(&self.total);
-        self.r.send_lag_us = percentiles(&self.lag);
-        Ok(self.r)
-    }
-
-    fn emit(
-        &mut self,
-        start: u64,
-        at: u64,
-        iv_ns: u64,
-        on_interval: &mut dyn FnMut(&IntervalReport),
-    ) {
-        let s = self.iv.len() as f64;
-        let us = |v: Option<u64>| v.map(|x| x as f64 / 1000.0);
-        let t_s = (at - start) as f64 / 1e9;
-        let rep = IntervalReport {
-            t_s,
-            interval_s: iv_ns as f64 / 1e9,
-            offered_rps: self.spec.rate.at(t_s),
-            scheduled: self.iv_sched,
-            sent: self.iv_sent,
-            completed: self.iv_done,
-            errors: self.iv_err,
-            latency: LatencySummary {
-                rps: s * 1e9 / iv_ns as f64,
-                requests: self.iv.len(),
-                latest_us: None,
-                mean_us: self.iv.mean().map(|m| m / 1000.0),
-                p50_us: us(self.iv.percentile(50.0)),
-                p95_us: us(self.iv.percentile(95.0)),
-                p99_us: us(self.iv.percentile(99.0)),
-            },
-        };
-        self.iv.clear();
-        (self.iv_sched, self.iv_sent, self.iv_done, self.iv_err) = (0, 0, 0, 0);
-        on_interval(&rep);
+        Ok(self.t.finish(left))
     }
 
     fn next_request(&mut self, sched_ns: u64) -> Pending {
         self.seq += 1;
         let (kind, key) = match self.spec.protocol {
-            Protocol::Http => (ReqKind::Http, 0),
+            // gRPC has its own engine (see `load::run`) and never gets here.
+            Protocol::Http | Protocol::Grpc => (ReqKind::Http, 0),
             Protocol::Memcache => {
                 let m = &self.spec.memcache;
                 let set = self.rng.gen::<f64>() < m.set_ratio;
@@ -282,8 +221,7 @@ impl<'a> Engine<'a> {
 
     fn dispatch(&mut self, sched_ns: u64, now: u64, dirty: &mut Vec<usize>) {
         let p = self.next_request(sched_ns);
-        self.r.scheduled += 1;
-        self.iv_sched += 1;
+        self.t.scheduled();
         if !self.spec.keepalive {
             self.backlog.push_back(p);
             self.start_backlog(now);
@@ -305,7 +243,7 @@ impl<'a> Engine<'a> {
         self.rr = (self.rr + 1) % n;
         let Some(i) = chosen else {
             self.fail_request();
-            self.r.errors.connect += 1;
+            self.t.r.errors.connect += 1;
             return;
         };
         if self.conns[i]
@@ -313,7 +251,7 @@ impl<'a> Engine<'a> {
             .is_some_and(|c| c.inflight.len() >= self.spec.max_in_flight)
         {
             self.fail_request();
-            self.r.errors.overflow += 1;
+            self.t.r.errors.overflow += 1;
             return;
         }
         let mut out = self.conns[i]
@@ -330,25 +268,10 @@ impl<'a> Engine<'a> {
     }
 
     fn note_sent(&mut self, sched_ns: u64, now: u64) {
-        self.r.sent += 1;
-        self.iv_sent += 1;
-        self.lag.record(now.saturating_sub(sched_ns));
+        self.t.sent(sched_ns, now);
     }
 
     fn fail_request(&mut self) {
-        self.iv_err += 1;
-    }
-}
-
-fn percentiles(h: &LogHistogram) -> Percentiles {
-    let us = |p: f64| h.percentile(p).map(|v| v as f64 / 1000.0);
-    Percentiles {
-        mean: h.mean().map(|m| m / 1000.0),
-        p50: us(50.0),
-        p90: us(90.0),
-        p95: us(95.0),
-        p99: us(99.0),
-        p999: us(99.9),
-        max: us(100.0),
+        self.t.failed(1);
     }
 }

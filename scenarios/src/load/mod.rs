@@ -7,13 +7,20 @@
 //! shows up as latency of every request scheduled during it (no coordinated
 //! omission), never as a lower send rate.
 //!
+//! gRPC calls are multiplexed as HTTP/2 streams on shared connections (or
+//! one connection per call) by a tonic client on a single-threaded tokio
+//! runtime; a separate thread wakes at each scheduled time and hands the call
+//! over, so gRPC gets the same schedule and the same latency definition.
+//!
 //! One run is one thread with one epoll loop ([`run`]); the daemon or a replay
 //! starts one per app with [`spawn`] and receives an [`IntervalReport`] per
 //! interval (the client feedback path) through a callback or a channel.
 
 mod engine;
+mod grpc;
 pub mod proto;
 pub mod schedule;
+mod tally;
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::atomic::AtomicBool;
@@ -33,6 +40,8 @@ pub enum Protocol {
     Http,
     /// memcached text protocol, `get`/`set`.
     Memcache,
+    /// gRPC unary calls over HTTP/2 (see [`GrpcCall`]).
+    Grpc,
 }
 
 impl std::str::FromStr for Protocol {
@@ -41,7 +50,8 @@ impl std::str::FromStr for Protocol {
         match s {
             "http" => Ok(Protocol::Http),
             "memcache" | "memcached" => Ok(Protocol::Memcache),
-            _ => Err(format!("unknown protocol {s:?} (http or memcache)")),
+            "grpc" => Ok(Protocol::Grpc),
+            _ => Err(format!("unknown protocol {s:?} (http, memcache or grpc)")),
         }
     }
 }
@@ -100,6 +110,30 @@ impl Default for MemcacheMix {
     }
 }
 
+/// The gRPC call the load makes: a unary method whose request and reply are
+/// `google.protobuf.UInt64Value`, like the fixture server's
+/// `/qosd.fixture.Fixture/Work` (the request value is the CPU work per call).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GrpcCall {
+    /// Full method name, `/package.Service/Method`.
+    pub method: String,
+    /// Request value: the fixture's CPU work per call, µs (0: the server's
+    /// own default).
+    pub work_us: u64,
+}
+
+/// The fixture server's one method.
+pub const FIXTURE_METHOD: &str = "/qosd.fixture.Fixture/Work";
+
+impl Default for GrpcCall {
+    fn default() -> Self {
+        Self {
+            method: FIXTURE_METHOD.into(),
+            work_us: 0,
+        }
+    }
+}
+
 /// Everything one run needs. Build with [`LoadSpec::new`], then adjust fields.
 #[derive(Debug, Clone)]
 pub struct LoadSpec {
@@ -110,8 +144,8 @@ pub struct LoadSpec {
     pub arrival: Arrival,
     pub seed: u64,
     pub duration: Duration,
-    /// Keep connections open and pipeline requests on them; otherwise one
-    /// connection per request.
+    /// Keep connections open and pipeline requests on them (gRPC: multiplex
+    /// calls as HTTP/2 streams on them); otherwise one connection per request.
     pub keepalive: bool,
     /// Keep-alive: number of connections. Per-request: most connections open
     /// at once (requests beyond wait, and their latency still counts from
@@ -128,6 +162,7 @@ pub struct LoadSpec {
     /// HTTP request path; `{seq}` is replaced by the request number.
     pub http_path: String,
     pub memcache: MemcacheMix,
+    pub grpc: GrpcCall,
 }
 
 /// Longest run accepted (bounded in time).
@@ -158,6 +193,7 @@ impl LoadSpec {
             interval: Duration::from_millis(100),
             http_path: "/".into(),
             memcache: MemcacheMix::default(),
+            grpc: GrpcCall::default(),
         })
     }
 
@@ -195,6 +231,14 @@ impl LoadSpec {
                 "HTTP path {:?} must start with / and hold no spaces",
                 self.http_path
             ));
+        }
+        let m = &self.grpc.method;
+        let well_formed = m
+            .strip_prefix('/')
+            .and_then(|rest| rest.split_once('/'))
+            .is_some_and(|(svc, meth)| !svc.is_empty() && !meth.is_empty() && !meth.contains('/'));
+        if !well_formed || m.contains(|c: char| c.is_whitespace()) {
+            return bad(format!("gRPC method {m:?} must be /package.Service/Method"));
         }
         Ok(())
     }
@@ -293,7 +337,10 @@ pub fn run(
     on_interval: &mut dyn FnMut(&IntervalReport),
 ) -> Result<LoadReport, LoadError> {
     spec.validate()?;
-    engine::Engine::new(spec)?.run(stop, on_interval)
+    match spec.protocol {
+        Protocol::Grpc => grpc::run(spec, stop, on_interval),
+        Protocol::Http | Protocol::Memcache => engine::Engine::new(spec)?.run(stop, on_interval),
+    }
 }
 
 /// Runs one load on its own thread; interval reports go to `tx` (a closed

@@ -203,6 +203,13 @@ pub enum Server {
         #[serde(default)]
         delay_us: u64,
     },
+    /// The gRPC fixture server (grpc-go, `grpc-fixture-server`, built by
+    /// `make fixtures`): one unary method doing `work_us` of CPU per call.
+    Grpc {
+        /// CPU time per call, µs.
+        #[serde(default)]
+        work_us: u64,
+    },
     /// Any command; `{port}` in an argument becomes the port.
     Command { argv: Vec<String> },
 }

@@ -207,6 +207,14 @@ fn app(i: usize, a: &AppSpec) -> Result<(), Fail> {
                 || "work_us <= 1 s and delay_us <= 10 s".into(),
             )?;
         }
+        Server::Grpc { work_us } => {
+            check(a.protocol == Protocol::Grpc, p("protocol"), || {
+                "the gRPC fixture server speaks `grpc`".into()
+            })?;
+            check(*work_us <= 1_000_000, p("server"), || {
+                "work_us <= 1 s".into()
+            })?;
+        }
         Server::Command { argv } => {
             check(
                 !argv.is_empty(),

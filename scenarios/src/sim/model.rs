@@ -55,6 +55,13 @@ impl SimModel {
                 fixed_us: *delay_us as f64,
                 ..SimModel::generic()
             },
+            Server::Grpc { work_us } => SimModel {
+                // HTTP/2 framing and protobuf add ~30 µs of CPU per call to
+                // the spin; a goroutine per stream, so cores bound it.
+                service_us: *work_us as f64 + 30.0,
+                service_cv: 0.3,
+                ..SimModel::generic()
+            },
             Server::Command { .. } => SimModel::generic(),
         };
         base.with(&app.sim)

@@ -13,7 +13,7 @@ use nix::sys::socket::{self, AddressFamily, SockFlag, SockType, SockaddrStorage}
 
 use super::{now_ns, Engine, Pending, RETRY_NS};
 use crate::load::proto::{self, Outcome, Parse, ReqKind};
-use crate::load::{LoadError, LoadSpec, Protocol};
+use crate::load::{LoadError, LoadSpec};
 
 pub(super) struct Conn {
     stream: TcpStream,
@@ -65,7 +65,7 @@ impl Engine<'_> {
                     if self.register(i, &c).is_err() {
                         self.free.push(i);
                         self.fail_request();
-                        self.r.errors.connect += 1;
+                        self.t.r.errors.connect += 1;
                         continue;
                     }
                     self.conns[i] = Some(c);
@@ -77,7 +77,7 @@ impl Engine<'_> {
                 Err(_) => {
                     self.free.push(i);
                     self.fail_request();
-                    self.r.errors.connect += 1;
+                    self.t.r.errors.connect += 1;
                 }
             }
         }
@@ -214,8 +214,8 @@ impl Engine<'_> {
                 let lost = self.conns[i]
                     .as_ref()
                     .map_or(0, |c| c.inflight.len() as u64);
-                self.r.errors.protocol += lost;
-                self.iv_err += lost;
+                self.t.r.errors.protocol += lost;
+                self.t.failed(lost);
                 if let Some(c) = self.conns[i].as_mut() {
                     // Counted as protocol errors: not sent again.
                     c.inflight.clear();
@@ -228,7 +228,6 @@ impl Engine<'_> {
 
     /// Matches complete replies to requests in flight. False on a protocol error.
     fn parse(&mut self, i: usize, now: u64, eof: bool) -> bool {
-        let proto_kind = self.spec.protocol;
         let mut done = Vec::new();
         let mut ok = true;
         {
@@ -241,9 +240,9 @@ impl Engine<'_> {
                 if buf.is_empty() {
                     break;
                 }
-                let r = match proto_kind {
-                    Protocol::Http => proto::parse_http(buf),
-                    Protocol::Memcache => proto::parse_memcache(buf, front.kind),
+                let r = match front.kind {
+                    ReqKind::Http => proto::parse_http(buf),
+                    kind @ (ReqKind::Get | ReqKind::Set) => proto::parse_memcache(buf, kind),
                 };
                 match r {
                     Parse::Done { len, outcome, .. } => {
@@ -279,18 +278,14 @@ impl Engine<'_> {
 
     fn complete(&mut self, p: Pending, outcome: Outcome, now: u64) {
         if outcome == Outcome::Failed {
-            self.r.errors.status += 1;
-            self.iv_err += 1;
+            self.t.r.errors.status += 1;
+            self.t.failed(1);
             return;
         }
         if outcome == Outcome::Miss {
-            self.r.misses += 1;
+            self.t.r.misses += 1;
         }
-        let lat = now.saturating_sub(p.sched_ns);
-        self.total.record(lat);
-        self.iv.record(lat);
-        self.r.completed += 1;
-        self.iv_done += 1;
+        self.t.completed(p.sched_ns, now);
     }
 
     /// A connection ended (EOF, reset, protocol error, failed connect).
@@ -304,11 +299,11 @@ impl Engine<'_> {
             self.free.push(i);
             if lost > 0 {
                 if c.answered == 0 && c.connecting {
-                    self.r.errors.connect += lost;
+                    self.t.r.errors.connect += lost;
                 } else {
-                    self.r.errors.io += lost;
+                    self.t.r.errors.io += lost;
                 }
-                self.iv_err += lost;
+                self.t.failed(lost);
             }
             self.start_backlog(now);
             return;
@@ -317,7 +312,7 @@ impl Engine<'_> {
             // The server closed a connection that worked (e.g. nginx after
             // keepalive_requests): reopen it and send again what is unanswered,
             // keeping the original scheduled times.
-            self.r.reconnects += 1;
+            self.t.r.reconnects += 1;
             if self.open_keepalive(i, now).is_ok() {
                 let mut out = Vec::new();
                 for p in &c.inflight {
@@ -331,8 +326,8 @@ impl Engine<'_> {
                 return;
             }
         }
-        self.r.errors.connect += lost;
-        self.iv_err += lost;
+        self.t.r.errors.connect += lost;
+        self.t.failed(lost);
         self.retry_at[i] = now + RETRY_NS;
     }
 }
