@@ -137,7 +137,9 @@ fn real_fixture_deterministic_slow_requests_by_id() {
     assert_on_schedule(&r, 1000.0, 3.0);
     let p95 = r.latency_us.p95.unwrap();
     let p99 = r.latency_us.p99.unwrap();
-    assert!(p95 < 10_000.0, "p95 {p95} µs: only 2% are slow");
+    // The slow 2% take >= 20 ms; p95 must stay below that (the margin is
+    // for a busy machine, whose scheduling delays reach a few ms).
+    assert!(p95 < 20_000.0, "p95 {p95} µs: only 2% are slow");
     assert!(
         p99 >= 20_000.0,
         "p99 {p99} µs must include the 2% slow requests"
