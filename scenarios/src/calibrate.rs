@@ -36,6 +36,10 @@ pub struct AppCalibration {
     pub base_latency_us: f64,
     /// Percentile the latencies are at.
     pub percentile: f64,
+    /// CPUs the server was confined to while calibrated on a real node (the
+    /// most it can hold beside the other apps); absent for the sim.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nr_cpus: Option<usize>,
     pub points: Vec<Point>,
 }
 
@@ -102,7 +106,27 @@ pub fn knee(points: &[Point]) -> usize {
 
 /// Summarises a measured curve; `points` sorted by offered load.
 pub fn from_points(points: Vec<Point>, percentile: f64) -> Option<AppCalibration> {
-    let capacity = points.iter().map(|p| p.achieved_rps).fold(0.0, f64::max);
+    // Capacity is the most the server *sustained*: a step it fell behind in
+    // (tail latency exploding past SATURATED_FACTOR × the lowest, or under
+    // 90 % of the offered rate) still "achieves" its offered rate when the
+    // backlog drains afterwards, so it does not count.
+    let lowest = points
+        .iter()
+        .map(|p| p.latency_us)
+        .fold(f64::INFINITY, f64::min);
+    let sustained = |p: &&Point| {
+        p.latency_us <= SATURATED_FACTOR * lowest && p.achieved_rps >= 0.9 * p.offered_rps
+    };
+    let capacity = points
+        .iter()
+        .filter(sustained)
+        .map(|p| p.achieved_rps)
+        .fold(0.0, f64::max);
+    let capacity = if capacity > 0.0 {
+        capacity
+    } else {
+        points.iter().map(|p| p.achieved_rps).fold(0.0, f64::max)
+    };
     // The knee is looked for among points the app still kept up with.
     let kept: Vec<Point> = points
         .iter()
@@ -138,9 +162,14 @@ pub fn from_points(points: Vec<Point>, percentile: f64) -> Option<AppCalibration
         knee_latency_us: k.latency_us,
         base_latency_us: base,
         percentile,
+        nr_cpus: None,
         points,
     })
 }
+
+/// A sweep step whose tail latency is this multiple of the lowest seen is
+/// saturated (the sweep stops there; capacity is below it).
+pub const SATURATED_FACTOR: f64 = 50.0;
 
 /// The flat part of a load–latency curve ends where latency first exceeds
 /// this multiple of its value at the lightest load.
@@ -270,5 +299,22 @@ mod tests {
             (c.base_latency_us - 17_600.0).abs() < 1.0
                 && (c.knee_latency_us - 17_600.0).abs() < 1.0
         );
+    }
+
+    /// The step that overloaded the server drained its backlog afterwards,
+    /// so it "achieved" its offered rate with a p99 of a second: it is not
+    /// capacity; the fastest step the server kept up with is.
+    #[test]
+    fn a_step_that_drained_a_backlog_is_not_capacity() {
+        let pts = [(100.0, 3.9), (500.0, 7.5), (750.0, 20.9), (1030.0, 1145.0)]
+            .iter()
+            .map(|&(r, ms)| Point {
+                offered_rps: r,
+                achieved_rps: r,
+                latency_us: ms * 1000.0,
+            })
+            .collect();
+        let c = from_points(pts, 99.0).unwrap();
+        assert_eq!(c.capacity_rps, 750.0);
     }
 }

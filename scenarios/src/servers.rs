@@ -8,6 +8,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
+use nix::unistd::Pid;
+use std::os::unix::process::CommandExt;
 
 use crate::scenario::{AppSpec, Server};
 
@@ -39,6 +42,16 @@ fn free_port() -> anyhow::Result<u16> {
 /// Starts the server of `app`. `fixture` is the command that runs the
 /// fixture server (e.g. `[qosd, fixture]` or the `qosd-fixture` binary).
 pub fn start(app: &AppSpec, fixture: &[String]) -> anyhow::Result<Running> {
+    start_on(app, fixture, None)
+}
+
+/// [`start`], with the server confined to `cpus` (its CPU affinity, set
+/// before it runs, so every thread it makes inherits it).
+pub fn start_on(
+    app: &AppSpec,
+    fixture: &[String],
+    cpus: Option<&[usize]>,
+) -> anyhow::Result<Running> {
     let port = free_port()?;
     let mut dir = None;
     let mut cmd = match &app.server {
@@ -121,6 +134,21 @@ pub fn start(app: &AppSpec, fixture: &[String]) -> anyhow::Result<Running> {
     cmd.stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
+    if let Some(cpus) = cpus {
+        let mut set = CpuSet::new();
+        for &c in cpus {
+            set.set(c)
+                .with_context(|| format!("CPU {c} for the server of {}", app.name))?;
+        }
+        // SAFETY: runs in the forked child before exec; sched_setaffinity
+        // is a plain system call (async-signal-safe) and touches no memory
+        // the parent's threads could hold locked.
+        unsafe {
+            cmd.pre_exec(move || {
+                sched_setaffinity(Pid::from_raw(0), &set).map_err(std::io::Error::from)
+            });
+        }
+    }
     let child = cmd.spawn().with_context(|| {
         format!(
             "starting the server of {}: {:?}",
@@ -138,6 +166,14 @@ pub fn start(app: &AppSpec, fixture: &[String]) -> anyhow::Result<Running> {
     };
     wait_ready(&mut r)?;
     Ok(r)
+}
+
+/// The CPUs this process may run on, lowest first.
+pub fn allowed_cpus() -> anyhow::Result<Vec<usize>> {
+    let set = sched_getaffinity(Pid::from_raw(0)).context("sched_getaffinity")?;
+    Ok((0..CpuSet::count())
+        .filter(|&c| set.is_set(c).unwrap_or(false))
+        .collect())
 }
 
 /// Name of the gRPC fixture server's binary.

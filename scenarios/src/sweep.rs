@@ -5,7 +5,7 @@
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use crate::calibrate::{from_points, AppCalibration, Point};
+use crate::calibrate::{from_points, AppCalibration, Point, SATURATED_FACTOR};
 use crate::load::{self, LoadSpec, Rate};
 use crate::scenario::AppSpec;
 
@@ -106,7 +106,7 @@ pub fn sweep(
 ) -> Result<AppCalibration, load::LoadError> {
     let pct = app.target.as_ref().map_or(99.0, |t| t.percentile);
     let saturated = |p: &Point, err: f64, base: f64| {
-        p.achieved_rps < 0.9 * p.offered_rps || err > 0.01 || p.latency_us > 50.0 * base
+        p.achieved_rps < 0.9 * p.offered_rps || err > 0.01 || p.latency_us > SATURATED_FACTOR * base
     };
     let mut points: Vec<Point> = Vec::new();
     let mut rps = o.start_rps;

@@ -18,6 +18,8 @@ use crate::usage;
     qosd calibrate scenarios/ramp.yaml --app memcached   one app only\n  \
     qosd calibrate scenarios/ramp.yaml --sim             the simulated node's model\n  \
     qosd replay scenarios/ramp.yaml --calibration out/calibration-ramp.json\n\n\
+    Each server runs on the CPUs it can hold in a replay beside the scenario's other apps\n\
+    (all but one per other app), so capacity is what it can reach there.\n\
     A sweep offers rising open-loop load (x1.4 per step) until the server saturates\n\
     (achieved < 90% of offered, >1% errors, or p99 50x the lowest), then fills in the\n\
     last stretch. Capacity = highest achieved rate; the knee is where the latency\n\
@@ -57,14 +59,33 @@ pub fn real(
 ) -> anyhow::Result<Calibration> {
     let fixture = fixture_cmd()?;
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-    let nproc = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let allowed = servers::allowed_cpus()?;
+    if allowed.is_empty() {
+        anyhow::bail!("sched_getaffinity: no CPU allowed");
+    }
+    // A replay starts every app on one core and never takes an app below
+    // one, so the most one app can hold is what the others leave it: its
+    // capacity is measured there (the last CPUs; the load generator keeps
+    // the first). On a 2-CPU machine with two apps that is one CPU.
+    let nr_cpus = allowed
+        .len()
+        .saturating_sub(sc.apps.len().saturating_sub(1))
+        .max(1);
+    let cpus = &allowed[allowed.len() - nr_cpus..];
     let mut cal = Calibration {
-        source: format!("real ({}, {nproc} CPUs)", host.trim()),
+        source: format!(
+            "real ({}, {} CPUs; each app on the {nr_cpus} it can hold beside the others)",
+            host.trim(),
+            allowed.len()
+        ),
         ..Default::default()
     };
     for app in sc.apps.iter().filter(|a| only.is_none_or(|n| n == a.name)) {
-        let srv = servers::start(app, &fixture)?;
-        eprintln!("calibrating {} ({}, pid {})", app.name, srv.addr, srv.pid);
+        let srv = servers::start_on(app, &fixture, Some(cpus))?;
+        eprintln!(
+            "calibrating {} ({}, pid {}, CPUs {cpus:?})",
+            app.name, srv.addr, srv.pid
+        );
         let c = sweep::sweep(app, &srv.addr, o, &mut |p| {
             eprintln!(
                 "  offered {:>9.0} rps  achieved {:>9.0} rps  p99 {:>9.3} ms",
@@ -83,7 +104,13 @@ pub fn real(
             c.knee_rps,
             c.knee_latency_us / 1000.0
         );
-        cal.apps.insert(app.name.clone(), c);
+        cal.apps.insert(
+            app.name.clone(),
+            calibrate::AppCalibration {
+                nr_cpus: Some(nr_cpus),
+                ..c
+            },
+        );
     }
     Ok(cal)
 }
