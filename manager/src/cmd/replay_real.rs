@@ -11,6 +11,10 @@
 //! ([`crate::daemon::actuate::Actuation`]: the same code as `qosd run`),
 //! on the knobs this machine has; every plan also goes to `plans.jsonl`.
 //! Everything is put back when the replay ends, is interrupted, or fails.
+//! The originals are journalled in the replay's own state file (default
+//! `<out>/state.json`), so that a replay runs beside a `qosd run` daemon
+//! (which holds `/run/qosd/state.json`) and a SIGKILLed one is undone by
+//! `qosd restore --state-file <out>/state.json`.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -41,6 +45,15 @@ pub fn run(
     out: &Path,
 ) -> anyhow::Result<()> {
     crate::signals::install()?;
+    // Before calibrating or starting servers: a state file held by another
+    // qosd stops the run here.
+    let state = args
+        .state_file
+        .clone()
+        .unwrap_or_else(|| out.join("state.json"));
+    // Absolute, so that the restore hint works from any directory.
+    let state = std::path::absolute(&state).unwrap_or(state);
+    let mut act = start_actuation(&state)?;
     let cal = match &args.calibration {
         Some(p) => Calibration::read(p).map_err(|e| usage!("{}: {e:#}", p.display()))?,
         None => {
@@ -90,7 +103,6 @@ pub fn run(
                 .with_context(|| format!("tracing {} (pid {})", s.name, s.pid))?;
         }
     }
-    let mut act = start_actuation()?;
     let knobs: Vec<&str> = Resource::CYCLE
         .iter()
         .filter(|r| act.node().has(**r))
@@ -239,7 +251,16 @@ pub fn run(
     match act.restore_all() {
         Ok(ch) if !ch.is_empty() => eprintln!("restored {} setting(s)", ch.len()),
         Ok(_) => {}
-        Err(e) => eprintln!("restoring the knobs: {e} (run `qosd restore`)"),
+        Err(e) => eprintln!(
+            "restoring the knobs: {e} (run `qosd restore --state-file {}`)",
+            state.display()
+        ),
+    }
+    drop(act); // releases the state file's lock
+               // Everything is back: the lock file is all that is left of the
+               // journal; it is not an output of the run.
+    if !state.exists() {
+        let _ = std::fs::remove_file(state.with_extension("lock"));
     }
     drop(running); // kills the servers
                    // Keep whole intervals only (a stop may cut the last one short).
@@ -256,19 +277,29 @@ pub fn run(
     Ok(())
 }
 
-/// The actuators with their defaults (state file under /run/qosd, so that a
-/// SIGKILLed replay is undone by `qosd restore`), behind the daemon's
+/// The actuators with their defaults but journalling to `state` (the
+/// replay's own state file, not the daemon's), behind the daemon's
 /// actuation. Knobs the machine lacks are simply absent from the node.
-fn start_actuation() -> anyhow::Result<Actuation> {
-    let cfg = qosd_actuators::Config::default();
-    let (act, leftovers) =
-        qosd_actuators::Actuators::start(&cfg).context("starting the actuators")?;
+fn start_actuation(state: &Path) -> anyhow::Result<Actuation> {
+    let cfg = qosd_actuators::Config {
+        state_file: Some(state.to_owned()),
+        ..Default::default()
+    };
+    let (act, leftovers) = qosd_actuators::Actuators::start(&cfg)
+        .map_err(crate::cmd::set::to_anyhow)
+        .with_context(|| format!("starting the actuators (state file {})", state.display()))?;
     if !leftovers.is_empty() {
         eprintln!(
-            "put back {} setting(s) a previous run left",
-            leftovers.len()
+            "put back {} setting(s) a previous run left in {}",
+            leftovers.len(),
+            state.display()
         );
     }
+    eprintln!(
+        "actuator state: {} (if this replay is killed: qosd restore --state-file {})",
+        state.display(),
+        state.display()
+    );
     Actuation::new(act, &Resource::CYCLE).context("reading the CPU topology")
 }
 
