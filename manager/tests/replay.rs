@@ -367,11 +367,48 @@ fn real_replay_of_a_reduced_ramp() {
         })
         .unwrap_or_default();
     assert!(leftover.is_empty(), "replay left its cpuset group behind");
-    // No power figure in a real replay yet: the summary says so (null), it
-    // does not claim 0 J.
+    // Power from the power sensor: every row has the server's power, it
+    // grows with the load, the app's energy is within the node's, and it
+    // is flagged an estimate on a machine without RAPL (this one).
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
-    assert!(summary["apps"]["search"]["energy_j"].is_null(), "{summary}");
+    let rapl = Path::new("/sys/class/powercap/intel-rapl:0/energy_uj").exists()
+        || Path::new("/sys/bus/event_source/devices/power").exists();
+    assert_eq!(summary["energy_is_estimate"], !rapl, "{summary}");
+    let power: Vec<(f64, f64)> = rows
+        .iter()
+        .map(|l| {
+            let c: Vec<&str> = l.split(',').collect();
+            let w = c[12]
+                .parse::<f64>()
+                .unwrap_or_else(|_| panic!("no power_w in {l}"));
+            (c[2].parse::<f64>().unwrap(), w)
+        })
+        .collect();
+    assert!(
+        power.iter().all(|(_, w)| w.is_finite() && *w >= 0.0),
+        "{power:?}"
+    );
+    let positive = power.iter().filter(|(_, w)| *w > 0.0).count();
+    assert!(
+        positive * 10 >= power.len() * 9,
+        "power_w > 0 in {positive} of {} rows under load",
+        power.len()
+    );
+    let mut by_load = power.clone();
+    by_load.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap());
+    let q = by_load.len() / 4;
+    let mean = |v: &[(f64, f64)]| v.iter().map(|p| p.1).sum::<f64>() / v.len() as f64;
+    let (low, high) = (mean(&by_load[..q]), mean(&by_load[by_load.len() - q..]));
+    eprintln!("power: {low:.2} W at the lowest quarter of the load, {high:.2} W at the highest");
+    assert!(high > low, "more load, more power: {low} W vs {high} W");
+    let app_j = summary["apps"]["search"]["energy_j"].as_f64().unwrap();
+    let node_j = summary["total"]["energy_j"].as_f64().unwrap();
+    assert!(
+        app_j > 0.0 && app_j < node_j,
+        "app {app_j} J, node {node_j} J"
+    );
+    assert!(err.contains("power: model (an ESTIMATE") || rapl, "{err}");
 }
 
 /// A one-app fixture scenario named `app` (distinct per test: the cpuset
