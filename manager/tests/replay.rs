@@ -2,22 +2,13 @@
 //! The sim tests are fast; `real_replay_*` starts real servers (run alone
 //! with `cargo test -p qosd-manager --test replay real_`).
 
-mod daemon_support;
+mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn qosd<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_qosd"))
-        .current_dir(repo())
-        .args(args)
-        .output()
-        .expect("run qosd")
-}
+use support::{cgroups, free_port, qosd_in_repo as qosd, repo, wait_for, write_config};
+use support::{AppSpec, Daemon, Killed, QOSD};
 
 fn ok(args: &[&str]) -> String {
     let o = qosd(args);
@@ -460,11 +451,10 @@ fn started_pid(stderr: &str) -> u32 {
 /// group back, while the daemon keeps its own app managed throughout.
 #[test]
 fn real_replay_beside_a_daemon_uses_its_own_state_file() {
-    use daemon_support::{cgroups, free_port, write_config, AppSpec, Daemon};
     let t = tempfile::tempdir().unwrap();
     // The daemon, managing a sleeper, journalling to its own state file.
-    let mut sleeper = Command::new("sleep").arg("300").spawn().unwrap();
-    let spid = sleeper.id();
+    let sleeper = Killed::sleeper(300);
+    let spid = sleeper.pid();
     let ddir = t.path().join("daemon");
     std::fs::create_dir_all(&ddir).unwrap();
     let port = free_port();
@@ -483,7 +473,7 @@ fn real_replay_beside_a_daemon_uses_its_own_state_file() {
     let daemon = Daemon::start(&cfg, port, &[]);
     let dgroup = format!("/sys/fs/cgroup/cpuset/qosd-{dname}");
     assert!(
-        daemon_support::wait_for(std::time::Duration::from_secs(10), || cgroups(spid)
+        wait_for(std::time::Duration::from_secs(10), || cgroups(spid)
             .contains(&format!("qosd-{dname}"))),
         "the daemon did not put the sleeper in {dgroup}: {}",
         cgroups(spid)
@@ -540,7 +530,7 @@ fn real_replay_beside_a_daemon_uses_its_own_state_file() {
 
     // SIGKILLed mid-run: its state file stays; `qosd restore` undoes it.
     let killed = t.path().join("killed");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_qosd"))
+    let mut child = Command::new(QOSD)
         .current_dir(repo())
         .args(replay(&killed, &["--duration", "60"]))
         .stderr(std::process::Stdio::piped())
@@ -548,7 +538,7 @@ fn real_replay_beside_a_daemon_uses_its_own_state_file() {
         .unwrap();
     let kstate = killed.join("state.json");
     let group = format!("/sys/fs/cgroup/cpuset/qosd-{app}");
-    let in_force = daemon_support::wait_for(std::time::Duration::from_secs(30), || {
+    let in_force = wait_for(std::time::Duration::from_secs(30), || {
         kstate.exists() && Path::new(&group).exists()
     });
     child.kill().unwrap();
@@ -580,6 +570,5 @@ fn real_replay_beside_a_daemon_uses_its_own_state_file() {
     assert_eq!(std::fs::read(&dstate).unwrap(), dstate_before);
     let (st, dout) = daemon.stop();
     assert!(st.success(), "qosd run: {st}; {dout:?}");
-    let _ = sleeper.kill();
-    let _ = sleeper.wait();
+    drop(sleeper);
 }
