@@ -265,17 +265,7 @@ fn real_replay_of_a_reduced_ramp() {
     )
     .unwrap();
     let cal = t.path().join("cal.json");
-    let o = qosd(&[
-        "calibrate",
-        sc.to_str().unwrap(),
-        "--step-s",
-        "0.5",
-        "--max-rps",
-        "20000",
-        "--out",
-        cal.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    calibrate(&sc, &cal);
     let out = t.path().join("run");
     let o = qosd(&[
         "replay",
@@ -290,15 +280,7 @@ fn real_replay_of_a_reduced_ramp() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");
     // The server it started is gone.
-    let pid: u32 = err
-        .split("pid ")
-        .nth(1)
-        .unwrap()
-        .split(')')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let pid = started_pid(&err);
     assert!(
         !Path::new(&format!("/proc/{pid}")).exists()
             || std::fs::read_to_string(format!("/proc/{pid}/stat"))
