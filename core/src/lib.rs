@@ -1,12 +1,15 @@
 //! Types shared by every qosd crate: what a sensor measures, which
 //! resources exist and what an app is given of each, and the policy
 //! interface (snapshot → plan) that the daemon and the simulator both
-//! drive. Kept tiny so that sensors and actuators stay independent.
+//! drive, and the YAML file reader whose errors name `file:line:col` and
+//! the key (config, policies and scenarios alike). Kept small so that
+//! sensors and actuators stay independent.
 
 pub mod measure;
 pub mod policy;
 pub mod power;
 pub mod resources;
+pub mod yamlfile;
 
 pub use measure::{Feedback, LatencySummary};
 pub use policy::{

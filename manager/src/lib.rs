@@ -8,4 +8,5 @@ pub mod exit;
 pub mod paths;
 pub mod policy;
 pub mod signals;
-pub mod yamlfile;
+/// The YAML file reader (moved to qosd-core, shared with the scenarios).
+pub use qosd_core::yamlfile;

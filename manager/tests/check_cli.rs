@@ -1,23 +1,20 @@
 //! `qosd check` as a user runs it: the shipped files pass (exit 0); bad
 //! files fail with exit 2 and FILE:LINE:COL: KEY on stderr.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod support;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
+use std::path::{Path, PathBuf};
+
+use support::{qosd, repo, text};
 
 fn qosd_check(args: &[&Path]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_qosd"))
-        .arg("check")
-        .args(args)
-        .output()
-        .expect("run qosd");
+    let mut a = vec![Path::new("check")];
+    a.extend_from_slice(args);
+    let out = qosd(&a);
     (
         out.status.code().expect("exit code"),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
+        text(&out.stdout),
+        text(&out.stderr),
     )
 }
 

@@ -2,13 +2,13 @@
 //! machine and on fake trees, exit codes, and the SIGTERM and SIGKILL
 //! paths of a `qosd set --hold` child.
 
-mod common;
+mod support;
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
-use common::*;
+use support::*;
 
 #[test]
 fn caps_json_tells_what_this_machine_has() {

@@ -2,12 +2,12 @@
 //! each call against the tool's documented syntax and record it, since
 //! this machine has neither cpufreq nor CAT.
 
-mod common;
+mod support;
 
 use std::path::Path;
 use std::process::Command;
 
-use common::*;
+use support::*;
 
 /// A stand-in for a tool: checks its arguments against the tool's
 /// documented syntax (exit 1 with usage otherwise, as the tool does) and

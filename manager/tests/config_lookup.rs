@@ -3,9 +3,11 @@
 //! /etc/qosd/config.yaml; a --config that does not exist is an error
 //! naming it, never a silent fallback.
 
+mod support;
+
 use std::process::Command;
 
-const QOSD: &str = env!("CARGO_BIN_EXE_qosd");
+use support::QOSD;
 
 #[test]
 fn check_without_files_takes_config_yaml_of_the_working_directory() {

@@ -4,13 +4,11 @@
 //! real Prometheus server scraping it. Run alone:
 //! `cargo test -p qosd-manager --test daemon_api`.
 
-mod daemon_support;
 mod support;
 
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use daemon_support::*;
+use support::*;
 
 #[test]
 fn daemon_api_four_calls_per_pid_and_app() {
@@ -198,15 +196,6 @@ fn daemon_api_four_calls_per_pid_and_app() {
     assert_eq!(thread_cpus(pid), orig, "a dry run changed the affinity");
 }
 
-struct Prometheus(Child);
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn daemon_api_real_prometheus_scrapes_metrics() {
     let dir = tempfile::tempdir().unwrap();
@@ -230,33 +219,9 @@ fn daemon_api_real_prometheus_scrapes_metrics() {
     );
     assert_eq!(code, 200);
 
-    let prom_port = free_port();
-    let pcfg = dir.path().join("prometheus.yml");
-    std::fs::write(
-        &pcfg,
-        format!(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
-             scrape_configs:\n  - job_name: qosd\n    static_configs:\n      - targets: ['127.0.0.1:{port}']\n"
-        ),
-    )
-    .unwrap();
-    let tsdb = dir.path().join("tsdb");
-    let _prom = Prometheus(
-        Command::new("prometheus")
-            .arg(format!("--config.file={}", pcfg.display()))
-            .arg(format!("--storage.tsdb.path={}", tsdb.display()))
-            .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("starting prometheus (apt-get install prometheus)"),
-    );
-    let a = agent();
+    let prom = Prometheus::start(dir.path(), port);
     let query = |q: &str| -> Option<serde_json::Value> {
-        let url = format!("http://127.0.0.1:{prom_port}/api/v1/query");
-        let mut r = a.get(&url).query("query", q).call().ok()?;
-        let v: serde_json::Value = r.body_mut().read_json().ok()?;
-        let res = v["data"]["result"].as_array()?.clone();
+        let res = prom.query(q)["data"]["result"].as_array()?.clone();
         (!res.is_empty()).then_some(serde_json::Value::Array(res))
     };
     let deadline = Instant::now() + Duration::from_secs(90);

@@ -5,34 +5,12 @@
 //! (exit 1), an unknown app (exit 2), and its table and JSON against a
 //! dry-run daemon. Run alone: `cargo test -p qosd-manager --test daemon_cli`.
 
-mod daemon_support;
+mod support;
 
 use std::path::Path;
-use std::process::{Command, Output};
 use std::time::Duration;
 
-use daemon_support::*;
-
-fn qosd(args: &[&str]) -> Output {
-    Command::new(QOSD)
-        .args(args)
-        .output()
-        .expect("running qosd")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-/// A process for the configs to match, killed on drop.
-struct Sleeper(std::process::Child);
-
-impl Drop for Sleeper {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use support::*;
 
 fn config_text(pid: u32, target: &str, extra: &str, state: &Path, port: u16) -> String {
     format!(
@@ -45,8 +23,8 @@ fn config_text(pid: u32, target: &str, extra: &str, state: &Path, port: u16) -> 
 
 #[test]
 fn daemon_cli_bad_input_exits_2_names_the_spot_and_applies_nothing() {
-    let sleeper = Sleeper(Command::new("sleep").arg("60").spawn().unwrap());
-    let pid = sleeper.0.id();
+    let sleeper = Killed::sleeper(60);
+    let pid = sleeper.pid();
     let before = (thread_cpus(pid), cgroups(pid));
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state.json");
@@ -132,8 +110,8 @@ fn daemon_cli_bad_input_exits_2_names_the_spot_and_applies_nothing() {
 
 #[test]
 fn daemon_cli_busy_port_exits_1_before_touching_anything() {
-    let sleeper = Sleeper(Command::new("sleep").arg("60").spawn().unwrap());
-    let pid = sleeper.0.id();
+    let sleeper = Killed::sleeper(60);
+    let pid = sleeper.pid();
     let before = (thread_cpus(pid), cgroups(pid));
     let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = busy.local_addr().unwrap().port();
@@ -164,8 +142,8 @@ fn daemon_cli_metrics_against_no_daemon_and_a_dry_run_daemon() {
         text(&out.stderr)
     );
 
-    let sleeper = Sleeper(Command::new("sleep").arg("60").spawn().unwrap());
-    let pid = sleeper.0.id();
+    let sleeper = Killed::sleeper(60);
+    let pid = sleeper.pid();
     let dir = tempfile::tempdir().unwrap();
     let name = format!("cli-{pid}");
     let cfg = write_config(

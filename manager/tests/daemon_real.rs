@@ -5,12 +5,11 @@
 //! with eBPF feedback, once with the test's client reporting latencies to
 //! the API. Run alone: `cargo test -p qosd-manager --test daemon_real`.
 
-mod daemon_support;
 mod support;
 
 use std::time::Duration;
 
-use daemon_support::*;
+use support::*;
 
 /// The closed loop on memcached with `feedback`; returns the daemon's
 /// decisions seen while it ran.

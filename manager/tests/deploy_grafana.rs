@@ -10,18 +10,14 @@
 //! tree whose latencies are pushed through the API (client feedback). The
 //! eBPF tracer still runs for real (root). Needs root and `prometheus`.
 
-#[path = "../../actuators/tests/common/mod.rs"]
-mod fake;
-#[path = "daemon_support/mod.rs"]
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use support::{agent, free_port, wait_for, Daemon};
+use support::{free_port, repo, wait_for, Daemon, Prometheus};
 
 /// Metrics the dashboard shows that this build of `qosd run` does not
 /// export, each with why. The test fails once one of them is exported (so
@@ -33,10 +29,6 @@ const NOT_EXPORTED_YET: [(&str, &str); 2] = [
     ("qosd_app_power_watts", "no power sensor on the fake node"),
     ("qosd_node_power_watts", "no power sensor on the fake node"),
 ];
-
-fn repo() -> &'static Path {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-}
 
 /// The PromQL of every panel target, with its panel title.
 fn panel_exprs(dash: &Value) -> Vec<(String, String)> {
@@ -180,7 +172,7 @@ fn metric_names_of_promql() {
 /// A node qosd can manage fully: 8 CPUs (4 cores x 2 threads), cgroup v2
 /// with cpuset, acpi-cpufreq, resctrl L3 (20 ways) and MB; two processes.
 fn fake_node(root: &Path) {
-    use fake::{cpus, process, put};
+    use support::fake::{cpus, process, put};
     cpus(root, 8, true);
     let cg = "/sys/fs/cgroup";
     put(
@@ -260,15 +252,6 @@ fn fake_node(root: &Path) {
     put(root, "/proc/stat", &stat);
 }
 
-struct Prometheus(Child);
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// The metric families of a Prometheus text exposition, as sample names
 /// (histogram/summary suffixes included).
 fn exported(text: &str) -> BTreeSet<String> {
@@ -325,37 +308,8 @@ fn grafana_dashboard_matches_a_live_daemon_and_prometheus() {
         }
     };
 
-    let prom_port = free_port();
-    let pcfg = dir.path().join("prometheus.yml");
-    std::fs::write(
-        &pcfg,
-        format!(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
-             scrape_configs:\n  - job_name: qosd\n    static_configs:\n      - targets: ['127.0.0.1:{port}']\n"
-        ),
-    )
-    .unwrap();
-    let _prom = Prometheus(
-        Command::new("prometheus")
-            .arg(format!("--config.file={}", pcfg.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.path().join("tsdb").display()
-            ))
-            .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("starting prometheus (apt-get install prometheus)"),
-    );
-    let a = agent();
-    let query = |q: &str| -> Value {
-        let url = format!("http://127.0.0.1:{prom_port}/api/v1/query");
-        match a.get(&url).query("query", q).call() {
-            Ok(mut r) => r.body_mut().read_json().unwrap_or(Value::Null),
-            Err(_) => Value::Null,
-        }
-    };
+    let prom = Prometheus::start(dir.path(), port);
+    let query = |q: &str| prom.query(q);
     // Feed latencies while Prometheus collects a dozen scrapes (rate()
     // over 10 s needs two samples in the window).
     let t0 = Instant::now();

@@ -6,14 +6,14 @@
 //! libraries the binary links. No cluster and no container engine here:
 //! nothing is applied or built (README says so).
 
-mod deploy;
+mod support;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use deploy::{repo, text, QOSD};
 use serde_yaml_ng::Value;
+use support::{repo, text, QOSD};
 
 const SCHEMAS: &str = "deploy/kubernetes/schemas/v1.32.0-standalone-strict";
 

@@ -5,15 +5,13 @@
 //! Needs root (mount namespace, other users' processes) and the Debian
 //! packages `systemd`, `make`, `memcached`.
 
-mod deploy;
-#[path = "support/mod.rs"]
 mod support;
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use deploy::*;
+use support::*;
 
 #[test]
 fn make_install_lays_out_every_file() {
@@ -185,10 +183,6 @@ fn hold_in_ns(ns: &UnitNs, argv: &[String]) -> std::process::Child {
     }
 }
 
-fn cgroup_of(pid: u32) -> String {
-    std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap()
-}
-
 /// The unit's ExecStartPre and ExecStopPost, exactly as written in the
 /// installed file, with its CapabilityBoundingSet and NoNewPrivileges: a
 /// `qosd` holding a knob of a memcached run as `nobody` is SIGKILLed (a
@@ -226,9 +220,9 @@ fn unit_command_lines_restore_after_a_crash_with_only_the_unit_caps() {
     let bin = exec_argv(&s, "ExecStart")[0].clone();
     let state = d.path().join("run/qosd/state.json");
     for backend in &backends {
-        let mc = support::memcached(2);
+        let mc = memcached(2);
         let pid = mc.pid();
-        let (cpus0, cg0) = (cpus_allowed(pid), cgroup_of(pid));
+        let (cpus0, cg0) = (cpus_allowed(pid), cgroups(pid));
         assert_eq!(cpus0, "0-1", "this test needs 2 CPUs");
         let argv: Vec<String> = [
             bin.as_str(),
@@ -268,7 +262,7 @@ fn unit_command_lines_restore_after_a_crash_with_only_the_unit_caps() {
             text(&post.stdout)
         );
         assert_eq!(cpus_allowed(pid), cpus0, "{backend}: affinity back");
-        assert_eq!(cgroup_of(pid), cg0, "{backend}: cgroup back");
+        assert_eq!(cgroups(pid), cg0, "{backend}: cgroup back");
         assert!(!state.exists(), "{backend}: state file consumed");
     }
     // ExecStopPost with nothing to restore (a clean stop) succeeds too.
@@ -280,26 +274,12 @@ fn unit_command_lines_restore_after_a_crash_with_only_the_unit_caps() {
 
 /// GET `path` on the daemon's API; None until it answers 200.
 fn api(port: u16, path: &str) -> Option<serde_json::Value> {
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .timeout_global(Some(std::time::Duration::from_secs(5)))
-        .build()
-        .into();
-    let mut r = agent
+    let mut r = agent()
         .get(&format!("http://127.0.0.1:{port}{path}"))
         .call()
-        .ok()?;
+        .ok()
+        .filter(|r| r.status() == 200)?;
     r.body_mut().read_json().ok()
-}
-
-fn wait_until(secs: u64, mut f: impl FnMut() -> bool) -> bool {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
-    while std::time::Instant::now() < deadline {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    false
 }
 
 /// ExecStart (`qosd run`, the real daemon with eBPF feedback) with only the
@@ -319,10 +299,10 @@ fn unit_exec_start_runs_the_daemon_with_only_the_unit_caps() {
         nix::sys::signal::Signal::SIGTERM,
         nix::sys::signal::Signal::SIGKILL,
     ] {
-        let mc = support::memcached(2);
+        let mc = memcached(2);
         let pid = mc.pid();
         let cpus0 = cpus_allowed(pid);
-        let port = support::free_port();
+        let port = free_port();
         // The installed config, pointed at this memcached and a free port.
         let conf = d.path().join("etc/qosd/config.yaml");
         let shipped = std::fs::read_to_string(repo().join("config.yaml")).unwrap();
@@ -344,7 +324,7 @@ fn unit_exec_start_runs_the_daemon_with_only_the_unit_caps() {
             .stderr(Stdio::inherit())
             .spawn()
             .unwrap();
-        let managed = wait_until(30, || {
+        let managed = wait_for(std::time::Duration::from_secs(30), || {
             api(port, "/v1/apps/memcached").is_some_and(|v| v["managed"] == true)
                 && cpus_allowed(pid) != cpus0
         });
@@ -390,7 +370,7 @@ fn with_caps(caps: &str, argv: &[&str]) -> std::process::Output {
 
 /// `qosd trace` of a memcached (user nobody) on a connection opened before
 /// the trace started, under `caps`: the requests it counted.
-fn traced_on_an_old_connection(caps: &str, mc: &support::Server) -> (bool, u64, String) {
+fn traced_on_an_old_connection(caps: &str, mc: &Server) -> (bool, u64, String) {
     use std::io::{BufRead, Write};
     let s = std::net::TcpStream::connect(("127.0.0.1", mc.port)).unwrap();
     s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
@@ -434,7 +414,7 @@ fn each_unit_capability_is_needed() {
         assert_ne!(c, all, "{cap} is in the unit");
         c
     };
-    let mc = support::memcached(2);
+    let mc = memcached(2);
     let pid = mc.pid().to_string();
 
     // CAP_BPF, CAP_PERFMON: loading and attaching the eBPF programs.

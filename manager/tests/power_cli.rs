@@ -1,38 +1,16 @@
 //! `qosd power` end to end. Tests named `root_*` load BPF (need root); run
 //! them alone with `cargo test -p qosd-manager --test power_cli`.
 
+mod support;
+
 use std::fs;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 
-const QOSD: &str = env!("CARGO_BIN_EXE_qosd");
+use support::Killed;
 
-/// A busy child process, killed when dropped.
-struct Busy(Child);
-
-impl Busy {
-    fn spawn() -> Busy {
-        let c = Command::new("sh")
-            .args(["-c", "while :; do :; done"])
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap();
-        Busy(c)
-    }
-    fn pid(&self) -> u32 {
-        self.0.id()
-    }
-}
-
-impl Drop for Busy {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn qosd(args: &[&str]) -> std::process::Output {
-    Command::new(QOSD).arg("power").args(args).output().unwrap()
+/// `qosd power ARGS...`.
+fn power(args: &[&str]) -> std::process::Output {
+    support::qosd(&[&["power"], args].concat())
 }
 
 fn json_lines(out: &[u8]) -> Vec<serde_json::Value> {
@@ -44,7 +22,7 @@ fn json_lines(out: &[u8]) -> Vec<serde_json::Value> {
 
 #[test]
 fn power_cli_unknown_pid_is_a_usage_error() {
-    let o = qosd(&["--pid", "2147483000", "--duration", "1"]);
+    let o = power(&["--pid", "2147483000", "--duration", "1"]);
     assert_eq!(o.status.code(), Some(2));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("--pid 2147483000: no such process"), "{err}");
@@ -52,9 +30,9 @@ fn power_cli_unknown_pid_is_a_usage_error() {
 
 #[test]
 fn root_power_cli_json_model_figures_are_flagged() {
-    let busy = Busy::spawn();
+    let busy = Killed::busy();
     let pid = busy.pid().to_string();
-    let o = qosd(&[
+    let o = power(&[
         "--source",
         "model",
         "--json",
@@ -83,9 +61,9 @@ fn root_power_cli_json_model_figures_are_flagged() {
 
 #[test]
 fn root_power_cli_text_marks_every_estimate() {
-    let busy = Busy::spawn();
+    let busy = Killed::busy();
     let pid = busy.pid().to_string();
-    let o = qosd(&[
+    let o = power(&[
         "--source",
         "model",
         "--pid",
@@ -141,7 +119,7 @@ fn fake_rapl_root() -> tempfile::TempDir {
 #[test]
 fn root_power_cli_fake_rapl_is_labelled_rapl() {
     let root = fake_rapl_root();
-    let o = qosd(&[
+    let o = power(&[
         "--root",
         root.path().to_str().unwrap(),
         "--json",

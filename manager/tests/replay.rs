@@ -2,20 +2,13 @@
 //! The sim tests are fast; `real_replay_*` starts real servers (run alone
 //! with `cargo test -p qosd-manager --test replay real_`).
 
+mod support;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn qosd(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_qosd"))
-        .current_dir(repo())
-        .args(args)
-        .output()
-        .expect("run qosd")
-}
+use support::{cgroups, free_port, qosd_in_repo as qosd, repo, wait_for, write_config};
+use support::{AppSpec, Daemon, Killed, QOSD};
 
 fn ok(args: &[&str]) -> String {
     let o = qosd(args);
@@ -272,17 +265,7 @@ fn real_replay_of_a_reduced_ramp() {
     )
     .unwrap();
     let cal = t.path().join("cal.json");
-    let o = qosd(&[
-        "calibrate",
-        sc.to_str().unwrap(),
-        "--step-s",
-        "0.5",
-        "--max-rps",
-        "20000",
-        "--out",
-        cal.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    calibrate(&sc, &cal);
     let out = t.path().join("run");
     let o = qosd(&[
         "replay",
@@ -297,15 +280,7 @@ fn real_replay_of_a_reduced_ramp() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");
     // The server it started is gone.
-    let pid: u32 = err
-        .split("pid ")
-        .nth(1)
-        .unwrap()
-        .split(')')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let pid = started_pid(&err);
     assert!(
         !Path::new(&format!("/proc/{pid}")).exists()
             || std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -365,9 +340,217 @@ fn real_replay_of_a_reduced_ramp() {
         })
         .unwrap_or_default();
     assert!(leftover.is_empty(), "replay left its cpuset group behind");
-    // No power figure in a real replay yet: the summary says so (null), it
-    // does not claim 0 J.
+    // Power from the power sensor: every row has the server's power, it
+    // grows with the load, the app's energy is within the node's, and it
+    // is flagged an estimate on a machine without RAPL (this one).
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
-    assert!(summary["apps"]["search"]["energy_j"].is_null(), "{summary}");
+    let rapl = Path::new("/sys/class/powercap/intel-rapl:0/energy_uj").exists()
+        || Path::new("/sys/bus/event_source/devices/power").exists();
+    assert_eq!(summary["energy_is_estimate"], !rapl, "{summary}");
+    let power: Vec<(f64, f64)> = rows
+        .iter()
+        .map(|l| {
+            let c: Vec<&str> = l.split(',').collect();
+            let w = c[12]
+                .parse::<f64>()
+                .unwrap_or_else(|_| panic!("no power_w in {l}"));
+            (c[2].parse::<f64>().unwrap(), w)
+        })
+        .collect();
+    assert!(
+        power.iter().all(|(_, w)| w.is_finite() && *w >= 0.0),
+        "{power:?}"
+    );
+    let positive = power.iter().filter(|(_, w)| *w > 0.0).count();
+    assert!(
+        positive * 10 >= power.len() * 9,
+        "power_w > 0 in {positive} of {} rows under load",
+        power.len()
+    );
+    let mut by_load = power.clone();
+    by_load.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap());
+    let q = by_load.len() / 4;
+    let mean = |v: &[(f64, f64)]| v.iter().map(|p| p.1).sum::<f64>() / v.len() as f64;
+    let (low, high) = (mean(&by_load[..q]), mean(&by_load[by_load.len() - q..]));
+    eprintln!("power: {low:.2} W at the lowest quarter of the load, {high:.2} W at the highest");
+    assert!(high > low, "more load, more power: {low} W vs {high} W");
+    let app_j = summary["apps"]["search"]["energy_j"].as_f64().unwrap();
+    let node_j = summary["total"]["energy_j"].as_f64().unwrap();
+    assert!(
+        app_j > 0.0 && app_j < node_j,
+        "app {app_j} J, node {node_j} J"
+    );
+    assert!(err.contains("power: model (an ESTIMATE") || rapl, "{err}");
+}
+
+/// A one-app fixture scenario named `app` (distinct per test: the cpuset
+/// group is `qosd-<app>`), constant at `level` of capacity.
+fn fixture_scenario(dir: &Path, app: &str, level: f64, duration_s: u32) -> PathBuf {
+    let sc = dir.join(format!("{app}.yaml"));
+    std::fs::write(
+        &sc,
+        format!(
+            "name: {app}\nduration_s: {duration_s}\ninterval_ms: 500\nfeedback: client\napps:\n  \
+             - name: {app}\n    class: lc\n    server:\n      kind: fixture\n      work_us: 500\n    \
+             protocol: http\n    connections: 4\n    target:\n      knee_factor: 1.0\n    load:\n      \
+             kind: constant\n      level: {level}\n"
+        ),
+    )
+    .unwrap();
+    sc
+}
+
+/// `qosd calibrate` of a scenario, quickly (0.5 s steps).
+fn calibrate(sc: &Path, out: &Path) {
+    let o = qosd(&[
+        "calibrate",
+        sc.to_str().unwrap(),
+        "--step-s",
+        "0.5",
+        "--max-rps",
+        "20000",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// The pid in a "started APP (ADDR, pid N)" line.
+fn started_pid(stderr: &str) -> u32 {
+    stderr
+        .split("pid ")
+        .nth(1)
+        .and_then(|s| s.split(')').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no server pid in {stderr}"))
+}
+
+/// A real replay runs beside a `qosd run` daemon: it journals to its own
+/// state file (<out>/state.json), not the daemon's; pointed at the
+/// daemon's it stops at once (exit 1, naming the file); SIGKILLed, its
+/// state file is left and `qosd restore --state-file` puts its cpuset
+/// group back, while the daemon keeps its own app managed throughout.
+#[test]
+fn real_replay_beside_a_daemon_uses_its_own_state_file() {
+    let t = tempfile::tempdir().unwrap();
+    // The daemon, managing a sleeper, journalling to its own state file.
+    let sleeper = Killed::sleeper(300);
+    let spid = sleeper.pid();
+    let ddir = t.path().join("daemon");
+    std::fs::create_dir_all(&ddir).unwrap();
+    let port = free_port();
+    let dname = format!("beside-daemon-{spid}");
+    let cfg = write_config(
+        &ddir,
+        port,
+        &[AppSpec {
+            name: &dname,
+            matcher: format!("{{ pid: {spid} }}"),
+            target_us: Some(10_000.0),
+            feedback: "client",
+            resources: "{ initial: { nr_cores: 1 }, min: { nr_cores: 1 }, max: { nr_cores: 1 } }",
+        }],
+    );
+    let daemon = Daemon::start(&cfg, port, &[]);
+    let dgroup = format!("/sys/fs/cgroup/cpuset/qosd-{dname}");
+    assert!(
+        wait_for(std::time::Duration::from_secs(10), || cgroups(spid)
+            .contains(&format!("qosd-{dname}"))),
+        "the daemon did not put the sleeper in {dgroup}: {}",
+        cgroups(spid)
+    );
+    let dstate = ddir.join("state.json");
+    let dstate_before = std::fs::read(&dstate).expect("the daemon's state file");
+
+    let app = format!("beside{}", std::process::id());
+    let sc = fixture_scenario(t.path(), &app, 0.2, 4);
+    let cal = t.path().join("cal.json");
+    calibrate(&sc, &cal);
+    let replay = |out: &Path, extra: &[&str]| {
+        let mut a = vec![
+            "replay",
+            sc.to_str().unwrap(),
+            "--policy",
+            "static",
+            "--calibration",
+            cal.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        a.extend_from_slice(extra);
+        a.iter().map(|s| s.to_string()).collect::<Vec<_>>()
+    };
+
+    // Pointed at the daemon's state file: refused before anything starts.
+    let o = qosd(&replay(
+        &t.path().join("clash"),
+        &["--state-file", dstate.to_str().unwrap()],
+    ));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("locked by another running qosd") && err.contains(dstate.to_str().unwrap()),
+        "{err}"
+    );
+    assert!(!err.contains("started "), "no server started: {err}");
+
+    // Its own state file: the whole replay runs beside the daemon.
+    let out = t.path().join("run");
+    let o = qosd(&replay(&out, &[]));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    let own = out.join("state.json");
+    assert!(
+        err.contains(&format!("qosd restore --state-file {}", own.display())),
+        "{err}"
+    );
+    assert!(err.contains("knobs: cores"), "{err}");
+    assert!(!own.exists(), "everything put back: no state left");
+    assert!(!out.join("state.lock").exists(), "no lock file left");
+    assert!(out.join("timeline.csv").is_file());
+
+    // SIGKILLed mid-run: its state file stays; `qosd restore` undoes it.
+    let killed = t.path().join("killed");
+    let mut child = Command::new(QOSD)
+        .current_dir(repo())
+        .args(replay(&killed, &["--duration", "60"]))
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let kstate = killed.join("state.json");
+    let group = format!("/sys/fs/cgroup/cpuset/qosd-{app}");
+    let in_force = wait_for(std::time::Duration::from_secs(30), || {
+        kstate.exists() && Path::new(&group).exists()
+    });
+    child.kill().unwrap();
+    let ko = child.wait_with_output().unwrap();
+    let kerr = String::from_utf8_lossy(&ko.stderr);
+    assert!(in_force, "the replay's cores never in force: {kerr}");
+    let server = started_pid(&kerr);
+    let server_cg = cgroups(server);
+    let o = qosd(&["restore", "--state-file", kstate.to_str().unwrap()]);
+    let rout = String::from_utf8_lossy(&o.stdout);
+    // The killed replay's server outlives it: stop it before asserting.
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(server as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    assert!(
+        o.status.success(),
+        "{rout}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(server_cg.contains(&format!("qosd-{app}")), "{server_cg}");
+    assert!(rout.contains("restored "), "{rout}");
+    assert!(!kstate.exists(), "state file consumed by the restore");
+    assert!(!Path::new(&group).exists(), "{group} put back");
+
+    // The daemon ran on untouched: alive, its app still in its group, its
+    // state file as it was.
+    assert!(cgroups(spid).contains(&format!("qosd-{dname}")));
+    assert_eq!(std::fs::read(&dstate).unwrap(), dstate_before);
+    let (st, dout) = daemon.stop();
+    assert!(st.success(), "qosd run: {st}; {dout:?}");
+    drop(sleeper);
 }

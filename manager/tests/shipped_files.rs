@@ -1,11 +1,11 @@
 //! Every policy and config file shipped in the repository parses and
 //! validates (a typo in a shipped file fails here, not on a user's node).
 
+mod support;
+
 use std::path::{Path, PathBuf};
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
+use support::repo;
 
 fn yaml_files(dir: &Path) -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = std::fs::read_dir(dir)

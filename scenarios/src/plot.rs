@@ -126,7 +126,12 @@ fn run_panels(tl: &Timeline, capacity_rps: &BTreeMap<String, f64>) -> Vec<Panel>
     panels.push(per_app("memory bandwidth", "%", |r| {
         r.mb_percent.map(f64::from)
     }));
-    panels.push(per_app("power (estimate)", "W", |r| r.power_w));
+    let power = if tl.energy_is_estimate {
+        "power (estimate)"
+    } else {
+        "power"
+    };
+    panels.push(per_app(power, "W", |r| r.power_w));
     panels.retain(|p| p.lines.iter().any(|l| !l.points.is_empty()));
     panels
 }

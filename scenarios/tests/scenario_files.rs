@@ -92,7 +92,10 @@ fn errors_name_file_line_col_and_key() {
     );
     // serde errors keep serde's position.
     let e = err(&GOOD.replace("duration_s: 10", "duration_s: 10\nseeed: 3"));
-    assert!(e.starts_with("bad.yaml:3:1: unknown field `seeed`"), "{e}");
+    assert!(
+        e.starts_with("bad.yaml:3:1: seeed: unknown field `seeed`"),
+        "{e}"
+    );
     let e = err(&GOOD.replace("protocol: memcache", "protocol: http"));
     assert!(
         e.starts_with("bad.yaml:8:5: apps[0].protocol: memcached speaks"),

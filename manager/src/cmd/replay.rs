@@ -21,9 +21,18 @@ use crate::usage;
     qosd replay scenarios/ramp.yaml --sim --feedback client --out out/ramp-client\n  \
     qosd compare out/ramp-ebpf out/ramp-client                 table and overlay plot\n  \
     qosd replay scenarios/ramp.yaml --sim --policy static      the static-allocation baseline\n  \
-    qosd replay scenarios/ramp.yaml --sim --duration 60        the scenario compressed into 60 s\n\n\
+    qosd replay scenarios/ramp.yaml --sim --duration 60        the scenario compressed into 60 s\n  \
+    qosd replay scenarios/ramp.yaml --out out/ramp             on this machine's real servers\n  \
+    qosd restore --state-file out/ramp/state.json              undo a real replay that was killed\n\n\
     Outputs (in --out, default out/<scenario>/): timeline.csv,\n\
-    summary.json, calibration.json, timeline.svg and timeline.png.\n\
+    summary.json, calibration.json, timeline.svg and timeline.png (and plans.jsonl\n\
+    for a real replay).\n\
+    A real replay records the original of every knob it changes in its own state\n\
+    file (--state-file, default <out>/state.json), not in the daemon's\n\
+    /run/qosd/state.json: it runs beside a `qosd run` daemon on the same node, and\n\
+    after a SIGKILL `qosd restore --state-file <out>/state.json` puts the knobs back\n\
+    (the next replay into the same --out does it too). Beside a daemon, both share\n\
+    the node's CPUs without knowing of each other: use distinct app names.\n\
     Loads in a scenario are fractions of each app's capacity; the capacity and the\n\
     knee (where targets with knee_factor sit) come from calibration: of the model\n\
     with --sim, of this machine otherwise (or --calibration FILE from `qosd calibrate`).")]
@@ -54,6 +63,11 @@ pub struct Args {
     /// Calibration to use instead of calibrating (calibration.json).
     #[arg(long, value_name = "FILE")]
     pub calibration: Option<PathBuf>,
+    /// Actuator state file of a real replay: the original of every knob
+    /// it changes, for `qosd restore --state-file FILE` after a SIGKILL.
+    /// Default: <out>/state.json (the daemon's is /run/qosd/state.json).
+    #[arg(long, value_name = "FILE", conflicts_with = "sim")]
+    pub state_file: Option<PathBuf>,
     /// Print summary.json instead of the table.
     #[arg(long)]
     pub json: bool,

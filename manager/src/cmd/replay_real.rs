@@ -5,12 +5,18 @@
 //!
 //! Server-side latency comes from the eBPF request sensor (each server's
 //! pid, its listening port), client latency from the load generator; the
-//! policy is fed the one `--feedback` names.
+//! policy is fed the one `--feedback` names. Each app's power is its
+//! server processes' share from the power sensor (RAPL, or the model here:
+//! an estimate, flagged `energy_is_estimate` in summary.json).
 //!
 //! The policy's plans are put in force through the daemon's actuation
 //! ([`crate::daemon::actuate::Actuation`]: the same code as `qosd run`),
 //! on the knobs this machine has; every plan also goes to `plans.jsonl`.
 //! Everything is put back when the replay ends, is interrupted, or fails.
+//! The originals are journalled in the replay's own state file (default
+//! `<out>/state.json`), so that a replay runs beside a `qosd run` daemon
+//! (which holds `/run/qosd/state.json`) and a SIGKILLed one is undone by
+//! `qosd restore --state-file <out>/state.json`.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -20,13 +26,16 @@ use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use anyhow::Context;
-use qosd_core::{AppState, Feedback, Limits, Policy, QosTarget, Resource, Share, Snapshot};
+use qosd_core::{
+    AppState, Feedback, Limits, Policy, PowerSource, QosTarget, Resource, Share, Snapshot,
+};
 use qosd_scenarios::calibrate::Calibration;
 use qosd_scenarios::load::{self, IntervalReport, Rate};
 use qosd_scenarios::scenario::Scenario;
 use qosd_scenarios::timeline::{Row, Timeline};
 use qosd_scenarios::{output, servers, sweep};
 use qosd_sensors::ebpf::{Mode, RequestTracer, TargetOptions, TracerOptions};
+use qosd_sensors::power::{PowerConfig, PowerSample, PowerSensor};
 
 use crate::daemon::actuate::Actuation;
 use crate::daemon::admit::Peers;
@@ -41,6 +50,15 @@ pub fn run(
     out: &Path,
 ) -> anyhow::Result<()> {
     crate::signals::install()?;
+    // Before calibrating or starting servers: a state file held by another
+    // qosd stops the run here.
+    let state = args
+        .state_file
+        .clone()
+        .unwrap_or_else(|| out.join("state.json"));
+    // Absolute, so that the restore hint works from any directory.
+    let state = std::path::absolute(&state).unwrap_or(state);
+    let mut act = start_actuation(&state)?;
     let cal = match &args.calibration {
         Some(p) => Calibration::read(p).map_err(|e| usage!("{}: {e:#}", p.display()))?,
         None => {
@@ -90,7 +108,6 @@ pub fn run(
                 .with_context(|| format!("tracing {} (pid {})", s.name, s.pid))?;
         }
     }
-    let mut act = start_actuation()?;
     let knobs: Vec<&str> = Resource::CYCLE
         .iter()
         .filter(|r| act.node().has(**r))
@@ -111,6 +128,9 @@ pub fn run(
         .map(|(a, s)| (a.name.clone(), vec![s.pid as i32]))
         .collect();
     admit_all(&mut act, sc, &pids)?;
+    // Opened just before the load starts: its first sample covers the
+    // first interval.
+    let mut power = RunPower::start();
     let stop = Arc::new(AtomicBool::new(false));
     let mut rxs = Vec::new();
     let mut handles = Vec::new();
@@ -137,18 +157,34 @@ pub fn run(
         seed,
         interval_s: sc.interval_ms as f64 / 1000.0,
         apps: sc.apps.iter().map(|a| a.name.clone()).collect(),
+        energy_is_estimate: power.as_ref().is_some_and(RunPower::is_estimate),
         ..Default::default()
     };
     let nr_iv = ((duration * 1000.0) / sc.interval_ms as f64).round() as usize;
     let node = *act.node();
     for iv in 0..nr_iv {
-        let mut snap = Snapshot::default();
-        for ((a, rx), srv) in sc.apps.iter().zip(&rxs).zip(&running) {
-            // One report per interval from each generator; a generator that
-            // ended (or a stop) ends the run.
-            let Ok(r) = rx.recv_timeout(Duration::from_millis(sc.interval_ms * 4 + 2000)) else {
-                break;
-            };
+        // One report per interval from each generator; a generator that
+        // ended (or a stop) ends the run.
+        let reports: Vec<IntervalReport> = rxs
+            .iter()
+            .map_while(|rx| {
+                rx.recv_timeout(Duration::from_millis(sc.interval_ms * 4 + 2000))
+                    .ok()
+            })
+            .collect();
+        if reports.len() < sc.apps.len() || crate::signals::stop_requested() {
+            break;
+        }
+        // Power over the interval the reports just closed.
+        let sample = power.as_mut().and_then(|p| p.sample());
+        let mut snap = Snapshot {
+            node_power_w: sample.as_ref().map(|s| s.node.total_w),
+            ..Default::default()
+        };
+        if let Some(s) = &sample {
+            tl.node_power_w.push(s.node.total_w);
+        }
+        for ((a, r), srv) in sc.apps.iter().zip(reports).zip(&running) {
             let target_us = cal.target_us(a);
             let p99 = r.latency.p99_us.map(|x| x / 1000.0);
             let ebpf_us = tracer
@@ -161,6 +197,10 @@ pub fn run(
             } else {
                 p99
             };
+            // The server's processes (nginx's workers are its children).
+            let power_w = sample
+                .as_ref()
+                .map(|s| s.app(&process_tree(srv.pid), Some(r.latency.rps)).power_w);
             tl.rows.push(Row {
                 t_s: r.t_s,
                 app: a.name.clone(),
@@ -174,7 +214,7 @@ pub fn run(
                 freq_mhz: level(&act, &a.name, Resource::Frequency),
                 llc_ways: level(&act, &a.name, Resource::CacheWays),
                 mb_percent: level(&act, &a.name, Resource::MemoryBandwidth),
-                power_w: None,
+                power_w,
             });
             let pct = a.target.as_ref().map_or(99.0, |t| t.percentile);
             snap.apps.push(AppState {
@@ -187,12 +227,9 @@ pub fn run(
                 latency_us: fed.map(|ms| ms * 1000.0),
                 rps: r.latency.rps,
                 cpu_util: 0.0,
-                power_w: None,
+                power_w,
                 limits: Limits::default(),
             });
-        }
-        if snap.apps.len() < sc.apps.len() || crate::signals::stop_requested() {
-            break;
         }
         snap.apps.sort_by(|x, y| x.name.cmp(&y.name));
         let now_ms = ((iv + 1) as u64) * sc.interval_ms;
@@ -239,12 +276,27 @@ pub fn run(
     match act.restore_all() {
         Ok(ch) if !ch.is_empty() => eprintln!("restored {} setting(s)", ch.len()),
         Ok(_) => {}
-        Err(e) => eprintln!("restoring the knobs: {e} (run `qosd restore`)"),
+        Err(e) => eprintln!(
+            "restoring the knobs: {e} (run `qosd restore --state-file {}`)",
+            state.display()
+        ),
+    }
+    drop(act); // releases the state file's lock
+               // Everything is back: the lock file is all that is left of the
+               // journal; it is not an output of the run.
+    if !state.exists() {
+        let _ = std::fs::remove_file(state.with_extension("lock"));
     }
     drop(running); // kills the servers
                    // Keep whole intervals only (a stop may cut the last one short).
     tl.rows
         .truncate(tl.rows.len() / sc.apps.len() * sc.apps.len());
+    if power.as_ref().is_some_and(|p| p.failed) {
+        // Energy over part of the run would read as the run's: keep none.
+        tl.rows.iter_mut().for_each(|r| r.power_w = None);
+        tl.node_power_w.clear();
+        tl.energy_is_estimate = false;
+    }
     let (summary, files) = output::write_run(out, &tl, &cal)?;
     print!("{}", output::summary_table(&summary));
     println!(
@@ -256,20 +308,109 @@ pub fn run(
     Ok(())
 }
 
-/// The actuators with their defaults (state file under /run/qosd, so that a
-/// SIGKILLed replay is undone by `qosd restore`), behind the daemon's
+/// The actuators with their defaults but journalling to `state` (the
+/// replay's own state file, not the daemon's), behind the daemon's
 /// actuation. Knobs the machine lacks are simply absent from the node.
-fn start_actuation() -> anyhow::Result<Actuation> {
-    let cfg = qosd_actuators::Config::default();
-    let (act, leftovers) =
-        qosd_actuators::Actuators::start(&cfg).context("starting the actuators")?;
+fn start_actuation(state: &Path) -> anyhow::Result<Actuation> {
+    let cfg = qosd_actuators::Config {
+        state_file: Some(state.to_owned()),
+        ..Default::default()
+    };
+    let (act, leftovers) = qosd_actuators::Actuators::start(&cfg)
+        .map_err(crate::cmd::set::to_anyhow)
+        .with_context(|| format!("starting the actuators (state file {})", state.display()))?;
     if !leftovers.is_empty() {
         eprintln!(
-            "put back {} setting(s) a previous run left",
-            leftovers.len()
+            "put back {} setting(s) a previous run left in {}",
+            leftovers.len(),
+            state.display()
         );
     }
+    eprintln!(
+        "actuator state: {} (if this replay is killed: qosd restore --state-file {})",
+        state.display(),
+        state.display()
+    );
     Actuation::new(act, &Resource::CYCLE).context("reading the CPU topology")
+}
+
+/// The power sensor of a real replay: RAPL where the machine has it, else
+/// the model (every figure an estimate, flagged in summary.json). A sample
+/// that fails ends power for the run (`failed`).
+struct RunPower {
+    sensor: PowerSensor,
+    failed: bool,
+}
+
+impl RunPower {
+    /// `None` (said on stderr) where the sensor cannot run, e.g. not root:
+    /// the power column stays empty and energy_j null.
+    fn start() -> Option<RunPower> {
+        match PowerSensor::open(&PowerConfig::default(), Path::new("/")) {
+            Ok(sensor) => {
+                let c = sensor.caps();
+                eprintln!(
+                    "power: {} ({}), threads weighed by {}",
+                    c.backend,
+                    if c.source == PowerSource::Model {
+                        "an ESTIMATE from utilisation, no RAPL here"
+                    } else {
+                        "measured"
+                    },
+                    c.weight
+                );
+                Some(RunPower {
+                    sensor,
+                    failed: false,
+                })
+            }
+            Err(e) => {
+                eprintln!("power: not available ({e}); no power_w, energy_j null");
+                None
+            }
+        }
+    }
+
+    fn is_estimate(&self) -> bool {
+        self.sensor.caps().source == PowerSource::Model
+    }
+
+    /// Power since the previous sample.
+    fn sample(&mut self) -> Option<PowerSample> {
+        if self.failed {
+            return None;
+        }
+        match self.sensor.sample() {
+            Ok(s) => Some(s),
+            Err(e) => {
+                eprintln!("power: sampling failed ({e}); the run keeps no power figure");
+                self.failed = true;
+                None
+            }
+        }
+    }
+}
+
+/// `pid` and its descendants (from /proc/PID/task/TID/children): the
+/// processes whose power is the app's.
+fn process_tree(pid: u32) -> Vec<u32> {
+    let mut out = vec![pid];
+    let mut i = 0;
+    while i < out.len() && out.len() < 4096 {
+        let p = out[i];
+        i += 1;
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else {
+            continue;
+        };
+        for t in tasks.flatten() {
+            let kids = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+            out.extend(
+                kids.split_whitespace()
+                    .filter_map(|k| k.parse::<u32>().ok()),
+            );
+        }
+    }
+    out
 }
 
 /// Every app starts with one unit of each pooled knob and the rest shared

@@ -11,9 +11,12 @@ use qosd_actuators::{restore_state_file, Config};
     qosd restore                          put back everything in /run/qosd/state.json\n  \
     qosd restore --dry-run                show what would be put back\n  \
     qosd restore --state-file /tmp/s.json a state file of another run\n  \
-    qosd restore --config /etc/qosd/config.yaml  the state file of that config's `qosd run`\n\n\
+    qosd restore --config /etc/qosd/config.yaml  the state file of that config's `qosd run`\n  \
+    qosd restore --state-file out/ramp/state.json  what a killed `qosd replay` left\n\n\
     The state file records each original before the first change, so this\n\
-    works after `qosd set`, and after a qosd that was killed with SIGKILL.")]
+    works after `qosd set`, and after a qosd that was killed with SIGKILL.\n\
+    A real `qosd replay` journals to its own file, <out>/state.json (or its\n\
+    --state-file), not to /run/qosd/state.json.")]
 pub struct Args {
     /// Take the state file and root from this config (what `qosd run
     /// --config FILE` journals to); the systemd unit's ExecStopPost uses it.

@@ -8,14 +8,10 @@ use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use super::{free_port, Server, QOSD};
-
-fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
+use super::{free_port, repo, Server, QOSD};
 
 fn fixture_src() -> PathBuf {
-    repo_root().join("scenarios/fixtures/grpc-server")
+    repo().join("scenarios/fixtures/grpc-server")
 }
 
 /// Where build.sh puts its output: beside the profile directory of the

@@ -4,16 +4,16 @@
 //! Parsed with serde (`deny_unknown_fields`), then checked by [`validate`];
 //! every error names `file:line:col` and the key.
 
-mod locate;
 pub mod shape;
 mod validate;
 
 use std::path::{Path, PathBuf};
 
+use qosd_core::yamlfile;
 use qosd_core::{AppClass, Feedback};
 use serde::{Deserialize, Serialize};
 
-pub use locate::{locate, render, Seg};
+pub use qosd_core::yamlfile::{locate, KeyPath, Seg};
 pub use shape::{Shape, Step};
 
 use crate::load::{Arrival, MemcacheMix, Protocol};
@@ -273,71 +273,23 @@ pub struct SimModelSpec {
     pub noise: Option<f64>,
 }
 
-/// An invalid scenario file: `path:line:col: key: message`.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub struct ScenarioError {
-    pub path: PathBuf,
-    /// 1-based; 0 when unknown.
-    pub line: usize,
-    pub col: usize,
-    /// The key at fault (`apps[0].load.to`); empty for the whole file.
-    pub key: String,
-    pub msg: String,
-}
-
-impl std::fmt::Display for ScenarioError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.path.display())?;
-        if self.line > 0 {
-            write!(f, ":{}:{}", self.line, self.col)?;
-        }
-        if !self.key.is_empty() {
-            write!(f, ": {}", self.key)?;
-        }
-        write!(f, ": {}", self.msg)
-    }
-}
+/// An invalid scenario file: `path:line:col: key: message` (the same
+/// reader and message as config and policy files).
+pub type ScenarioError = yamlfile::FileError;
 
 impl Scenario {
     /// Reads, parses and validates a scenario file (and its trace files).
     pub fn from_file(path: &Path) -> Result<Scenario, ScenarioError> {
-        let text = std::fs::read_to_string(path).map_err(|e| ScenarioError {
-            path: path.to_owned(),
-            line: 0,
-            col: 0,
-            key: String::new(),
-            msg: format!("cannot read: {e}"),
-        })?;
+        let text = yamlfile::read(path)?;
         Self::parse(path, &text)
     }
 
     /// Parses and validates `text`, the contents of `path`.
     pub fn parse(path: &Path, text: &str) -> Result<Scenario, ScenarioError> {
-        let mut s: Scenario = serde_yaml_ng::from_str(text).map_err(|e| {
-            let (line, col) = e.location().map_or((0, 0), |l| (l.line(), l.column()));
-            let full = e.to_string();
-            let msg = full
-                .rfind(" at line ")
-                .map_or(full.as_str(), |i| &full[..i])
-                .to_owned();
-            ScenarioError {
-                path: path.to_owned(),
-                line,
-                col,
-                key: String::new(),
-                msg,
-            }
-        })?;
+        let mut s: Scenario = yamlfile::parse(path, text)?;
         s.dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
         validate::validate(&mut s).map_err(|(key, msg)| {
-            let (line, col) = locate(text, &key).unwrap_or((0, 0));
-            ScenarioError {
-                path: path.to_owned(),
-                line,
-                col,
-                key: render(&key),
-                msg,
-            }
+            yamlfile::invalid(path, text, yamlfile::Invalid::new(KeyPath(key), msg))
         })?;
         Ok(s)
     }

@@ -5,7 +5,7 @@ use std::collections::HashSet;
 
 use qosd_core::AppClass;
 
-use super::{locate::Seg, AppSpec, Scenario, Server, Shape};
+use super::{AppSpec, Scenario, Seg, Server, Shape};
 use crate::load::{self, Protocol};
 
 type Fail = (Vec<Seg>, String);

@@ -3,24 +3,12 @@
 //! executes a unit's command line the way systemd would here: in a private
 //! mount namespace where the installed tree is bound over /etc/qosd,
 //! /usr/local/bin and /run/qosd, with only the unit's capabilities.
-#![allow(dead_code)]
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-pub const QOSD: &str = env!("CARGO_BIN_EXE_qosd");
-
-pub fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("repo root")
-        .to_owned()
-}
-
-pub fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
+use super::{repo, text, QOSD};
 
 /// `make install DESTDIR=dest QOSD_BIN=<the binary cargo test built>` plus
 /// `extra` make variables; panics with make's output on failure.
@@ -168,14 +156,4 @@ impl Drop for UnitNs {
             let _ = std::fs::remove_dir(p);
         }
     }
-}
-
-/// The affinity list of `pid` as /proc shows it.
-pub fn cpus_allowed(pid: u32) -> String {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    s.lines()
-        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-        .expect("Cpus_allowed_list")
-        .trim()
-        .to_owned()
 }

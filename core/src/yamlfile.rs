@@ -1,4 +1,4 @@
-//! Reading YAML files (config, policies) so that every error names
+//! Reading YAML files (config, policies, scenarios) so that every error names
 //! `file:line:col` and the key. Parse and type errors carry serde_yaml_ng's
 //! location; semantic errors from a `validate()` pass carry a [`KeyPath`],
 //! which [`locate`] finds in the text with yaml-rust2's marked event parser.
@@ -384,6 +384,33 @@ list: [a, b]
             locate(DOC, &p.key("apps").index(1).key("target")),
             Some((5, 5))
         );
+    }
+
+    /// The cases of the scenarios' former block-style locator: flow maps
+    /// inside items, sequences at their key's indentation.
+    #[test]
+    fn locates_what_scenario_files_use() {
+        let doc = "name: x\nnode:\n  nr_cores: 4\napps:\n  - name: a\n    load: {kind: constant, level: 2}\n  - name: b\n    load:\n      kind: ramp\n      to: 3\n";
+        let apps = KeyPath::root().key("apps");
+        assert_eq!(
+            locate(doc, &KeyPath::root().key("node").key("nr_cores")),
+            Some((3, 3))
+        );
+        assert_eq!(locate(doc, &apps.index(0).key("name")), Some((5, 5)));
+        assert_eq!(
+            locate(doc, &apps.index(0).key("load").key("level")),
+            Some((6, 28))
+        );
+        assert_eq!(
+            locate(doc, &apps.index(1).key("load").key("to")),
+            Some((10, 7))
+        );
+        assert_eq!(locate(doc, &apps.index(1).key("nope")), Some((7, 5)));
+        let flat = "apps:\n- name: a\n- name: b\n  port: 3\nseed: 1\n";
+        let apps1 = KeyPath::root().key("apps").index(1);
+        assert_eq!(locate(flat, &apps1.key("port")), Some((4, 3)));
+        assert_eq!(locate(flat, &KeyPath::root().key("seed")), Some((5, 1)));
+        assert_eq!(apps1.key("load").to_string(), "apps[1].load");
     }
 
     #[test]
