@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
+use nix::sys::prctl;
+use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 use std::os::unix::process::CommandExt;
 
@@ -134,20 +136,31 @@ pub fn start_on(
     cmd.stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
-    if let Some(cpus) = cpus {
-        let mut set = CpuSet::new();
-        for &c in cpus {
-            set.set(c)
-                .with_context(|| format!("CPU {c} for the server of {}", app.name))?;
+    let set = match cpus {
+        Some(cpus) => {
+            let mut set = CpuSet::new();
+            for &c in cpus {
+                set.set(c)
+                    .with_context(|| format!("CPU {c} for the server of {}", app.name))?;
+            }
+            Some(set)
         }
-        // SAFETY: runs in the forked child before exec; sched_setaffinity
-        // is a plain system call (async-signal-safe) and touches no memory
-        // the parent's threads could hold locked.
-        unsafe {
-            cmd.pre_exec(move || {
-                sched_setaffinity(Pid::from_raw(0), &set).map_err(std::io::Error::from)
-            });
-        }
+        None => None,
+    };
+    // SAFETY: runs in the forked child before exec; prctl and
+    // sched_setaffinity are plain system calls (async-signal-safe) and
+    // touch no memory the parent's threads could hold locked.
+    unsafe {
+        cmd.pre_exec(move || {
+            // A qosd killed with SIGKILL takes its servers with it (they
+            // would hold ports and CPU otherwise). Servers are started from
+            // the thread that lives as long as the run.
+            prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)?;
+            if let Some(set) = &set {
+                sched_setaffinity(Pid::from_raw(0), set).map_err(std::io::Error::from)?;
+            }
+            Ok(())
+        });
     }
     let child = cmd.spawn().with_context(|| {
         format!(
