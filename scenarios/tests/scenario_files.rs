@@ -13,7 +13,7 @@ fn every_shipped_scenario_parses_and_validates() {
         .iter()
         .map(|p| p.file_stem().unwrap().to_string_lossy().into_owned())
         .collect();
-    for want in ["ramp", "diurnal", "spike", "constant"] {
+    for want in ["ramp", "diurnal", "spike", "constant", "grpc"] {
         assert!(
             names.iter().any(|n| n == want),
             "{want}.yaml is shipped: {names:?}"

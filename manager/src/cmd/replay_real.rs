@@ -281,11 +281,23 @@ pub fn run(
             state.display()
         ),
     }
-    drop(act); // releases the state file's lock
-               // Everything is back: the lock file is all that is left of the
-               // journal; it is not an output of the run.
+    // Dropping `act` releases the state file's lock. Everything is back: the
+    // lock file is all that is left of the journal; it is not an output.
+    drop(act);
     if !state.exists() {
         let _ = std::fs::remove_file(state.with_extension("lock"));
+    }
+    if let Some(t) = &tracer {
+        let modes: Vec<String> = sc
+            .apps
+            .iter()
+            .zip(&running)
+            .map(|(a, s)| {
+                let m = t.mode(s.pid).map_or("-".into(), |m| m.to_string());
+                format!("{} {m}", a.name)
+            })
+            .collect();
+        eprintln!("eBPF request boundaries: {}", modes.join(", "));
     }
     drop(running); // kills the servers
                    // Keep whole intervals only (a stop may cut the last one short).
