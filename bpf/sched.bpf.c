@@ -100,6 +100,27 @@ struct {
 	__type(value, struct task_slot);
 } task_slots SEC(".maps");
 
+/*
+ * In front of the task storage, a per-CPU direct-mapped cache of the
+ * threads that ran here lately: (tid, task start time) -> slot, an inlined
+ * array load instead of a helper call. The start time makes the key name
+ * one task for good, so an entry of a dead thread never matches a new
+ * thread that reuses its tid (and, dead, its own task never asks again).
+ */
+#define SLOT_CACHE 64
+struct slot_cache_entry {
+	__u64 born; /* task->start_time */
+	__u32 tid;
+	__u32 slot;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, SLOT_CACHE);
+	__type(key, __u32);
+	__type(value, struct slot_cache_entry);
+} slot_cache SEC(".maps");
+
 /* Free slots (zeroed): userspace fills it with every slot before attaching
  * and gives back the slots of exited threads. */
 struct {
@@ -191,6 +212,13 @@ static __always_inline int new_slot(__u32 tid, __u32 *slot)
 static __always_inline struct thread_stats *stats_of(struct task_struct *task,
 						     __u32 tid)
 {
+	__u32 ci = tid & (SLOT_CACHE - 1);
+	struct slot_cache_entry *ce = bpf_map_lookup_elem(&slot_cache, &ci);
+	__u64 born = task->start_time;
+	if (ce && ce->tid == tid && ce->born == born) {
+		__u32 cached = ce->slot;
+		return bpf_map_lookup_elem(&threads, &cached);
+	}
 	struct task_slot *ts = bpf_task_storage_get(&task_slots, task, NULL, 0);
 	if (!ts) {
 		struct task_slot init = {};
@@ -208,6 +236,11 @@ static __always_inline struct thread_stats *stats_of(struct task_struct *task,
 		}
 	}
 	__u32 slot = ts->slot;
+	if (ce) {
+		ce->born = born;
+		ce->tid = tid;
+		ce->slot = slot;
+	}
 	return bpf_map_lookup_elem(&threads, &slot);
 }
 
