@@ -6,9 +6,9 @@
  *
  * In the kernel: uprobes on the server's gRPC library mark each call's start
  * and end, keyed by (tgid, address of the library's stream object); the end
- * emits one GRPC record into the request tracer's ring buffer (the `events`
- * and `counters` maps here are the very maps of requests.bpf.c: userspace
- * hands their fds over before load). Userspace resolves the symbols to file
+ * emits one GRPC record into the request tracer's ring buffer (emit.h: the
+ * `events` and `counters` maps here are the very maps of requests.bpf.c,
+ * userspace hands their fds over before load). Userspace resolves the symbols to file
  * offsets and attaches each program per traced pid; nothing here attaches
  * by itself (bare SEC("uprobe")).
  *
@@ -46,6 +46,7 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 #include "requests.h"
+#include "emit.h" /* events, counters: requests.bpf.c's (fds reused before load) */
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -59,19 +60,6 @@ struct {
 	__type(key, struct grpc_key);
 	__type(value, __u64);
 } grpc_calls SEC(".maps");
-
-/* Shared with requests.bpf.c (fds reused before load). */
-struct {
-	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 128 * 1024);
-} events SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, QOSD_CNT_MAX);
-	__type(key, __u32);
-	__type(value, __u64);
-} counters SEC(".maps");
 
 static __always_inline void call_start(__u64 stream)
 {
@@ -94,28 +82,13 @@ static __always_inline void call_end(__u64 stream)
 	/* Delete first: a second end of the same call finds nothing. */
 	if (bpf_map_delete_elem(&grpc_calls, &k))
 		return;
-	struct req_record *r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);
-	if (!r) {
-		__u32 idx = QOSD_CNT_LOST;
-		__u64 *c = bpf_map_lookup_elem(&counters, &idx);
-		if (c)
-			*c += 1;
-		return;
-	}
-	r->start_ns = start_ns;
-	r->end_ns = bpf_ktime_get_ns();
-	r->conn_id = stream;
-	r->tgid = k.tgid;
-	r->fd = 0;
-	r->turns = 0;
-	r->kind = QOSD_REC_GRPC;
-	r->pad[0] = r->pad[1] = r->pad[2] = 0;
 	/* No wakeup: the consumer drains the ring every 20 ms anyway, and a
 	 * wakeup per call (a context switch to the consumer) was most of the
 	 * cost: Go fixture, one call in flight, 2-CPU VM, client p50 +95 us
 	 * over no tracing with a wakeup per record, +35 us without (as much as
 	 * the syscall tracepoints of `turn` mode alone). */
-	bpf_ringbuf_submit(r, BPF_RB_NO_WAKEUP);
+	emit_record(QOSD_REC_GRPC, k.tgid, 0, stream, 0, start_ns,
+		    bpf_ktime_get_ns(), QOSD_NEVER_WAKE);
 }
 
 SEC("uprobe")

@@ -15,25 +15,37 @@
  * All kinds are emitted (as the target's emit bits allow); userspace picks
  * the mode that fits what it observes ("auto") and does all the statistics.
  *
- * Hooks: syscall tracepoints only (this kernel has no kprobes and no fentry).
- *   sys_exit_accept{,4}            new connection (+ its local port, CO-RE)
- *   sys_enter/exit_read, readv, recvfrom, recvmsg        inbound bytes
- *   sys_enter/exit_write, writev, sendto, sendmsg, sendfile64  outbound bytes
- *   sys_enter_close                end of connection (at enter: the fd can be
- *                                  reused by another thread before exit)
- * Syscall arguments travel from enter to exit keyed by thread (pid_tgid), so
- * two threads of one process never see each other's arguments.
+ * Hooks (this kernel has no kprobes and no fentry):
+ *   tp_btf/sys_exit (raw_syscalls: every syscall's exit, with its pt_regs)
+ *     accept, accept4                    new connection (+ its local port)
+ *     read, readv, recvfrom, recvmsg     inbound bytes
+ *     write, writev, sendto, sendmsg, sendfile  outbound bytes
+ *   tracepoint/syscalls/sys_enter_close  end of connection (at enter: the fd
+ *                                        can be reused by another thread
+ *                                        before exit)
  *
- * Records go through one ring buffer; a full buffer is counted per CPU in
- * `counters`, never silently. Connection and argument tables are LRU maps so
- * stale entries (SIGKILLed processes, connections traced mid-way) cannot grow
- * them without bound.
+ * Cost: these hooks run for every process on the node, so the first thing
+ * each program does is a bitmap test on the tgid (`traced`, exact, one
+ * array load); untraced processes, the load generator among them, leave
+ * there. One program on the raw sys_exit tracepoint instead of an enter and
+ * an exit program per syscall: the syscall's arguments are still in its
+ * pt_regs at exit (the syscall reads them, never writes them), so nothing
+ * has to travel from enter to exit, and a raw tracepoint skips the perf
+ * buffer the per-syscall tracepoints fill for every run. A memcached get is
+ * two traced runs (read, sendmsg) where it was four plus a hash insert and
+ * delete.
+ *
+ * Records go through one ring buffer (emit.h); a full buffer is counted per
+ * CPU in `counters`, never silently. The connection table is an LRU map so
+ * stale entries (SIGKILLed processes, connections traced mid-way) cannot
+ * grow it without bound.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_core_read.h>
 #include <bpf/bpf_tracing.h>
 #include "requests.h"
+#include "emit.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -72,64 +84,50 @@ struct {
 	__type(value, struct conn_state);
 } conns SEC(".maps");
 
-/* Arguments of a syscall in flight on one thread. */
-struct io_args {
-	__u32 fd;
-	__u32 dir; /* 0 inbound, 1 outbound */
-	__u64 buf; /* first inbound buffer of a connection, for the preface */
-};
-
 /* How an inbound syscall passes its buffer (args[1]). */
 #define BUF_NONE 0
 #define BUF_FLAT 1 /* read, recvfrom: the buffer */
 #define BUF_IOV 2  /* readv: struct iovec[] */
 #define BUF_MSG 3  /* recvmsg: struct user_msghdr */
 
+/* Traced tgids, one bit each: bit (tgid & 63) of word (tgid >> 6). Exact:
+ * pid_max is at most PID_MAX_LIMIT (2^22 on 64-bit), so every tgid has its
+ * bit. Set and cleared by userspace with the `targets` entry. */
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 16384);
-	__type(key, __u64); /* pid_tgid */
-	__type(value, struct io_args);
-} inflight SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 128 * 1024); /* resized by userspace before load */
-} events SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, QOSD_CNT_MAX);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, QOSD_TGID_WORDS);
 	__type(key, __u32);
 	__type(value, __u64);
-} counters SEC(".maps");
+} traced SEC(".maps");
 
-static __always_inline void count(__u32 idx)
+/* x86-64 syscall numbers (arch/x86/entry/syscalls/syscall_64.tbl). */
+#define NR_read 0
+#define NR_write 1
+#define NR_readv 19
+#define NR_writev 20
+#define NR_sendfile 40
+#define NR_accept 43
+#define NR_sendto 44
+#define NR_recvfrom 45
+#define NR_sendmsg 46
+#define NR_recvmsg 47
+#define NR_accept4 288
+
+/* arch/x86/include/asm/thread_info.h: the task is in a 32-bit syscall. */
+#define TS_COMPAT 0x0002
+
+static __always_inline bool is_traced(__u32 tgid)
 {
-	__u64 *c = bpf_map_lookup_elem(&counters, &idx);
-	if (c)
-		*c += 1;
+	__u32 word = tgid >> 6;
+	__u64 *bits = bpf_map_lookup_elem(&traced, &word);
+	return bits && (*bits >> (tgid & 63)) & 1;
 }
 
 static __always_inline void emit(__u32 tgid, __u32 fd, struct conn_state *cs,
-				  __u8 kind, __u64 start, __u64 end)
+				 __u8 kind, __u64 start, __u64 end)
 {
-	struct req_record *r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);
-	if (!r) {
-		count(QOSD_CNT_LOST);
-		return;
-	}
-	r->start_ns = start;
-	r->end_ns = end;
-	r->conn_id = cs->conn_id;
-	r->tgid = tgid;
-	r->fd = fd;
-	r->turns = cs->turns;
-	r->kind = kind;
-	r->pad[0] = r->pad[1] = r->pad[2] = 0;
-	__u64 waiting = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA);
-	bpf_ringbuf_submit(r, waiting >= wakeup_bytes ? BPF_RB_FORCE_WAKEUP
-						     : BPF_RB_NO_WAKEUP);
+	emit_record(kind, tgid, fd, cs->conn_id, cs->turns, start, end,
+		    wakeup_bytes);
 }
 
 /* Local port of the socket behind fd in the current task (host order). */
@@ -147,19 +145,19 @@ static __always_inline __u16 local_port(int fd)
 	return BPF_CORE_READ(sock, sk, __sk_common.skc_num);
 }
 
-static __always_inline int on_accept_exit(long ret)
+/* A new connection of a traced process (its tgid bit is set). */
+static __always_inline void on_accept_exit(__u32 tgid, long ret)
 {
 	if (ret < 0)
-		return 0;
-	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+		return;
 	struct target_cfg *cfg = bpf_map_lookup_elem(&targets, &tgid);
 	if (!cfg)
-		return 0;
+		return;
 	__u16 port = local_port(ret);
 	if (cfg->port_filter) {
 		struct port_key pk = { .tgid = tgid, .port = port };
 		if (!bpf_map_lookup_elem(&ports, &pk))
-			return 0;
+			return;
 	}
 	struct conn_key key = { .tgid = tgid, .fd = ret };
 	__u64 now = bpf_ktime_get_ns();
@@ -173,22 +171,9 @@ static __always_inline int on_accept_exit(long ret)
 		.emit = cfg->emit,
 	};
 	bpf_map_update_elem(&conns, &key, &cs, BPF_ANY);
-	return 0;
 }
 
-SEC("tracepoint/syscalls/sys_exit_accept4")
-int exit_accept4(struct trace_event_raw_sys_exit *ctx)
-{
-	return on_accept_exit(ctx->ret);
-}
-
-SEC("tracepoint/syscalls/sys_exit_accept")
-int exit_accept(struct trace_event_raw_sys_exit *ctx)
-{
-	return on_accept_exit(ctx->ret);
-}
-
-/* The user address where the first inbound bytes will land (0: unknown or
+/* The user address where the first inbound bytes landed (0: unknown or
  * too small a first piece to hold the preface). */
 static __always_inline __u64 first_buf(__u64 arg, int kind)
 {
@@ -206,24 +191,6 @@ static __always_inline __u64 first_buf(__u64 arg, int kind)
 	return iov.iov_len < QOSD_H2_PREFACE_LEN ? 0 : (__u64)iov.iov_base;
 }
 
-/* Syscall enter on a possibly-traced fd: remember it for the exit. */
-static __always_inline int on_io_enter(long fd, __u32 dir, __u64 arg1, int kind)
-{
-	__u64 id = bpf_get_current_pid_tgid();
-	struct conn_key key = { .tgid = id >> 32, .fd = fd };
-	if (fd < 0)
-		return 0;
-	struct conn_state *cs = bpf_map_lookup_elem(&conns, &key);
-	if (!cs)
-		return 0;
-	struct io_args a = { .fd = fd, .dir = dir };
-	/* Only a connection's first inbound bytes can be the preface. */
-	if (dir == 0 && cs->turns == 0 && (cs->emit & QOSD_EMIT_H2))
-		a.buf = first_buf(arg1, kind);
-	bpf_map_update_elem(&inflight, &id, &a, BPF_ANY);
-	return 0;
-}
-
 /* Whether the bytes at buf open with the HTTP/2 client preface. */
 static __always_inline bool is_h2_preface(__u64 buf)
 {
@@ -236,25 +203,24 @@ static __always_inline bool is_h2_preface(__u64 buf)
 	return got[0] == want0 && got[1] == want1;
 }
 
-static __always_inline int on_io_exit(long ret)
+/* Bytes moved on fd (args of the syscall: fd, arg1) by a traced process. */
+static __always_inline void on_io_exit(__u32 tgid, long fd, long ret,
+				       __u32 dir, __u64 arg1, int kind)
 {
-	__u64 id = bpf_get_current_pid_tgid();
-	struct io_args *a = bpf_map_lookup_elem(&inflight, &id);
-	if (!a)
-		return 0;
-	struct conn_key key = { .tgid = id >> 32, .fd = a->fd };
-	__u32 dir = a->dir;
-	__u64 buf = a->buf;
-	bpf_map_delete_elem(&inflight, &id);
-	if (ret <= 0)
-		return 0;
+	if (fd < 0 || ret <= 0)
+		return;
+	struct conn_key key = { .tgid = tgid, .fd = fd };
 	struct conn_state *cs = bpf_map_lookup_elem(&conns, &key);
 	if (!cs)
-		return 0;
+		return;
 	__u64 now = bpf_ktime_get_ns();
-	if (dir == 0 && buf && cs->turns == 0 && ret >= QOSD_H2_PREFACE_LEN &&
-	    is_h2_preface(buf))
-		emit(key.tgid, key.fd, cs, QOSD_REC_H2, now, now);
+	/* Only a connection's first inbound bytes can be the preface. */
+	if (dir == 0 && cs->turns == 0 && (cs->emit & QOSD_EMIT_H2) &&
+	    ret >= QOSD_H2_PREFACE_LEN) {
+		__u64 buf = first_buf(arg1, kind);
+		if (buf && is_h2_preface(buf))
+			emit(key.tgid, key.fd, cs, QOSD_REC_H2, now, now);
+	}
 	if (dir == 0) {
 		if (cs->state == QOSD_ST_RESPONDING) {
 			if (cs->emit & QOSD_EMIT_TURN)
@@ -272,40 +238,56 @@ static __always_inline int on_io_exit(long ret)
 		cs->state = QOSD_ST_RESPONDING;
 		cs->last_out_ns = now;
 	}
-	return 0;
 }
 
-#define IO_PAIR(name, dir, bufkind)                                      \
-	SEC("tracepoint/syscalls/sys_enter_" #name)                     \
-	int enter_##name(struct trace_event_raw_sys_enter *ctx)         \
-	{                                                               \
-		return on_io_enter(ctx->args[0], dir, ctx->args[1],     \
-				   bufkind);                            \
-	}                                                               \
-	SEC("tracepoint/syscalls/sys_exit_" #name)                      \
-	int exit_##name(struct trace_event_raw_sys_exit *ctx)           \
-	{                                                               \
-		return on_io_exit(ctx->ret);                            \
+/* Every syscall of every process ends here: leave at once unless traced. */
+SEC("tp_btf/sys_exit")
+int BPF_PROG(qosd_sys_exit, struct pt_regs *regs, long ret)
+{
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	if (!is_traced(tgid))
+		return 0;
+	/* A 32-bit syscall has other numbers and argument registers; the
+	 * per-syscall tracepoints skip those too. */
+	struct task_struct *task = bpf_get_current_task_btf();
+	if (task->thread_info.status & TS_COMPAT)
+		return 0;
+	long fd = regs->di;
+	__u64 arg1 = regs->si;
+	switch (regs->orig_ax) {
+	case NR_read:
+	case NR_recvfrom:
+		on_io_exit(tgid, fd, ret, 0, arg1, BUF_FLAT);
+		break;
+	case NR_readv:
+		on_io_exit(tgid, fd, ret, 0, arg1, BUF_IOV);
+		break;
+	case NR_recvmsg:
+		on_io_exit(tgid, fd, ret, 0, arg1, BUF_MSG);
+		break;
+	case NR_write:
+	case NR_writev:
+	case NR_sendto:
+	case NR_sendmsg:
+	case NR_sendfile: /* fd is out_fd: the socket */
+		on_io_exit(tgid, fd, ret, 1, 0, BUF_NONE);
+		break;
+	case NR_accept:
+	case NR_accept4:
+		on_accept_exit(tgid, ret);
+		break;
 	}
-
-IO_PAIR(read, 0, BUF_FLAT)
-IO_PAIR(readv, 0, BUF_IOV)
-IO_PAIR(recvfrom, 0, BUF_FLAT)
-IO_PAIR(recvmsg, 0, BUF_MSG)
-IO_PAIR(write, 1, BUF_NONE)
-IO_PAIR(writev, 1, BUF_NONE)
-IO_PAIR(sendto, 1, BUF_NONE)
-IO_PAIR(sendmsg, 1, BUF_NONE)
-IO_PAIR(sendfile64, 1, BUF_NONE) /* args[0] is out_fd: the socket */
+	return 0;
+}
 
 SEC("tracepoint/syscalls/sys_enter_close")
 int enter_close(struct trace_event_raw_sys_enter *ctx)
 {
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
 	long fd = ctx->args[0];
-	struct conn_key key = { .tgid = bpf_get_current_pid_tgid() >> 32,
-				.fd = fd };
-	if (fd < 0)
+	if (fd < 0 || !is_traced(tgid))
 		return 0;
+	struct conn_key key = { .tgid = tgid, .fd = fd };
 	struct conn_state *cs = bpf_map_lookup_elem(&conns, &key);
 	if (!cs)
 		return 0;

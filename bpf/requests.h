@@ -29,6 +29,10 @@
 #define QOSD_ST_IN_REQ 1     /* inbound bytes seen, no reply yet */
 #define QOSD_ST_RESPONDING 2 /* reply bytes seen; ends at next inbound/close */
 
+/* Words of the traced-tgid bitmap: 2^22 bits, one per possible pid
+ * (PID_MAX_LIMIT on 64-bit). */
+#define QOSD_TGID_WORDS 65536
+
 /* The start of the HTTP/2 client connection preface, "PRI * HTTP/2.0\r\n". */
 #define QOSD_H2_PREFACE_LEN 16
 

@@ -7,9 +7,10 @@
  * In the kernel, at every context switch on a CPU:
  *   - close the slice of the outgoing thread: add its on-CPU time, the part
  *     of it during which the SMT sibling CPU ran a non-idle task, its cycles
- *     (where a PMU exists) and one switch to its entry in `threads`, a
- *     per-CPU hash keyed by tid, so each CPU only ever writes its own slot
- *     and no atomics are needed;
+ *     (where a PMU exists) and one switch to its slot in `threads`, a
+ *     per-CPU array (the thread finds its slot in its task-local storage,
+ *     see below), so each CPU only ever writes its own copy and no atomics
+ *     are needed;
  *   - open the slice of the incoming thread in `cpus[cpu]` (start time,
  *     cycle counter, and the sibling's cumulative busy time at that moment).
  * The overlap with the sibling is the growth of the sibling's cumulative
@@ -32,10 +33,9 @@
  * rest of that time. Such switches are counted (QOSD_SCNT_UNMATCHED).
  *
  * Thread exit: the thread's final switch (prev_state TASK_DEAD) still adds
- * its last slice and marks the entry QOSD_THR_DEAD; userspace deletes the
- * entry right after reading it. sched_process_exit is not used: it fires
- * before that final switch, so deleting there would lose the last slice or
- * be undone by the switch that re-creates the entry.
+ * its last slice and marks the slot QOSD_THR_DEAD; userspace frees the slot
+ * right after reading it. sched_process_exit is not used: it fires before
+ * that final switch, so freeing there would lose the last slice.
  *
  * Time is the scheduler's own rq clock (sched_clock, ns), read for free at
  * the switch; userspace gets every CPU's rq clock from qosd_clock_snapshot
@@ -67,12 +67,67 @@ const volatile __u32 nr_cpus = 1;
 struct thread_stats _thread_type = {};
 struct cpu_state _cpu_type = {};
 
+/*
+ * Per-thread figures live in slots of a per-CPU array (`threads`, indexed
+ * by slot), and each thread finds its slot in its own task-local storage
+ * (`task_slots`): ~10 ns at every switch, where a per-CPU hash keyed by
+ * tid cost ~40. Task storage goes away with the task, so a tid reused by a
+ * new thread can never land in the slot of the dead one: the new task has
+ * no storage and gets a slot of its own. `thread_slots` (tid -> slot) is
+ * written only when a thread gets its slot: userspace lists threads from
+ * it, and the rare switch that knows a thread by tid only uses it.
+ * Userspace frees the slot of an exited thread after its last read
+ * (zeroes it and pushes it back on `free_slots`).
+ */
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 16384); /* resized by userspace before load */
-	__type(key, __u32);         /* tid */
+	__type(key, __u32);         /* slot */
 	__type(value, struct thread_stats);
 } threads SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384); /* resized with `threads` */
+	__type(key, __u32);         /* tid */
+	__type(value, __u32);       /* slot */
+} thread_slots SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct task_slot);
+} task_slots SEC(".maps");
+
+/*
+ * In front of the task storage, a per-CPU direct-mapped cache of the
+ * threads that ran here lately: (tid, task start time) -> slot, an inlined
+ * array load instead of a helper call. The start time makes the key name
+ * one task for good, so an entry of a dead thread never matches a new
+ * thread that reuses its tid (and, dead, its own task never asks again).
+ */
+#define SLOT_CACHE 64
+struct slot_cache_entry {
+	__u64 born; /* task->start_time */
+	__u32 tid;
+	__u32 slot;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, SLOT_CACHE);
+	__type(key, __u32);
+	__type(value, struct slot_cache_entry);
+} slot_cache SEC(".maps");
+
+/* Free slots (zeroed): userspace fills it with every slot before attaching
+ * and gives back the slots of exited threads. */
+struct {
+	__uint(type, BPF_MAP_TYPE_QUEUE);
+	__uint(max_entries, 16384); /* resized with `threads` */
+	__type(value, __u32);
+} free_slots SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -132,23 +187,75 @@ static __always_inline __u64 pro_rata(__u64 x, __u64 num, __u64 den)
 	return (x >> 16) * (num >> 16) / ((den >> 16) ?: 1) << 16;
 }
 
-static __always_inline void account(__u32 tid, __u32 tgid, __u64 slice,
-				    __u64 overlap, __u64 cyc, bool dead)
+/*
+ * A slot for thread tid, registered under its tid; -1: none free. A tid
+ * that still names another slot is taken over: either the old thread's
+ * final switch was never traced (the slot would be kept forever anyway, as
+ * an entry of a tid-keyed table was) or it exited so recently that
+ * userspace has not read it yet (its last figures are lost; a tid-keyed
+ * table lost the new thread's first slices instead).
+ */
+static __always_inline int new_slot(__u32 tid, __u32 *slot)
 {
-	struct thread_stats *t = bpf_map_lookup_elem(&threads, &tid);
-	if (!t) {
-		struct thread_stats zero = { .tgid = tgid };
-		/* -EEXIST: another CPU created it meanwhile; anything else:
-		 * the table is full. */
-		if (bpf_map_update_elem(&threads, &tid, &zero, BPF_NOEXIST) &&
-		    !bpf_map_lookup_elem(&threads, &tid)) {
-			count(QOSD_SCNT_TABLE_FULL);
-			return;
-		}
-		t = bpf_map_lookup_elem(&threads, &tid);
-		if (!t)
-			return;
+	__u32 s;
+	if (bpf_map_pop_elem(&free_slots, &s))
+		return -1;
+	if (bpf_map_update_elem(&thread_slots, &tid, &s, BPF_ANY)) {
+		bpf_map_push_elem(&free_slots, &s, 0);
+		return -1;
 	}
+	*slot = s;
+	return 0;
+}
+
+/* This CPU's figures of the thread `task`, its slot made on first use. */
+static __always_inline struct thread_stats *stats_of(struct task_struct *task,
+						     __u32 tid)
+{
+	__u32 ci = tid & (SLOT_CACHE - 1);
+	struct slot_cache_entry *ce = bpf_map_lookup_elem(&slot_cache, &ci);
+	__u64 born = task->start_time;
+	if (ce && ce->tid == tid && ce->born == born) {
+		__u32 cached = ce->slot;
+		return bpf_map_lookup_elem(&threads, &cached);
+	}
+	struct task_slot *ts = bpf_task_storage_get(&task_slots, task, NULL, 0);
+	if (!ts) {
+		struct task_slot init = {};
+		if (new_slot(tid, &init.slot)) {
+			count(QOSD_SCNT_TABLE_FULL);
+			return NULL;
+		}
+		ts = bpf_task_storage_get(&task_slots, task, &init,
+					  BPF_LOCAL_STORAGE_GET_F_CREATE);
+		if (!ts) {
+			bpf_map_delete_elem(&thread_slots, &tid);
+			bpf_map_push_elem(&free_slots, &init.slot, 0);
+			count(QOSD_SCNT_TABLE_FULL);
+			return NULL;
+		}
+	}
+	__u32 slot = ts->slot;
+	if (ce) {
+		ce->born = born;
+		ce->tid = tid;
+		ce->slot = slot;
+	}
+	return bpf_map_lookup_elem(&threads, &slot);
+}
+
+/* This CPU's figures of a thread known by tid only (no slot: none). */
+static __always_inline struct thread_stats *stats_of_tid(__u32 tid)
+{
+	__u32 *slot = bpf_map_lookup_elem(&thread_slots, &tid);
+	return slot ? bpf_map_lookup_elem(&threads, slot) : NULL;
+}
+
+static __always_inline void add(struct thread_stats *t, __u32 tgid, __u64 slice,
+				__u64 overlap, __u64 cyc, bool dead)
+{
+	if (!t)
+		return;
 	t->on_ns += slice;
 	t->sib_busy_ns += overlap;
 	t->cycles += cyc;
@@ -215,7 +322,8 @@ int BPF_PROG(qosd_sched_switch, bool preempt, struct task_struct *prev,
 		if (use_cycles && cyc > st->start_cycles)
 			dcyc = cyc - st->start_cycles;
 		if (st->tid == ptid) {
-			account(ptid, prev->tgid, gap, overlap, dcyc, dead);
+			add(stats_of(prev, ptid), prev->tgid, gap, overlap, dcyc,
+			    dead);
 		} else {
 			/* A switch to prev was never traced (seen on this
 			 * machine: ftrace misses it too). prev ran for what the
@@ -229,10 +337,10 @@ int BPF_PROG(qosd_sched_switch, bool preempt, struct task_struct *prev,
 				slice = gap;
 			__u64 o = pro_rata(overlap, slice, gap);
 			__u64 c = pro_rata(dcyc, slice, gap);
-			account(ptid, prev->tgid, slice, o, c, dead);
+			add(stats_of(prev, ptid), prev->tgid, slice, o, c, dead);
 			if (st->tid && gap > slice)
-				account(st->tid, st->tgid, gap - slice, overlap - o,
-					dcyc - c, false);
+				add(stats_of_tid(st->tid), st->tgid, gap - slice,
+				    overlap - o, dcyc - c, false);
 			else if (!st->tid)
 				gap = slice; /* the rest of the gap was idle */
 		}
@@ -240,7 +348,11 @@ int BPF_PROG(qosd_sched_switch, bool preempt, struct task_struct *prev,
 	} else if (ptid && dead) {
 		/* Slice start unknown (attached mid-slice): still mark the exit
 		 * so that userspace drops an entry made by earlier slices. */
-		struct thread_stats *t = bpf_map_lookup_elem(&threads, &ptid);
+		struct task_slot *ts =
+			bpf_task_storage_get(&task_slots, prev, NULL, 0);
+		__u32 slot = ts ? ts->slot : 0;
+		struct thread_stats *t =
+			ts ? bpf_map_lookup_elem(&threads, &slot) : NULL;
 		if (t)
 			t->flags |= QOSD_THR_DEAD;
 	}

@@ -24,8 +24,9 @@
 #define QOSD_SCNT_MAX 8
 
 /*
- * Cumulative figures of one thread on one CPU (the value of a per-CPU hash
- * keyed by tid: each CPU's slot is written only by that CPU).
+ * Cumulative figures of one thread on one CPU (the value of a per-CPU array
+ * indexed by the thread's slot: each CPU's copy is written only by that
+ * CPU).
  */
 struct thread_stats {
 	__u64 on_ns;       /* time on this CPU */
@@ -53,6 +54,13 @@ struct cpu_state {
 				  * by the clock snapshot */
 };
 
+/* Task-local storage of a thread: its slot in `threads`. */
+struct task_slot {
+	__u32 slot;
+	__u32 pad;
+};
+
+_Static_assert(sizeof(struct task_slot) == 8, "task_slot layout");
 _Static_assert(sizeof(struct thread_stats) == 40, "thread_stats layout");
 _Static_assert(sizeof(struct cpu_state) == 56, "cpu_state layout");
 

@@ -2,8 +2,13 @@
 //!
 //! Interleaved A/B rounds (A: no tracing, B: `qosd trace` attached as a
 //! separate process), each a closed-loop get load from N connections for a
-//! fixed time; prints a markdown section with the median throughput ratio
-//! and the median client p50 difference. Run by `make bench`.
+//! fixed time; prints a markdown section with the median throughput ratio,
+//! the median client p50 difference and the median ratio of CPU time per
+//! request (server + client threads, from schedstat: less disturbed than
+//! throughput by other load on a shared machine). Then, unless BPF_STATS=0,
+//! one more traced run with the kernel's BPF run-time statistics on gives
+//! each program's run time per invocation and per request. Run by
+//! `make bench`.
 //!
 //! Usage: trace_overhead [ROUNDS] [SECS_PER_RUN] [CONNECTIONS]
 
@@ -22,8 +27,37 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// One closed-loop run: (requests per second, client p50 µs).
-fn run_load(port: u16, conns: usize, secs: f64) -> (f64, f64) {
+/// CPU time of every thread of `pid` so far (ns), from schedstat (exact,
+/// unlike the tick-rounded utime/stime).
+fn process_cpu_ns(pid: u32) -> u64 {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    dir.filter_map(|e| e.ok())
+        .filter_map(|e| std::fs::read_to_string(e.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// CPU time of the calling thread so far (ns).
+fn thread_cpu_ns() -> u64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// One closed-loop run.
+struct Run {
+    rps: f64,
+    p50_us: f64,
+    /// Server + client CPU time per request (µs).
+    cpu_us: f64,
+    requests: u64,
+}
+
+fn run_load(port: u16, conns: usize, secs: f64, server: u32) -> Run {
+    let server_cpu0 = process_cpu_ns(server);
     let deadline = Instant::now() + Duration::from_secs_f64(secs);
     let threads: Vec<_> = (0..conns)
         .map(|c| {
@@ -55,21 +89,27 @@ fn run_load(port: u16, conns: usize, secs: f64) -> (f64, f64) {
                     h.record(t0.elapsed().as_nanos() as u64);
                     n += 1;
                 }
-                (n, h)
+                // A new thread: its CPU time is this run's.
+                (n, h, thread_cpu_ns())
             })
         })
         .collect();
     let mut total = 0;
+    let mut cpu_ns = 0;
     let mut all = LogHistogram::new();
     for t in threads {
-        let (n, h) = t.join().unwrap();
+        let (n, h, cpu) = t.join().unwrap();
         total += n;
+        cpu_ns += cpu;
         all.merge(&h);
     }
-    (
-        total as f64 / secs,
-        all.percentile(50.0).unwrap_or(0) as f64 / 1e3,
-    )
+    cpu_ns += process_cpu_ns(server).saturating_sub(server_cpu0);
+    Run {
+        rps: total as f64 / secs,
+        p50_us: all.percentile(50.0).unwrap_or(0) as f64 / 1e3,
+        cpu_us: cpu_ns as f64 / 1e3 / total.max(1) as f64,
+        requests: total,
+    }
 }
 
 /// The server goes away with the benchmark, even when it panics.
@@ -138,10 +178,9 @@ fn main() {
     while TcpStream::connect(("127.0.0.1", port)).is_err() {
         std::thread::sleep(Duration::from_millis(20));
     }
-    run_load(port, conns, 1.0); // warm-up
-    let (mut ratios, mut p50_deltas, mut base_rps, mut traced_rps) =
-        (vec![], vec![], vec![], vec![]);
-    let (mut base_p50, mut traced_p50) = (vec![], vec![]);
+    let server = mc.0.id();
+    run_load(port, conns, 1.0, server); // warm-up
+    let mut r = Rounds::default();
     for round in 0..rounds {
         // Alternate which goes first so drift hits both sides alike.
         let order = if round % 2 == 0 {
@@ -149,24 +188,29 @@ fn main() {
         } else {
             [true, false]
         };
-        let mut res = [(0.0, 0.0); 2];
+        let mut res: [Option<Run>; 2] = [None, None];
         for traced in order {
-            let mut t = traced.then(|| start_trace(&qosd, mc.0.id()));
-            res[usize::from(traced)] = run_load(port, conns, secs);
+            let mut t = traced.then(|| start_trace(&qosd, server));
+            res[usize::from(traced)] = Some(run_load(port, conns, secs, server));
             if let Some(c) = t.as_mut() {
                 let _ = c.kill();
                 let _ = c.wait();
             }
         }
-        let ((a_rps, a_p50), (b_rps, b_p50)) = (res[0], res[1]);
-        eprintln!("round {round}: off {a_rps:.0} rps p50 {a_p50:.1} µs | on {b_rps:.0} rps p50 {b_p50:.1} µs");
-        ratios.push(b_rps / a_rps);
-        p50_deltas.push(b_p50 - a_p50);
-        base_rps.push(a_rps);
-        traced_rps.push(b_rps);
-        base_p50.push(a_p50);
-        traced_p50.push(b_p50);
+        let [Some(a), Some(b)] = res else {
+            unreachable!("both sides ran")
+        };
+        eprintln!(
+            "round {round}: off {:.0} rps p50 {:.1} µs cpu {:.2} µs/req | on {:.0} rps p50 {:.1} µs cpu {:.2} µs/req",
+            a.rps, a.p50_us, a.cpu_us, b.rps, b.p50_us, b.cpu_us
+        );
+        r.push(&a, &b);
     }
+    let stats = if std::env::var("BPF_STATS").as_deref() == Ok("0") {
+        None
+    } else {
+        Some(bpf_stats(&qosd, port, conns, secs, server))
+    };
     drop(mc);
     println!("## Request tracing overhead (memcached at saturation)\n");
     println!(
@@ -174,21 +218,159 @@ fn main() {
     );
     println!(
         "memcached -t 2 on loopback, closed-loop `get` from {conns} connections, {rounds} interleaved \
-         rounds of {secs} s without / with `qosd trace --pid` attached (alternating order).\n"
+         rounds of {secs} s without / with `qosd trace --pid` attached (alternating order). \
+         CPU per request is the CPU time (schedstat) of memcached's threads and the client's \
+         threads over the run, divided by the requests: unlike throughput it does not count \
+         time lost to other load on this shared 2-CPU machine.\n"
     );
     println!("| | without | with `qosd trace` | ratio / delta |");
     println!("|---|---|---|---|");
     println!(
-        "| throughput, median (req/s) | {:.0} | {:.0} | **{:.3}** (median of per-round ratios) |",
-        median(&mut base_rps),
-        median(&mut traced_rps),
-        median(&mut ratios)
+        "| throughput, median (req/s) | {:.0} | {:.0} | **{:.3}** [{:.3}, {:.3}] (median [q1, q3] of per-round ratios) |",
+        median(&mut r.base_rps),
+        median(&mut r.traced_rps),
+        median(&mut r.ratios),
+        quantile(&mut r.ratios, 0.25),
+        quantile(&mut r.ratios, 0.75),
     );
     println!(
         "| client p50, median (µs) | {:.1} | {:.1} | **{:+.1} µs** (median of per-round deltas) |",
-        median(&mut base_p50),
-        median(&mut traced_p50),
-        median(&mut p50_deltas)
+        median(&mut r.base_p50),
+        median(&mut r.traced_p50),
+        median(&mut r.p50_deltas)
+    );
+    println!(
+        "| CPU per request, server + client, median (µs) | {:.2} | {:.2} | **{:.3}** [{:.3}, {:.3}] (median [q1, q3] of per-round ratios) |",
+        median(&mut r.base_cpu),
+        median(&mut r.traced_cpu),
+        median(&mut r.cpu_ratios),
+        quantile(&mut r.cpu_ratios, 0.25),
+        quantile(&mut r.cpu_ratios, 0.75),
     );
     println!("\nGoal: ratio >= 0.99 and <= +1 µs p50 (the paper reports +8 µs on memcached).\n");
+    match stats {
+        Some(Ok(text)) => println!("{text}"),
+        Some(Err(e)) => println!("BPF run-time statistics not measured: {e}\n"),
+        None => {}
+    }
+}
+
+/// Per-round figures of both sides.
+#[derive(Default)]
+struct Rounds {
+    ratios: Vec<f64>,
+    p50_deltas: Vec<f64>,
+    cpu_ratios: Vec<f64>,
+    base_rps: Vec<f64>,
+    traced_rps: Vec<f64>,
+    base_p50: Vec<f64>,
+    traced_p50: Vec<f64>,
+    base_cpu: Vec<f64>,
+    traced_cpu: Vec<f64>,
+}
+
+impl Rounds {
+    fn push(&mut self, a: &Run, b: &Run) {
+        self.ratios.push(b.rps / a.rps);
+        self.p50_deltas.push(b.p50_us - a.p50_us);
+        self.cpu_ratios.push(b.cpu_us / a.cpu_us);
+        self.base_rps.push(a.rps);
+        self.traced_rps.push(b.rps);
+        self.base_p50.push(a.p50_us);
+        self.traced_p50.push(b.p50_us);
+        self.base_cpu.push(a.cpu_us);
+        self.traced_cpu.push(b.cpu_us);
+    }
+}
+
+/// The p-quantile of v (linear interpolation).
+fn quantile(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let x = p * (v.len() - 1) as f64;
+    let (i, f) = (x.floor() as usize, x - x.floor());
+    v[i] + f * (v.get(i + 1).unwrap_or(&v[i]) - v[i])
+}
+
+/// Ids of the BPF programs a process holds (its fds' fdinfo names them).
+fn prog_ids(pid: u32) -> Vec<u64> {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fdinfo")) else {
+        return vec![];
+    };
+    let mut ids: Vec<u64> = dir
+        .filter_map(|e| std::fs::read_to_string(e.ok()?.path()).ok())
+        .flat_map(|s| {
+            s.lines()
+                .filter_map(|l| l.strip_prefix("prog_id:")?.trim().parse().ok())
+                .collect::<Vec<u64>>()
+        })
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+/// One traced run with kernel.bpf_stats_enabled on: each program's run
+/// count and mean run time, as a markdown table.
+fn bpf_stats(
+    qosd: &str,
+    port: u16,
+    conns: usize,
+    secs: f64,
+    server: u32,
+) -> Result<String, String> {
+    const KNOB: &str = "/proc/sys/kernel/bpf_stats_enabled";
+    let before = std::fs::read_to_string(KNOB).map_err(|e| format!("{KNOB}: {e}"))?;
+    std::fs::write(KNOB, "1").map_err(|e| format!("{KNOB}: {e}"))?;
+    let mut t = start_trace(qosd, server);
+    let run = run_load(port, conns, secs, server);
+    let ids = prog_ids(t.id());
+    let out = Command::new("bpftool")
+        .args(["-j", "prog", "show"])
+        .output();
+    let _ = t.kill();
+    let _ = t.wait();
+    let _ = std::fs::write(KNOB, before.trim());
+    let out = out.map_err(|e| format!("bpftool: {e}"))?;
+    let progs: Vec<serde_json::Value> =
+        serde_json::from_slice(&out.stdout).map_err(|e| format!("bpftool -j: {e}"))?;
+    let mut rows = vec![];
+    for p in &progs {
+        let ours = p["id"].as_u64().is_some_and(|id| ids.contains(&id));
+        let (cnt, ns) = (
+            p["run_cnt"].as_u64().unwrap_or(0),
+            p["run_time_ns"].as_u64().unwrap_or(0),
+        );
+        if ours && cnt > 0 {
+            rows.push((p["name"].as_str().unwrap_or("?").to_string(), cnt, ns));
+        }
+    }
+    if rows.is_empty() {
+        return Err("no run counts for the tracer's programs".into());
+    }
+    rows.sort_by_key(|r| std::cmp::Reverse(r.2));
+    let req = run.requests.max(1) as f64;
+    let mut s = format!(
+        "BPF run time with kernel.bpf_stats_enabled (one traced run of {secs} s, {} requests; \
+         the statistics' own clock reads add to the figures; every process's syscalls run the \
+         programs, the client's too):\n\n| program | runs | ns per run | runs per request | ns per request |\n|---|---|---|---|---|\n",
+        run.requests
+    );
+    let (mut tc, mut tn) = (0, 0);
+    for (name, cnt, ns) in &rows {
+        tc += cnt;
+        tn += ns;
+        s += &format!(
+            "| {name} | {cnt} | {:.0} | {:.2} | {:.0} |\n",
+            *ns as f64 / *cnt as f64,
+            *cnt as f64 / req,
+            *ns as f64 / req
+        );
+    }
+    s += &format!(
+        "| **all** | {tc} | {:.0} | {:.2} | **{:.0}** |\n",
+        tn as f64 / tc as f64,
+        tc as f64 / req,
+        tn as f64 / req
+    );
+    Ok(s)
 }

@@ -31,6 +31,7 @@ const EMIT_TURN: u8 = 1;
 const EMIT_CONN: u8 = 2;
 const EMIT_H2: u8 = 4;
 const CNT_LOST: u32 = 0;
+const TGID_WORDS: u32 = 65536;
 const ST_IDLE: u8 = 0;
 const ST_RESPONDING: u8 = 2;
 /// conn_id of connections seeded from /proc (see requests.bpf.c).
@@ -165,6 +166,7 @@ fn add_target(
             .targets
             .update(bytes_of(&pid), bytes_of(&cfg), flags),
     )?;
+    set_traced(skel, pid, true).map_err(bpf_err("marking the pid traced"))?;
     for (i, (fd, port)) in seed::accepted_connections(pid).into_iter().enumerate() {
         if !opts.ports.is_empty() && !opts.ports.contains(&port) {
             continue;
@@ -187,6 +189,30 @@ fn add_target(
     Ok(())
 }
 
+/// Sets or clears pid's bit in the `traced` bitmap, the programs' first
+/// test (bit pid % 64 of word pid / 64; the tracer thread is its only
+/// writer, so read-modify-write is safe).
+fn set_traced(skel: &RequestsSkel<'_>, pid: u32, on: bool) -> libbpf_rs::Result<()> {
+    let word = pid / 64;
+    if word >= TGID_WORDS {
+        return Err(libbpf_rs::Error::from(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("pid {pid} is beyond PID_MAX_LIMIT"),
+        )));
+    }
+    let old = skel
+        .maps
+        .traced
+        .lookup(bytes_of(&word), MapFlags::ANY)?
+        .and_then(|v| read_pod::<u64>(&v))
+        .unwrap_or(0);
+    let bit = 1u64 << (pid % 64);
+    let new = if on { old | bit } else { old & !bit };
+    skel.maps
+        .traced
+        .update(bytes_of(&word), bytes_of(&new), MapFlags::ANY)
+}
+
 fn conns_of(skel: &RequestsSkel<'_>, pid: u32) -> Vec<(Vec<u8>, conn_state)> {
     skel.maps
         .conns
@@ -206,6 +232,8 @@ fn remove_target(skel: &RequestsSkel<'_>, grpc: &mut Result<GrpcProbes<'_>, Stri
     if let Ok(g) = grpc.as_mut() {
         g.detach(pid);
     }
+    // First, so that the programs stop looking at the pid at once.
+    let _ = set_traced(skel, pid, false);
     let _ = skel.maps.targets.delete(bytes_of(&pid));
     for (k, _) in conns_of(skel, pid) {
         let _ = skel.maps.conns.delete(&k);

@@ -1,7 +1,9 @@
 //! Owner of the sched BPF program (`bpf/sched.bpf.c`): loads and attaches
 //! it, fills its per-CPU sibling and cycle-counter slots, and reads the
 //! cumulative per-thread, per-CPU counters (open slices included) with
-//! typed operations. Exited threads are deleted right after being read.
+//! typed operations. Threads are listed by tid in `thread_slots`; their
+//! figures sit in slots of the per-CPU array `threads`. Exited threads'
+//! slots are freed right after being read.
 
 use std::collections::HashMap;
 use std::mem::{size_of, MaybeUninit};
@@ -142,10 +144,19 @@ impl Sched {
         let mut open = SchedSkelBuilder::default()
             .open(storage)
             .map_err(bpf_err("opening the sched BPF object"))?;
+        // One slot per thread; its tid index and free list as large.
         open.maps
             .threads
             .set_max_entries(nr_threads_max)
             .map_err(bpf_err("sizing the threads map"))?;
+        open.maps
+            .thread_slots
+            .set_max_entries(nr_threads_max)
+            .map_err(bpf_err("sizing the thread_slots map"))?;
+        open.maps
+            .free_slots
+            .set_max_entries(nr_threads_max)
+            .map_err(bpf_err("sizing the free_slots map"))?;
         open.maps
             .cpus
             .set_max_entries(nr_cpus as u32)
@@ -183,6 +194,13 @@ impl Sched {
                 .update(&(cpu as u32).to_ne_bytes(), as_bytes(&st), MapFlags::ANY)
                 .map_err(bpf_err("writing the cpus map"))?;
         }
+        // Every slot starts free (the program only pops them).
+        for slot in 0..nr_threads_max {
+            skel.maps
+                .free_slots
+                .update(&[], &slot.to_ne_bytes(), MapFlags::ANY)
+                .map_err(bpf_err("filling the free_slots queue"))?;
+        }
         for (cpu, fd) in cycle_fds.iter().enumerate().take(nr_cpus) {
             if let Some(fd) = fd {
                 skel.maps
@@ -214,15 +232,38 @@ impl Sched {
         self.nr_cpus
     }
 
-    /// True while the thread has an entry in the kernel's thread table.
+    /// True while the thread has a slot in the kernel's thread table.
     pub fn has_thread(&self, tid: u32) -> bool {
-        matches!(
-            self.skel
-                .maps
-                .threads
-                .lookup_percpu(&tid.to_ne_bytes(), MapFlags::ANY),
-            Ok(Some(_))
-        )
+        matches!(self.slot_of(tid), Ok(Some(_)))
+    }
+
+    /// The thread's slot in `threads`, if it has one.
+    fn slot_of(&self, tid: u32) -> Result<Option<u32>, PowerError> {
+        let v = self
+            .skel
+            .maps
+            .thread_slots
+            .lookup(&tid.to_ne_bytes(), MapFlags::ANY)
+            .map_err(bpf_err("reading the thread_slots map"))?;
+        Ok(v.and_then(|b| b.as_slice().try_into().ok().map(u32::from_ne_bytes)))
+    }
+
+    /// Forgets an exited thread: its tid, then its slot, zeroed on every
+    /// CPU, back on the free list. Only while the tid still names `slot`
+    /// (a new thread with the same tid may have taken it over meanwhile).
+    fn free_slot(&self, tid: u32, slot: u32) {
+        if !matches!(self.slot_of(tid), Ok(Some(s)) if s == slot) {
+            return;
+        }
+        let m = &self.skel.maps;
+        let _ = m.thread_slots.delete(&tid.to_ne_bytes());
+        let zero = vec![as_bytes(&ThreadStats::default()).to_vec(); self.nr_cpus];
+        if m.threads
+            .update_percpu(&slot.to_ne_bytes(), &zero, MapFlags::ANY)
+            .is_ok()
+        {
+            let _ = m.free_slots.update(&[], &slot.to_ne_bytes(), MapFlags::ANY);
+        }
     }
 
     fn cpu_states(&self) -> Result<Vec<CpuState>, PowerError> {
@@ -285,13 +326,16 @@ impl Sched {
         Ok(v.as_deref().and_then(from_bytes).unwrap_or_default())
     }
 
-    /// One thread's entry, decoded; `None` if it has none.
-    fn thread(&self, tid: u32) -> Result<Option<ThreadCum>, PowerError> {
+    /// One thread's figures, decoded, with its slot; `None` if it has none.
+    fn thread(&self, tid: u32) -> Result<Option<(u32, ThreadCum)>, PowerError> {
+        let Some(slot) = self.slot_of(tid)? else {
+            return Ok(None);
+        };
         let Some(slots) = self
             .skel
             .maps
             .threads
-            .lookup_percpu(&tid.to_ne_bytes(), MapFlags::ANY)
+            .lookup_percpu(&slot.to_ne_bytes(), MapFlags::ANY)
             .map_err(bpf_err("reading the threads map"))?
         else {
             return Ok(None);
@@ -315,7 +359,7 @@ impl Sched {
                 ));
             }
         }
-        Ok(Some(t))
+        Ok(Some((slot, t)))
     }
 
     /// Reads every thread's cumulative figures, adds the slices still open
@@ -331,14 +375,16 @@ impl Sched {
         let keys: Vec<u32> = self
             .skel
             .maps
-            .threads
+            .thread_slots
             .keys()
             .filter_map(|k| k.as_slice().try_into().ok().map(u32::from_ne_bytes))
             .collect();
         let mut threads: HashMap<u32, ThreadCum> = HashMap::with_capacity(keys.len() + 8);
+        let mut slots: HashMap<u32, u32> = HashMap::with_capacity(keys.len() + 8);
         for tid in keys {
-            if let Some(t) = self.thread(tid)? {
+            if let Some((slot, t)) = self.thread(tid)? {
                 threads.insert(tid, t);
+                slots.insert(tid, slot);
             }
         }
         // Clocks first: a slice open in a state read after them was open
@@ -355,7 +401,10 @@ impl Sched {
                 if st.tid == 0 || st.start_ns == 0 {
                     break;
                 }
-                let fresh = self.thread(st.tid)?;
+                let fresh = self.thread(st.tid)?.map(|(slot, t)| {
+                    slots.insert(st.tid, slot);
+                    t
+                });
                 let cycles_now = match self.cycle_fds.get(cpu).and_then(Option::as_ref) {
                     Some(fd) if self.use_cycles => read_counter(fd).ok(),
                     _ => None,
@@ -399,10 +448,9 @@ impl Sched {
             cpu_busy_ns.push(busy);
         }
         for (tid, t) in &threads {
-            if t.exited {
+            if let (true, Some(&slot)) = (t.exited, slots.get(tid)) {
                 // The thread will not run again: its figures are final.
-                // (A tid reused before this delete loses its first slices.)
-                let _ = self.skel.maps.threads.delete(&tid.to_ne_bytes());
+                self.free_slot(*tid, slot);
             }
         }
         Ok(SchedReading {
@@ -415,102 +463,5 @@ impl Sched {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn open_slice_counts_towards_busy_time() {
-        let s = CpuState {
-            start_ns: 100,
-            busy_acc_ns: 50,
-            tid: 9,
-            ..Default::default()
-        };
-        assert_eq!(busy_until(&s, 130), 80);
-        assert_eq!(busy_until(&CpuState { tid: 0, ..s }, 130), 50, "idle");
-        assert_eq!(busy_until(&s, 90), 50, "clock behind the start");
-    }
-
-    /// Writes every field of both records through the kernel maps of a
-    /// loaded (not attached) program and reads them back: the kernel's value
-    /// sizes and our encoding and decoding agree.
-    #[test]
-    fn root_records_round_trip_through_the_kernel() {
-        let topo = Topology::read(std::path::Path::new("/")).unwrap();
-        let s = Sched::load(&topo, 1024, false).expect("load the sched program (root)");
-        assert_eq!(s.skel.maps.cpus.max_entries() as usize, s.nr_cpus());
-        let st = CpuState {
-            start_ns: 1,
-            start_cycles: 2,
-            busy_acc_ns: 3,
-            sib_busy_at_start: 4,
-            tid: 5,
-            tgid: 6,
-            sibling: 7,
-            pad: 8,
-            rq: 9,
-        };
-        let key = 0u32.to_ne_bytes();
-        s.skel
-            .maps
-            .cpus
-            .update(&key, as_bytes(&st), MapFlags::ANY)
-            .unwrap();
-        let b = s
-            .skel
-            .maps
-            .cpus
-            .lookup(&key, MapFlags::ANY)
-            .unwrap()
-            .unwrap();
-        let r: CpuState = from_bytes(&b).unwrap();
-        assert_eq!(
-            (
-                r.start_ns,
-                r.start_cycles,
-                r.busy_acc_ns,
-                r.sib_busy_at_start
-            ),
-            (1, 2, 3, 4)
-        );
-        assert_eq!((r.tid, r.tgid, r.sibling, r.pad, r.rq), (5, 6, 7, 8, 9));
-
-        let tid = 4242u32;
-        let vals: Vec<Vec<u8>> = (0..s.nr_cpus())
-            .map(|cpu| {
-                let t = ThreadStats {
-                    on_ns: 11 + cpu as u64,
-                    sib_busy_ns: 12,
-                    cycles: 13,
-                    nr_switches: 14,
-                    tgid: 15,
-                    flags: 16,
-                };
-                as_bytes(&t).to_vec()
-            })
-            .collect();
-        let m = &s.skel.maps.threads;
-        m.update_percpu(&tid.to_ne_bytes(), &vals, MapFlags::ANY)
-            .unwrap();
-        let back = m
-            .lookup_percpu(&tid.to_ne_bytes(), MapFlags::ANY)
-            .unwrap()
-            .unwrap();
-        assert_eq!(back.len(), s.nr_cpus());
-        for (cpu, b) in back.iter().enumerate() {
-            let r: ThreadStats = from_bytes(b).unwrap();
-            assert_eq!(
-                (
-                    r.on_ns,
-                    r.sib_busy_ns,
-                    r.cycles,
-                    r.nr_switches,
-                    r.tgid,
-                    r.flags
-                ),
-                (11 + cpu as u64, 12, 13, 14, 15, 16)
-            );
-        }
-        assert!(s.has_thread(tid));
-    }
-}
+#[path = "sched_tests.rs"]
+mod tests;

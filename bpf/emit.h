@@ -1,0 +1,66 @@
+/* SPDX-License-Identifier: GPL-2.0 OR Apache-2.0 */
+/*
+ * The record channel of the request tracer, shared by requests.bpf.c and
+ * grpc.bpf.c: one ring buffer of struct req_record and the per-CPU
+ * counters (a full buffer is counted, never silent). Each object declares
+ * the two maps through this header; userspace hands requests.bpf.o's fds to
+ * grpc.bpf.o before load, so both write into the very same buffer and one
+ * consumer drains every record kind in order.
+ */
+#ifndef QOSD_EMIT_H
+#define QOSD_EMIT_H
+
+#include "requests.h"
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 128 * 1024); /* resized by userspace before load */
+} events SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, QOSD_CNT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} counters SEC(".maps");
+
+/* emit_record(wake_at): never wake the reader; its timed poll takes it. */
+#define QOSD_NEVER_WAKE (~0ULL)
+
+static __always_inline void count(__u32 idx)
+{
+	__u64 *c = bpf_map_lookup_elem(&counters, &idx);
+	if (c)
+		*c += 1;
+}
+
+/*
+ * Sends one record. The reader is woken once at least `wake_at` bytes of
+ * records wait (0: for every record; QOSD_NEVER_WAKE: never): a wakeup is a
+ * context switch to the reader, the dearest part of a record.
+ */
+static __always_inline void emit_record(__u8 kind, __u32 tgid, __u32 fd,
+					__u64 conn_id, __u32 turns,
+					__u64 start, __u64 end, __u64 wake_at)
+{
+	struct req_record *r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);
+	if (!r) {
+		count(QOSD_CNT_LOST);
+		return;
+	}
+	r->start_ns = start;
+	r->end_ns = end;
+	r->conn_id = conn_id;
+	r->tgid = tgid;
+	r->fd = fd;
+	r->turns = turns;
+	r->kind = kind;
+	r->pad[0] = r->pad[1] = r->pad[2] = 0;
+	__u64 flags = BPF_RB_NO_WAKEUP;
+	if (wake_at != QOSD_NEVER_WAKE &&
+	    bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= wake_at)
+		flags = BPF_RB_FORCE_WAKEUP;
+	bpf_ringbuf_submit(r, flags);
+}
+
+#endif
