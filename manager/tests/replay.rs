@@ -553,3 +553,45 @@ fn real_replay_beside_a_daemon_uses_its_own_state_file() {
     assert!(st.success(), "qosd run: {st}; {dout:?}");
     drop(sleeper);
 }
+
+/// A real replay gives rule policies the app's CPU utilisation (its CPU
+/// time over the CPUs it holds): under cpu-util.yaml, with a target far
+/// away (so only the `busy` rule can grow it), a server kept busy on its one
+/// core is given the second.
+#[test]
+fn real_replay_feeds_cpu_utilisation_to_rule_policies() {
+    let t = tempfile::tempdir().unwrap();
+    let sc = t.path().join("utilapp.yaml");
+    std::fs::write(
+        &sc,
+        "name: utilapp\nduration_s: 8\ninterval_ms: 500\nfeedback: client\napps:\n  \
+         - name: utilapp\n    class: lc\n    server:\n      kind: fixture\n      work_us: 500\n    \
+         protocol: http\n    connections: 4\n    target:\n      ms: 100000\n    load:\n      \
+         kind: constant\n      level: 0.7\n",
+    )
+    .unwrap();
+    let cal = t.path().join("cal.json");
+    calibrate(&sc, &cal);
+    let out = t.path().join("run");
+    ok(&[
+        "replay",
+        sc.to_str().unwrap(),
+        "--policy",
+        "policies/cpu-util.yaml",
+        "--calibration",
+        cal.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let text = std::fs::read_to_string(out.join("timeline.csv")).unwrap();
+    let cores: Vec<u32> = text
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').nth(8).unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(cores.first(), Some(&1), "starts on one core: {cores:?}");
+    assert!(
+        cores.iter().any(|&c| c == 2),
+        "busy on one core, never given the second: {cores:?}"
+    );
+}

@@ -198,9 +198,16 @@ pub fn run(
                 p99
             };
             // The server's processes (nginx's workers are its children).
-            let power_w = sample
+            let app_power = sample
                 .as_ref()
-                .map(|s| s.app(&process_tree(srv.pid), Some(r.latency.rps)).power_w);
+                .map(|s| s.app(&process_tree(srv.pid), Some(r.latency.rps)));
+            let power_w = app_power.as_ref().map(|p| p.power_w);
+            // CPU time over the interval ÷ the CPUs it holds, as the daemon
+            // computes it (rule policies such as cpu-util.yaml read it).
+            let cpu_util = app_power.map_or(0.0, |p| {
+                let held = act.cpus(&a.name).map_or(act.nr_online_cpus(), |c| c.len());
+                (p.cpus_used / held.max(1) as f64).clamp(0.0, 1.0)
+            });
             tl.rows.push(Row {
                 t_s: r.t_s,
                 app: a.name.clone(),
@@ -226,7 +233,7 @@ pub fn run(
                 }),
                 latency_us: fed.map(|ms| ms * 1000.0),
                 rps: r.latency.rps,
-                cpu_util: 0.0,
+                cpu_util,
                 power_w,
                 limits: Limits::default(),
             });
