@@ -591,7 +591,7 @@ fn real_replay_feeds_cpu_utilisation_to_rule_policies() {
         .collect();
     assert_eq!(cores.first(), Some(&1), "starts on one core: {cores:?}");
     assert!(
-        cores.iter().any(|&c| c == 2),
+        cores.contains(&2),
         "busy on one core, never given the second: {cores:?}"
     );
 }
