@@ -21,6 +21,14 @@ fn ok(args: &[&str]) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
+/// Real replays share this machine's CPUs and measure latency and CPU use
+/// on them: one at a time, or one would starve the other's server.
+static REAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn real_replay_lock() -> std::sync::MutexGuard<'static, ()> {
+    REAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn summary(dir: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap()
 }
@@ -254,6 +262,7 @@ fn usage_errors_exit_2_and_name_the_problem() {
 /// feedback (root); servers start and stop, outputs are written.
 #[test]
 fn real_replay_of_a_reduced_ramp() {
+    let _one_at_a_time = real_replay_lock();
     let t = tempfile::tempdir().unwrap();
     let sc = t.path().join("mini.yaml");
     std::fs::write(
@@ -433,6 +442,7 @@ fn started_pid(stderr: &str) -> u32 {
 /// group back, while the daemon keeps its own app managed throughout.
 #[test]
 fn real_replay_beside_a_daemon_uses_its_own_state_file() {
+    let _one_at_a_time = real_replay_lock();
     let t = tempfile::tempdir().unwrap();
     // The daemon, managing a sleeper, journalling to its own state file.
     let sleeper = Killed::sleeper(300);
@@ -560,6 +570,7 @@ fn real_replay_beside_a_daemon_uses_its_own_state_file() {
 /// core is given the second.
 #[test]
 fn real_replay_feeds_cpu_utilisation_to_rule_policies() {
+    let _one_at_a_time = real_replay_lock();
     let t = tempfile::tempdir().unwrap();
     let sc = t.path().join("utilapp.yaml");
     std::fs::write(
