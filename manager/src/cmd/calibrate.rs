@@ -21,8 +21,9 @@ use crate::usage;
     Each server runs on the CPUs it can hold in a replay beside the scenario's other apps\n\
     (all but one per other app), so capacity is what it can reach there.\n\
     A sweep offers rising open-loop load (x1.4 per step) until the server saturates\n\
-    (achieved < 90% of offered, >1% errors, or p99 50x the lowest), then fills in the\n\
-    last stretch. Capacity = highest achieved rate; the knee is where the latency\n\
+    (achieved < 90% of offered, >1% errors, or p99 50x the lowest; such a step is measured\n\
+    twice, so one stall does not end the sweep), then fills in the last stretch.\n\
+    Capacity = the highest rate the server kept up with; the knee is where the latency\n\
     curve bends (Kneedle); targets with knee_factor sit there.")]
 pub struct Args {
     /// Scenario whose apps to calibrate.
