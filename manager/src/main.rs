@@ -34,7 +34,7 @@ struct Cli {
 enum Command {
     /// Per-interval RPS and server-side latency of running processes (eBPF).
     Trace(cmd::trace::Args),
-    /// Open-loop load generator (HTTP/1.1 or memcached) with latency from the scheduled send time.
+    /// Open-loop load generator (HTTP/1.1, memcached or gRPC) with latency from the scheduled send time.
     Load(cmd::load::Args),
     /// Replay a scenario on real servers or on the simulated node (--sim).
     Replay(cmd::replay::Args),

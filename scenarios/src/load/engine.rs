@@ -1,7 +1,7 @@
-//! The event loop of one HTTP/1.1 or memcached load run: a timerfd wakes the thread at each
-//! scheduled send time (nanosecond resolution, unlike epoll's milliseconds),
-//! due requests are handed to non-blocking sockets, and replies are matched
-//! in order to their scheduled times.
+//! The event loop of one HTTP/1.1 or memcached load run: a timerfd wakes
+//! the thread at each scheduled send time (nanosecond resolution, unlike
+//! epoll's milliseconds), due requests are handed to non-blocking sockets,
+//! and replies are matched in order to their scheduled times.
 
 use std::collections::VecDeque;
 use std::io;
