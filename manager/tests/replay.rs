@@ -341,14 +341,11 @@ fn real_replay_of_a_reduced_ramp() {
         "cores in every row: {rows:?}"
     );
     assert!(err.contains("knobs: cores"), "{err}");
-    let leftover: Vec<_> = std::fs::read_dir("/sys/fs/cgroup/cpuset")
-        .map(|d| {
-            d.flatten()
-                .filter(|e| e.file_name().to_string_lossy() == "qosd-search")
-                .collect()
-        })
-        .unwrap_or_default();
-    assert!(leftover.is_empty(), "replay left its cpuset group behind");
+    assert_eq!(
+        replay_group("search"),
+        None,
+        "replay left its cpuset group behind"
+    );
     // Power from the power sensor: every row has the server's power, it
     // grows with the load, the app's energy is within the node's, and it
     // is flagged an estimate on a machine without RAPL (this one).
@@ -393,8 +390,7 @@ fn real_replay_of_a_reduced_ramp() {
     assert!(err.contains("power: model (an ESTIMATE") || rapl, "{err}");
 }
 
-/// A one-app fixture scenario named `app` (distinct per test: the cpuset
-/// group is `qosd-<app>`), constant at `level` of capacity.
+/// A one-app fixture scenario named `app`, constant at `level` of capacity.
 fn fixture_scenario(dir: &Path, app: &str, level: f64, duration_s: u32) -> PathBuf {
     let sc = dir.join(format!("{app}.yaml"));
     std::fs::write(
@@ -423,6 +419,19 @@ fn calibrate(sc: &Path, out: &Path) {
         out.to_str().unwrap(),
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// A replay's cpuset group of `app`, `qosd-replay<PID>-<app>`, if one exists.
+fn replay_group(app: &str) -> Option<PathBuf> {
+    let suffix = format!("-{app}");
+    std::fs::read_dir("/sys/fs/cgroup/cpuset")
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            let n = p.file_name().unwrap_or_default().to_string_lossy();
+            n.starts_with("qosd-replay") && n.ends_with(&suffix)
+        })
 }
 
 /// The pid in a "started APP (ADDR, pid N)" line.
@@ -473,7 +482,8 @@ fn real_replay_beside_a_daemon_uses_its_own_state_file() {
     let dstate = ddir.join("state.json");
     let dstate_before = std::fs::read(&dstate).expect("the daemon's state file");
 
-    let app = format!("beside{}", std::process::id());
+    // The same app name as the daemon's: the replay's groups are its own.
+    let app = dname.clone();
     let sc = fixture_scenario(t.path(), &app, 0.2, 4);
     let cal = t.path().join("cal.json");
     calibrate(&sc, &cal);
@@ -529,10 +539,10 @@ fn real_replay_beside_a_daemon_uses_its_own_state_file() {
         .spawn()
         .unwrap();
     let kstate = killed.join("state.json");
-    let group = format!("/sys/fs/cgroup/cpuset/qosd-{app}");
     let in_force = wait_for(std::time::Duration::from_secs(30), || {
-        kstate.exists() && Path::new(&group).exists()
+        kstate.exists() && replay_group(&app).is_some()
     });
+    let group = replay_group(&app).unwrap_or_default();
     child.kill().unwrap();
     let ko = child.wait_with_output().unwrap();
     let kerr = String::from_utf8_lossy(&ko.stderr);
@@ -553,7 +563,7 @@ fn real_replay_beside_a_daemon_uses_its_own_state_file() {
     );
     assert!(rout.contains("restored "), "{rout}");
     assert!(!kstate.exists(), "state file consumed by the restore");
-    assert!(!Path::new(&group).exists(), "{group} put back");
+    assert!(!group.exists(), "{} put back", group.display());
 
     // The daemon ran on untouched: alive, its app still in its group, its
     // state file as it was.

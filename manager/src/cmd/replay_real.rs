@@ -350,7 +350,11 @@ fn start_actuation(state: &Path) -> anyhow::Result<Actuation> {
         state.display(),
         state.display()
     );
-    Actuation::new(act, &Resource::CYCLE).context("reading the CPU topology")
+    let mut act = Actuation::new(act, &Resource::CYCLE).context("reading the CPU topology")?;
+    // Groups `qosd-replay<PID>-<app>`: never a daemon's `qosd-<app>`, nor
+    // another replay's with the same app names.
+    act.set_group_prefix(&format!("replay{}-", std::process::id()));
+    Ok(act)
 }
 
 /// The power sensor of a real replay: RAPL where the machine has it, else

@@ -33,6 +33,10 @@ pub struct Actuation {
     current: Allocations,
     /// What was last put in force per app: its pids and settings.
     last: BTreeMap<String, (Vec<i32>, Allocation)>,
+    /// Put before each app's name in what the actuators make for it (its
+    /// cpuset group `qosd-<prefix><app>`): empty for the daemon; a replay
+    /// sets its own so it never shares a group with a daemon's app.
+    group_prefix: String,
 }
 
 impl Actuation {
@@ -58,6 +62,7 @@ impl Actuation {
             node,
             current: Allocations::new(),
             last: BTreeMap::new(),
+            group_prefix: String::new(),
         })
     }
 
@@ -73,6 +78,11 @@ impl Actuation {
     /// The allocation in force of every managed app.
     pub fn current(&self) -> &Allocations {
         &self.current
+    }
+
+    /// Names the groups of every app `qosd-<prefix><app>` from now on.
+    pub fn set_group_prefix(&mut self, prefix: &str) {
+        self.group_prefix = prefix.to_owned();
     }
 
     /// Online logical CPUs.
@@ -156,7 +166,7 @@ impl Actuation {
                 next.insert(app.clone(), *share);
                 continue;
             }
-            let target = AppTarget::new(app.clone(), procs.clone());
+            let target = AppTarget::new(format!("{}{app}", self.group_prefix), procs.clone());
             match self.act.apply(&target, &settings) {
                 Ok(changes) => {
                     next.insert(app.clone(), *share);
@@ -192,8 +202,10 @@ impl Actuation {
         self.current.remove(app);
         self.last.remove(app);
         self.cores.set(app, Vec::new());
-        self.act
-            .release_app(&AppTarget::new(app.to_owned(), pids.to_vec()))
+        self.act.release_app(&AppTarget::new(
+            format!("{}{app}", self.group_prefix),
+            pids.to_vec(),
+        ))
     }
 
     /// Puts every knob back as it was found.
