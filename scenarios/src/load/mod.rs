@@ -398,5 +398,12 @@ mod tests {
         s.rate = Rate::Constant(1.0);
         s.http_path = "x y".into();
         assert!(s.validate().is_err());
+        s.http_path = "/".into();
+        for bad in ["Work", "/Work", "/svc/", "//Work", "/a/b/c", "/svc/Wo rk"] {
+            s.grpc.method = bad.into();
+            assert!(s.validate().is_err(), "{bad} accepted");
+        }
+        s.grpc.method = "/qosd.fixture.Fixture/Work".into();
+        assert!(s.validate().is_ok());
     }
 }
