@@ -323,7 +323,9 @@ pub struct LoadReport {
     /// How late requests were handed to the socket after their scheduled
     /// time, µs: near zero for an open-loop generator that keeps up.
     pub send_lag_us: Percentiles,
-    /// Keep-alive connections re-opened after the server closed them.
+    /// Keep-alive connections re-opened after the server closed them
+    /// (HTTP and memcached; a gRPC channel reconnects by itself, unseen, so
+    /// gRPC reports 0 and counts the calls that failed meanwhile as `io`).
     pub reconnects: u64,
     /// The run was stopped early by its stop flag.
     pub stopped: bool,
