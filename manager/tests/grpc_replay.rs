@@ -7,8 +7,7 @@
 
 mod support;
 
-use std::path::Path;
-
+use support::replay::{assert_ebpf_p99_beside_client, calibrate, timeline_rows};
 use support::{qosd_in_repo as qosd, repo};
 
 fn ok(args: &[&str]) -> String {
@@ -16,16 +15,6 @@ fn ok(args: &[&str]) -> String {
     let err = String::from_utf8_lossy(&o.stderr).into_owned();
     assert!(o.status.success(), "qosd {args:?}: {err}");
     err
-}
-
-fn rows(dir: &Path, app: &str) -> Vec<Vec<String>> {
-    std::fs::read_to_string(dir.join("timeline.csv"))
-        .unwrap()
-        .lines()
-        .skip(1)
-        .map(|l| l.split(',').map(str::to_owned).collect::<Vec<_>>())
-        .filter(|c| c[1] == app)
-        .collect()
 }
 
 #[test]
@@ -39,7 +28,7 @@ fn shipped_grpc_scenario_replays_on_the_sim() {
         "--out",
         t.path().to_str().unwrap(),
     ]);
-    let search = rows(t.path(), "search");
+    let search = timeline_rows(t.path(), "search");
     assert_eq!(search.len(), 600, "300 s at 500 ms");
     // The ramp reaches capacity and PARTIES gives the gRPC app cores for it.
     let cores: Vec<u32> = search.iter().map(|c| c[8].parse().unwrap()).collect();
@@ -61,16 +50,7 @@ fn real_replay_of_a_multiplexed_grpc_app() {
     )
     .unwrap();
     let cal = t.path().join("cal.json");
-    ok(&[
-        "calibrate",
-        sc.to_str().unwrap(),
-        "--step-s",
-        "0.5",
-        "--max-rps",
-        "20000",
-        "--out",
-        cal.to_str().unwrap(),
-    ]);
+    calibrate(&sc, &cal);
     let out = t.path().join("run");
     let err = ok(&[
         "replay",
@@ -87,26 +67,11 @@ fn real_replay_of_a_multiplexed_grpc_app() {
         err.contains("eBPF request boundaries: grpcsearch grpc"),
         "{err}"
     );
-    let rows = rows(&out, "grpcsearch");
+    let rows = timeline_rows(&out, "grpcsearch");
     assert!(rows.len() >= 22, "{} rows", rows.len());
     let achieved: f64 = rows.iter().map(|c| c[3].parse::<f64>().unwrap()).sum();
     assert!(achieved > 0.0, "no call completed");
     // Server-side p99 (the policy's feedback) in nearly every interval, and
     // not above the client's, which adds the connection and the client.
-    let both: Vec<(f64, f64)> = rows
-        .iter()
-        .filter_map(|c| Some((c[4].parse().ok()?, c[5].parse().ok()?)))
-        .collect();
-    assert!(
-        both.len() * 10 >= rows.len() * 9,
-        "eBPF p99 in {} of {} rows",
-        both.len(),
-        rows.len()
-    );
-    let client_above = both.iter().filter(|(c, e)| c >= e).count();
-    assert!(
-        client_above * 10 >= both.len() * 8,
-        "client >= eBPF in {client_above} of {}",
-        both.len()
-    );
+    assert_ebpf_p99_beside_client(&rows);
 }

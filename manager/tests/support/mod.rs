@@ -6,7 +6,8 @@
 //! (bounded loads that time every request), `daemon` (`qosd run` as a
 //! child, its API, Prometheus), `trace` (`qosd trace` as a child), `fake`
 //! (fake /sys and /proc trees, shared with the actuators' tests),
-//! `deploy` (`make install`, the systemd unit), `grpc` (gRPC fixtures).
+//! `deploy` (`make install`, the systemd unit), `grpc` (gRPC fixtures),
+//! `replay` (calibration, scenarios and timelines of the replay tests).
 #![allow(dead_code, unused_imports)]
 
 pub mod clients;
@@ -15,6 +16,7 @@ pub mod deploy;
 #[path = "../../../actuators/tests/common/mod.rs"]
 pub mod fake;
 pub mod grpc;
+pub mod replay;
 pub mod trace;
 
 pub use clients::*;

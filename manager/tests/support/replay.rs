@@ -1,0 +1,95 @@
+//! Helpers of the replay tests (`replay_real`, `grpc_replay`): quick
+//! calibration, one-app scenarios, the replay's server pid and cpuset
+//! group, and timeline rows.
+
+use std::path::{Path, PathBuf};
+
+use super::qosd_in_repo as qosd;
+
+/// A one-app fixture scenario named `app`, constant at `level` of capacity.
+pub fn fixture_scenario(dir: &Path, app: &str, level: f64, duration_s: u32) -> PathBuf {
+    let sc = dir.join(format!("{app}.yaml"));
+    std::fs::write(
+        &sc,
+        format!(
+            "name: {app}\nduration_s: {duration_s}\ninterval_ms: 500\nfeedback: client\napps:\n  \
+             - name: {app}\n    class: lc\n    server:\n      kind: fixture\n      work_us: 500\n    \
+             protocol: http\n    connections: 4\n    target:\n      knee_factor: 1.0\n    load:\n      \
+             kind: constant\n      level: {level}\n"
+        ),
+    )
+    .unwrap();
+    sc
+}
+
+/// `qosd calibrate` of a scenario, quickly (0.5 s steps).
+pub fn calibrate(sc: &Path, out: &Path) {
+    let o = qosd(&[
+        "calibrate",
+        sc.to_str().unwrap(),
+        "--step-s",
+        "0.5",
+        "--max-rps",
+        "20000",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// A replay's cpuset group of `app`, `qosd-replay<PID>-<app>`, if one exists.
+pub fn replay_group(app: &str) -> Option<PathBuf> {
+    let suffix = format!("-{app}");
+    std::fs::read_dir("/sys/fs/cgroup/cpuset")
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            let n = p.file_name().unwrap_or_default().to_string_lossy();
+            n.starts_with("qosd-replay") && n.ends_with(&suffix)
+        })
+}
+
+/// The pid in a "started APP (ADDR, pid N)" line.
+pub fn started_pid(stderr: &str) -> u32 {
+    stderr
+        .split("pid ")
+        .nth(1)
+        .and_then(|s| s.split(')').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no server pid in {stderr}"))
+}
+
+/// The `timeline.csv` rows of `app` in a replay's output folder, split
+/// into columns.
+pub fn timeline_rows(dir: &Path, app: &str) -> Vec<Vec<String>> {
+    std::fs::read_to_string(dir.join("timeline.csv"))
+        .unwrap()
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').map(str::to_owned).collect::<Vec<_>>())
+        .filter(|c| c[1] == app)
+        .collect()
+}
+
+/// Server-side p99 from eBPF (column 5) beside the client's (column 4):
+/// present in at least 90 % of the rows, and the client's (which adds the
+/// loopback and its own scheduling) not below it in at least 80 %.
+pub fn assert_ebpf_p99_beside_client<S: AsRef<str>>(rows: &[Vec<S>]) {
+    let both: Vec<(f64, f64)> = rows
+        .iter()
+        .filter_map(|c| Some((c[4].as_ref().parse().ok()?, c[5].as_ref().parse().ok()?)))
+        .collect();
+    assert!(
+        both.len() * 10 >= rows.len() * 9,
+        "eBPF p99 in {} of {} rows",
+        both.len(),
+        rows.len()
+    );
+    let client_above = both.iter().filter(|(c, e)| c >= e).count();
+    assert!(
+        client_above * 10 >= both.len() * 8,
+        "client >= eBPF in {client_above} of {}",
+        both.len()
+    );
+}
