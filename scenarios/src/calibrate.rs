@@ -32,6 +32,10 @@ pub struct AppCalibration {
     pub knee_rps: f64,
     /// Client-side latency at the knee, µs.
     pub knee_latency_us: f64,
+    /// Server-side (eBPF) latency at the same knee load, µs, where the
+    /// calibration measured it: the target an eBPF-fed policy is held to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ebpf_knee_latency_us: Option<f64>,
     /// Client-side latency at the lowest load, µs.
     pub base_latency_us: f64,
     /// Percentile the latencies are at.
@@ -73,6 +77,19 @@ impl Calibration {
     }
 
     /// Offered rps of an app at scenario time `t_s`.
+    /// The eBPF-side target of `app`: its knee factor times the eBPF
+    /// latency at the knee load. `None` when the target is a fixed
+    /// latency or the calibration has no eBPF figure (the client's target
+    /// then stands for both).
+    pub fn ebpf_target_us(&self, app: &AppSpec) -> Option<f64> {
+        let t = app.target.as_ref()?;
+        if t.ms.is_some() {
+            return None;
+        }
+        let c = self.apps.get(&app.name)?;
+        Some(t.knee_factor.unwrap_or(1.0) * c.ebpf_knee_latency_us?)
+    }
+
     pub fn offered_rps(&self, app: &AppSpec, t_s: f64) -> f64 {
         self.apps
             .get(&app.name)
@@ -160,6 +177,7 @@ pub fn from_points(points: Vec<Point>, percentile: f64) -> Option<AppCalibration
         capacity_rps: capacity,
         knee_rps: k.offered_rps,
         knee_latency_us: k.latency_us,
+        ebpf_knee_latency_us: None,
         base_latency_us: base,
         percentile,
         nr_cpus: None,

@@ -1,13 +1,14 @@
 //! qosd scenarios: the open-loop load generator ([`load`]), scenario files
 //! ([`scenario`]), calibration ([`calibrate`]), the simulated node that
 //! replays scenarios with the daemon's policy code ([`sim`]), and the
-//! outputs of a replay ([`timeline`]).
+//! outputs of a replay ([`timeline`], [`record`]).
 
 pub mod calibrate;
 pub mod fixture;
 pub mod load;
 pub mod output;
 pub mod plot;
+pub mod record;
 pub mod scenario;
 pub mod servers;
 pub mod sim;

@@ -118,8 +118,14 @@ pub struct Timeline {
     pub node_power_w: Vec<f64>,
     /// Power figures are a model, not a measurement.
     pub energy_is_estimate: bool,
-    /// Plans the driver had to reject (outside the node or the limits).
+    /// Plans the node put in force only in part or not at all.
     pub rejected_plans: u64,
+    /// Changes the policy reverted (a downsize that hurt).
+    #[serde(default)]
+    pub reverts: u64,
+    /// "Cannot meet QoS" events: a violating app nothing could be given to.
+    #[serde(default)]
+    pub cannot_meet: u64,
 }
 
 impl Timeline {
@@ -194,6 +200,8 @@ impl Timeline {
             duration_s: n as f64 * dt,
             energy_is_estimate: self.energy_is_estimate,
             rejected_plans: self.rejected_plans,
+            reverts: self.reverts,
+            cannot_meet: self.cannot_meet,
             apps,
             total,
         }
@@ -285,6 +293,12 @@ pub struct Summary {
     pub duration_s: f64,
     pub energy_is_estimate: bool,
     pub rejected_plans: u64,
+    /// Changes reverted by the policy over the run.
+    #[serde(default)]
+    pub reverts: u64,
+    /// "Cannot meet QoS" events over the run (per app per decision).
+    #[serde(default)]
+    pub cannot_meet: u64,
     pub apps: BTreeMap<String, AppSummary>,
     pub total: AppSummary,
 }

@@ -25,8 +25,8 @@ use crate::usage;
     qosd replay scenarios/ramp.yaml --out out/ramp             on this machine's real servers\n  \
     qosd restore --state-file out/ramp/state.json              undo a real replay that was killed\n\n\
     Outputs (in --out, default out/<scenario>/): timeline.csv,\n\
-    summary.json, calibration.json, timeline.svg and timeline.png (and plans.jsonl\n\
-    for a real replay).\n\
+    summary.json, calibration.json, timeline.svg, timeline.png and plans.jsonl\n\
+    (the decision log: one JSON line per decision, sim and real alike).\n\
     A real replay records the original of every knob it changes in its own state\n\
     file (--state-file, default <out>/state.json), not in the daemon's\n\
     /run/qosd/state.json: it runs beside a `qosd run` daemon on the same node, and\n\
@@ -133,7 +133,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         seed,
         duration_s: args.duration,
     };
-    let tl = sim::run(&sc, &cal, policy.as_mut(), &opts);
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let plans = std::fs::File::create(out.join("plans.jsonl")).context("creating plans.jsonl")?;
+    let plans = Box::new(std::io::BufWriter::new(plans));
+    let tl = sim::run_with(&sc, &cal, policy.as_mut(), &opts, Some(plans));
     let wall = t0.elapsed().as_secs_f64();
     let (summary, files) =
         output::write_run(&out, &tl, &cal).context("writing the replay's outputs")?;
@@ -162,8 +165,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             tl.rejected_plans
         );
     }
+    if tl.cannot_meet > 0 {
+        println!(
+            "{} cannot-meet-QoS events (a violating app nothing could be given to): see plans.jsonl",
+            tl.cannot_meet
+        );
+    }
     println!("\nwrote {}", files.timeline_csv.display());
     println!("      {}", files.summary_json.display());
     println!("      {} and .png", files.plot_svg.display());
+    println!("      {}", out.join("plans.jsonl").display());
     Ok(())
 }

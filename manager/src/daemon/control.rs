@@ -14,12 +14,12 @@ use qosd_sensors::power::PowerSensor;
 use qosd_sensors::procfs::{CpuMeter, NodeCpu, Procfs};
 use qosd_sensors::stats::LogHistogram;
 
-use super::actuate::Actuation;
-use super::admit::Peers;
 use super::discover::Finder;
-use super::latency::from_tracer;
 use super::state::SharedState;
 use crate::config::AppConfig;
+use crate::node::actuate::Actuation;
+use crate::node::latency::from_tracer;
+use qosd_core::admit::Peers;
 
 /// One configured app and what the loop keeps about it.
 struct AppRt {

@@ -5,13 +5,9 @@
 //! SIGINT/SIGTERM stop it; every knob it changed is put back (also when it
 //! panics; after a SIGKILL the next start or `qosd restore` does it).
 
-pub mod actuate;
-pub mod admit;
 pub mod api;
 pub mod control;
-pub mod coremap;
 pub mod discover;
-pub mod latency;
 pub mod metrics;
 pub mod state;
 #[cfg(test)]
@@ -31,10 +27,10 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio::time::MissedTickBehavior;
 
 use crate::config::Config;
+use crate::node::actuate::Actuation;
 use crate::policy::PolicyFile;
 use crate::usage;
 use crate::yamlfile;
-use actuate::Actuation;
 use control::{describe_target, live_entry, Controller};
 use state::{unix_ms, KnobInfo, RunInfo, Shared, SharedState};
 

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use qosd_core::{AppClass, DecisionKind, Feedback, QosTarget, Resource, Share};
 use serde::Serialize;
 
-use super::latency::{Inbox, Recent};
+use crate::node::latency::{Inbox, Recent};
 
 /// How many decisions `/v1/decisions` can go back.
 pub const DECISIONS_KEPT: usize = 512;

@@ -4,10 +4,10 @@
 
 use qosd_core::{AppClass, Decision, Feedback, QosTarget, Share};
 
-use super::super::actuate::Applied;
 use super::super::state::{unix_ms, DecisionRecord};
 use super::{Controller, Events};
 use crate::config::AppConfig;
+use crate::node::actuate::Applied;
 
 impl Controller {
     /// Power of every app and the node over the last decision interval.
@@ -155,7 +155,7 @@ pub fn live_entry(
         pids: Vec::new(),
         share: None::<Share>,
         cpus: None,
-        recent: crate::daemon::latency::Recent::new(nr_slots),
+        recent: crate::node::latency::Recent::new(nr_slots),
         inbox: Default::default(),
         cpu_util: 0.0,
         power_w: None,

@@ -9,7 +9,8 @@
 
 use std::collections::BTreeMap;
 
-use qosd_core::{Allocations, AppClass, Decision, DecisionKind, Limits, NodeCaps, Resource, Share};
+use crate::policy::{Allocations, AppClass, Decision, DecisionKind, Limits, NodeCaps, Share};
+use crate::resources::Resource;
 
 /// Class and limits of the apps already managed, by name.
 pub type Peers = BTreeMap<String, (AppClass, Limits)>;
@@ -81,6 +82,22 @@ pub fn admit(
     }
     *current = next;
     Ok((share, taken))
+}
+
+/// The starting share replays ask for (real and simulated alike): app
+/// `i` of `n` gets its even part of each pooled resource (the first
+/// `total % n` apps one more), the highest frequency, and memory bandwidth
+/// as found. [`admit`] then fits it beside the apps admitted before it.
+pub fn even_share(node: &NodeCaps, n: usize, i: usize) -> Share {
+    let n = n.max(1) as u32;
+    let i = i as u32;
+    let part = |total: u32| total / n + u32::from(i < total % n);
+    Share {
+        nr_cores: part(node.nr_cores),
+        nr_ways: part(node.nr_ways),
+        freq_mhz: node.range(Resource::Frequency).map_or(0, |(_, hi)| hi),
+        mb_percent: 0,
+    }
 }
 
 #[cfg(test)]
