@@ -276,6 +276,9 @@ pub enum DecisionKind {
     Reclaim,
     /// Freed resources handed to a best-effort app.
     Grant,
+    /// Not a change: a violating app nothing could be given to (a
+    /// driver's decision log shows [`Unmet`] entries as this kind).
+    CannotMeet,
 }
 
 /// One change in a plan, with the reason a person can read.
