@@ -64,8 +64,8 @@ pub fn real(
     if allowed.is_empty() {
         anyhow::bail!("sched_getaffinity: no CPU allowed");
     }
-    // A replay starts every app on one core and never takes an app below
-    // one, so the most one app can hold is what the others leave it: its
+    // A replay starts every app with its even share and never takes an app below
+    // one core, so the most one app can hold is what the others leave it: its
     // capacity is measured there (the last CPUs; the load generator keeps
     // the first). On a 2-CPU machine with two apps that is one CPU.
     let nr_cpus = allowed

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 
 use qosd_core::{
     Allocations, AppClass, Decision, DecisionKind, NodeCaps, Plan, Policy, Resource, Snapshot,
+    Unmet,
 };
 
 use super::alloc::{fmt_us, Editor, Moves};
@@ -61,6 +62,9 @@ pub struct Parties {
     apps: BTreeMap<String, AppMem>,
     pending: Option<Pending>,
     last_sample_ms: Option<u64>,
+    /// The state before the last decision, put back if its plan was not
+    /// applied (the controller only learns from what happened).
+    before: Option<(BTreeMap<String, AppMem>, Option<Pending>)>,
 }
 
 impl Parties {
@@ -74,6 +78,7 @@ impl Parties {
             apps: BTreeMap::new(),
             pending: None,
             last_sample_ms: None,
+            before: None,
         }
     }
 
@@ -281,7 +286,9 @@ impl Policy for Parties {
         let Some(pend) = self.pending.as_ref() else {
             return;
         };
-        if now_ms <= pend.at_ms {
+        // Only samples taken after the action count: a window that still
+        // holds latencies from before it says nothing about it.
+        if now_ms <= pend.at_ms || snap.since_ms.is_some_and(|s| s < pend.at_ms) {
             return;
         }
         let (app, below) = (pend.app.clone(), self.p.upsize_below_slack);
@@ -327,6 +334,7 @@ impl Policy for Parties {
         if self.last_sample_ms != Some(now_ms) {
             self.observe(now_ms, snap);
         }
+        self.before = Some((self.apps.clone(), self.pending.clone()));
         let mut ed = Editor::new(node, snap, current);
         let note = match self.judge(now_ms, &mut ed) {
             Verdict::Reverted => return ed.finish(),
@@ -338,28 +346,46 @@ impl Policy for Parties {
             .keys()
             .filter_map(|n| self.slack(snap, n).map(|s| (n.clone(), s)))
             .collect();
-        let least = slacks.iter().fold(None::<&(String, f64)>, |b, x| match b {
-            Some(b) if b.1 <= x.1 => Some(b),
-            _ => Some(x),
-        });
-        if let Some((app, _)) = least.filter(|l| l.1 < self.p.upsize_below_slack) {
-            let why = format!("{note}{}", self.describe(snap, app));
-            self.upsize(&mut ed, &app.clone(), why);
-        } else {
-            let most = slacks
-                .iter()
-                .filter(|(n, _)| {
-                    self.apps
-                        .get(n)
-                        .is_none_or(|m| now_ms >= m.no_downsize_until_ms)
-                })
-                .fold(None::<&(String, f64)>, |b, x| match b {
-                    Some(b) if b.1 >= x.1 => Some(b),
-                    _ => Some(x),
-                });
-            if let Some((app, _)) = most.filter(|m| m.1 > self.p.downsize_above_slack) {
+        // Violating apps, least slack first: the first one that can be
+        // given a unit is upsized; those before it cannot be helped.
+        let mut short: Vec<&(String, f64)> = slacks
+            .iter()
+            .filter(|(_, s)| *s < self.p.upsize_below_slack)
+            .collect();
+        short.sort_by(|a, b| a.1.total_cmp(&b.1));
+        if !short.is_empty() {
+            let mut unmet = Vec::new();
+            for (app, _) in short {
                 let why = format!("{note}{}", self.describe(snap, app));
-                self.downsize(&mut ed, &app.clone(), why);
+                if self.upsize(&mut ed, app, why.clone()) {
+                    break;
+                }
+                unmet.push(Unmet {
+                    app: app.clone(),
+                    reason: format!("{why}; no resource can grow (limits, node, no victim)"),
+                });
+            }
+            ed.plan.cannot_meet = unmet;
+        } else {
+            // Apps with slack to spare and not cooling down, most slack
+            // first: the first that can give a unit is downsized (one at
+            // its floor must not hold the others' downsizes back).
+            let mut spare: Vec<&(String, f64)> = slacks
+                .iter()
+                .filter(|(n, s)| {
+                    *s > self.p.downsize_above_slack
+                        && self
+                            .apps
+                            .get(n)
+                            .is_none_or(|m| now_ms >= m.no_downsize_until_ms)
+                })
+                .collect();
+            spare.sort_by(|a, b| b.1.total_cmp(&a.1));
+            for (app, _) in spare {
+                let why = format!("{note}{}", self.describe(snap, app));
+                if self.downsize(&mut ed, app, why) {
+                    break;
+                }
             }
         }
         // judge() took the old pending action: any pending one is new.
@@ -367,6 +393,24 @@ impl Policy for Parties {
             p.at_ms = now_ms;
         }
         ed.finish()
+    }
+
+    fn applied(&mut self, _now_ms: u64, plan: &Plan, in_force: &Allocations) {
+        let Some((apps, pending)) = self.before.take() else {
+            return;
+        };
+        // Every change of the plan in force? Then the plan happened.
+        let done = plan.decisions.iter().all(|d| {
+            in_force
+                .get(&d.app)
+                .is_some_and(|s| s.get(d.resource) == d.to)
+        });
+        if !done {
+            // It did not (or only in part): forget it, as if this decision
+            // had not been made; the old action is judged again next time.
+            self.apps = apps;
+            self.pending = pending;
+        }
     }
 }
 
@@ -385,3 +429,6 @@ fn mix(seed: u64, name: &str) -> u64 {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod fixes_tests;

@@ -64,10 +64,12 @@ impl Steps {
 #[serde(deny_unknown_fields, default)]
 pub struct PartiesParams {
     /// Upsize the least-slack latency-critical app when its slack is below
-    /// this (PARTIES: 0.05). Slack = (target − latency) / target.
+    /// this (PARTIES: 0.05); if nothing can be given to it, the next
+    /// violating app. Slack = (target − latency) / target.
     pub upsize_below_slack: f64,
     /// Otherwise downsize the most-slack app (not in cool-down) when its
-    /// slack is above this (PARTIES: 0.20). Between the two: no change.
+    /// slack is above this (PARTIES: 0.20); if it cannot give anything (at
+    /// its floor), the next most-slack one. Between the two: no change.
     pub downsize_above_slack: f64,
     /// Order in which each app tries resources; those the node lacks are
     /// skipped. Each app starts at a seeded position in this cycle.
@@ -88,7 +90,10 @@ pub struct PartiesParams {
     pub idle_slack: Option<f64>,
     /// Where an upsize of cores or ways takes the unit from, in order.
     pub victims: Vec<Victim>,
-    /// A latency-critical app is a victim only while its slack is above this.
+    /// A latency-critical app is a victim only while its slack is above
+    /// this. Default: the downsize threshold (0.20), so that a victim is an
+    /// app that would be downsized anyway and does not take the unit back
+    /// at the next decision (PARTIES' code uses its downsize threshold).
     pub victim_min_slack: f64,
     /// Freed cores/ways go to the best-effort app holding the fewest
     /// (true), or back to the free pool (false).
@@ -106,7 +111,7 @@ impl Default for PartiesParams {
             downsize_cooldown_ms: 30_000,
             idle_slack: Some(1.0),
             victims: vec![Victim::FreePool, Victim::BestEffort, Victim::MostSlackLc],
-            victim_min_slack: 0.05,
+            victim_min_slack: 0.20,
             freed_to_best_effort: true,
         }
     }
