@@ -55,6 +55,7 @@ pub fn node_caps(node: &SimNode) -> NodeCaps {
             step_mhz: node.freq_step_mhz,
         }),
         mb: None,
+        quota: None,
     }
 }
 
@@ -73,6 +74,7 @@ pub fn initial_allocations(sc: &Scenario) -> Allocations {
                 nr_ways: share(sc.node.nr_ways, i),
                 freq_mhz: sc.node.freq_max_mhz,
                 mb_percent: 0,
+                cpu_quota_milli: 0,
             };
             (a.name.clone(), alloc)
         })
