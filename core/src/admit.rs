@@ -4,8 +4,9 @@
 //! the app's min/max; when the free pool is short, other apps give units
 //! above their own minimum (best-effort apps first, then the one holding
 //! most). An app whose minimum cannot be met is not managed (it is still
-//! monitored) until units free up. Levels (frequency, memory bandwidth)
-//! start at `initial`, or as found (0) when unset.
+//! monitored) until units free up. Levels (frequency, memory bandwidth,
+//! CPU quota) start at `initial`, or as found (0) when unset; a quota is
+//! then lowered to the app's cores (the rule of `qosd_core::quota`).
 
 use std::collections::BTreeMap;
 
@@ -28,7 +29,7 @@ pub fn admit(
     let mut share = Share::default();
     let mut taken = Vec::new();
     let mut next = current.clone();
-    for r in Resource::CYCLE {
+    for r in Resource::ALL {
         let Some((nlo, nhi)) = node.range(r) else {
             continue; // the node cannot actuate it: left as found
         };
@@ -80,6 +81,9 @@ pub fn admit(
         }
         share.set(r, want.min(free));
     }
+    if let Some(c) = crate::quota::ceiling_milli(&share, node) {
+        share.cpu_quota_milli = share.cpu_quota_milli.min(c);
+    }
     *current = next;
     Ok((share, taken))
 }
@@ -97,6 +101,7 @@ pub fn even_share(node: &NodeCaps, n: usize, i: usize) -> Share {
         nr_ways: part(node.nr_ways),
         freq_mhz: node.range(Resource::Frequency).map_or(0, |(_, hi)| hi),
         mb_percent: 0,
+        cpu_quota_milli: 0,
     }
 }
 
@@ -110,6 +115,7 @@ mod tests {
             nr_ways: 0,
             freq: None,
             mb: None,
+            quota: None,
         }
     }
 

@@ -11,6 +11,7 @@ pub mod control;
 pub mod measure;
 pub mod policy;
 pub mod power;
+pub mod quota;
 pub mod resources;
 pub mod yamlfile;
 
@@ -20,4 +21,5 @@ pub use policy::{
     Plan, Policy, QosTarget, Share, Snapshot, Unmet,
 };
 pub use power::{AppPower, PowerSource};
+pub use quota::QuotaRange;
 pub use resources::{Allocation, Resource};

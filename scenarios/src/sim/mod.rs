@@ -54,6 +54,7 @@ pub fn node_caps(node: &SimNode) -> NodeCaps {
             step_mhz: node.freq_step_mhz,
         }),
         mb: None,
+        quota: None,
     }
 }
 
