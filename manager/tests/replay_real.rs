@@ -50,6 +50,21 @@ fn real_replay_of_a_reduced_ramp() {
     .unwrap();
     let cal = t.path().join("cal.json");
     calibrate(&sc, &cal);
+    // Calibration measured the server-side (eBPF) latency at the same knee
+    // load as the client's: the eBPF-side target, below the client's.
+    let c: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cal).unwrap()).unwrap();
+    let s = &c["apps"]["search"];
+    let (client, ebpf) = (
+        s["knee_latency_us"].as_f64().unwrap(),
+        s["ebpf_knee_latency_us"]
+            .as_f64()
+            .expect("eBPF latency at the knee"),
+    );
+    assert!(
+        ebpf > 0.0 && ebpf < client,
+        "eBPF {ebpf} µs, client {client} µs"
+    );
     let out = t.path().join("run");
     let o = qosd(&[
         "replay",

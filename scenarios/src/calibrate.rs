@@ -214,31 +214,37 @@ pub fn sim(sc: &Scenario) -> Calibration {
         let cap = m.capacity_rps(&all, &sc.node);
         let s_us = m.service_time_us(&all, &sc.node);
         let pct = app.target.as_ref().map_or(99.0, |t| t.percentile);
+        // The steady-state sample at load `x` (fraction of capacity).
+        let at = |x: f64| {
+            let q = Queue::new(m.servers(&all), s_us, m.service_cv, x * cap * 1e-6);
+            let net = network_queue_ms(&m, x) * 1000.0 + m.network_ms * 1000.0;
+            Sample {
+                queue: q,
+                shift_us: m.fixed_us,
+                network_us: net,
+                noise: 1.0,
+                weight: 1.0,
+            }
+        };
         let points: Vec<Point> = (1..=98)
             .map(|i| {
                 let x = i as f64 / 100.0;
-                let lambda = x * cap;
-                let q = Queue::new(m.servers(&all), s_us, m.service_cv, lambda * 1e-6);
-                let net = network_queue_ms(&m, x) * 1000.0 + m.network_ms * 1000.0;
-                let s = Sample {
-                    queue: q,
-                    shift_us: m.fixed_us,
-                    network_us: net,
-                    noise: 1.0,
-                    weight: 1.0,
-                };
                 Point {
-                    offered_rps: lambda,
-                    achieved_rps: lambda,
-                    latency_us: percentile(&[s], pct, true).unwrap_or(0.0),
+                    offered_rps: x * cap,
+                    achieved_rps: x * cap,
+                    latency_us: percentile(&[at(x)], pct, true).unwrap_or(0.0),
                 }
             })
             .collect();
         if let Some(c) = from_points(points, pct) {
+            // The server-side latency at the same knee load: the target an
+            // eBPF-fed policy is held to.
+            let ebpf = percentile(&[at(c.knee_rps / cap)], pct, false);
             apps.insert(
                 app.name.clone(),
                 AppCalibration {
                     capacity_rps: cap,
+                    ebpf_knee_latency_us: ebpf,
                     ..c
                 },
             );

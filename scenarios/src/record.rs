@@ -76,6 +76,7 @@ impl RunRecorder {
         } else {
             over(r.ebpf_us, r.ebpf_target_us)
         };
+        let users = over(r.client_us, r.client_target_us);
         Row {
             t_s: t_ms as f64 / 1000.0,
             app: r.app.clone(),
@@ -84,12 +85,14 @@ impl RunRecorder {
             client_p99_ms: ms(r.client_us),
             ebpf_p99_ms: ms(r.ebpf_us),
             target_ms: ms(r.client_target_us),
-            violation: fed,
+            violation: users,
             cores: level(Resource::Cores),
             freq_mhz: level(Resource::Frequency),
             llc_ways: level(Resource::CacheWays),
             mb_percent: level(Resource::MemoryBandwidth),
             power_w: r.power_w,
+            ebpf_target_ms: ms(r.ebpf_target_us),
+            fed_violation: fed,
         }
     }
 }

@@ -18,6 +18,8 @@ struct AppSim {
     spec: AppSpec,
     model: SimModel,
     target_us: Option<f64>,
+    /// The eBPF-side target (at the same knee load); the client's if none.
+    ebpf_target_us: Option<f64>,
     percentile: f64,
     capacity_rps: f64,
     backlog: f64,
@@ -87,6 +89,7 @@ impl SimulatedNode {
                 spec: a.clone(),
                 model: SimModel::of(a),
                 target_us: cal.target_us(a),
+                ebpf_target_us: cal.ebpf_target_us(a).or(cal.target_us(a)),
                 percentile: a.target.as_ref().map_or(99.0, |t| t.percentile),
                 capacity_rps: cal.apps.get(&a.name).map_or(1.0, |c| c.capacity_rps),
                 backlog: 0.0,
@@ -204,7 +207,7 @@ impl SimulatedNode {
                 client_us: percentile(&st.samples, st.percentile, true),
                 ebpf_us: percentile(&st.samples, st.percentile, false),
                 client_target_us: st.target_us,
-                ebpf_target_us: st.target_us,
+                ebpf_target_us: st.ebpf_target_us,
                 power_w: Some(power),
             });
             let util = st.busy_core_s / iv_s / st.model.servers(&a) as f64;
@@ -281,7 +284,13 @@ fn state(
     AppState {
         name: st.spec.name.clone(),
         class: st.spec.class,
-        target: st.target_us.map(|v| QosTarget {
+        // The target on the same side as the latency the policy is fed.
+        target: if client {
+            st.target_us
+        } else {
+            st.ebpf_target_us
+        }
+        .map(|v| QosTarget {
             percentile: st.percentile,
             value_us: v,
         }),
