@@ -27,16 +27,15 @@ pub enum AppClass {
 
 /// What a policy needs to know about each [`Resource`] beyond its name.
 impl Resource {
-    /// The PARTIES order: cores → cache ways → frequency → memory bandwidth.
-    /// CPU quota is not in the wheel yet: it joins once the policies keep
-    /// the quota-and-cores rule of [`crate::quota`] (issue 14, phase 2);
-    /// until then a policy never moves it and the actuators set it only by
-    /// hand (`qosd set quota`) or from an app's fixed `initial`.
-    pub const CYCLE: [Resource; 4] = [
+    /// The PARTIES order: cores → cache ways → frequency → memory
+    /// bandwidth, then CPU quota (the knob every Linux node has; policies
+    /// move it under the quota-and-cores rule of [`crate::quota`]).
+    pub const CYCLE: [Resource; 5] = [
         Resource::Cores,
         Resource::CacheWays,
         Resource::Frequency,
         Resource::MemoryBandwidth,
+        Resource::CpuQuota,
     ];
 
     /// True for resources partitioned from a node-wide pool (cores, ways):

@@ -206,8 +206,7 @@ impl Default for ApiConfig {
 #[serde(deny_unknown_fields)]
 pub struct ActuatorsConfig {
     /// Resources the policy may change: any of `cores`, `cache_ways`,
-    /// `frequency`, `memory_bandwidth`, `cpu_quota` (default: all but
-    /// `cpu_quota`, which the policies do not move yet).
+    /// `frequency`, `memory_bandwidth`, `cpu_quota` (default: all).
     #[serde(default = "all_resources")]
     pub enabled: Vec<Resource>,
     /// `auto` (cgroup v2 cpuset, then v1, then affinity), `cgroup2`,

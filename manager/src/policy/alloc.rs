@@ -2,6 +2,15 @@
 //! (node range ∩ app limits), the free pool of cores and ways, victims to
 //! take from and best-effort apps to give to. Shared by PARTIES and the
 //! rule engine so that both keep every plan within the node and the limits.
+//!
+//! CPU quota follows the rule of `qosd_core::quota`: an app's quota is at
+//! most its cores (its bound here, and a cores decrease lowers a quota
+//! above the new cores in the same plan); where apps share CPUs (the node
+//! has a quota knob but no cores knob) the quotas are a pool of the node's
+//! CPUs, so a quota upsize takes from the free pool, then the victims
+//! (best-effort apps first) and a downsize's freed quota goes to
+//! best-effort apps, as cores and ways do. An app without a quota (0)
+//! counts as holding all its cores.
 
 use std::collections::BTreeMap;
 
@@ -84,10 +93,28 @@ impl<'a> Editor<'a> {
         self.plan.allocations.get(app).copied().unwrap_or_default()
     }
 
+    /// True when `r` is shared out of a node-wide total: cores and ways,
+    /// and CPU quota where apps share CPUs (quota rule 2).
+    pub fn pooled(&self, r: Resource) -> bool {
+        r.is_pooled() || (r == Resource::CpuQuota && self.shared_quota())
+    }
+
+    /// Quota knob but no cores knob: every app runs on every CPU, and the
+    /// sum of quotas is bounded by the node's CPUs.
+    fn shared_quota(&self) -> bool {
+        self.node.has(Resource::CpuQuota) && !self.node.has(Resource::Cores)
+    }
+
     /// The allowed [lo, hi] of `r` for `app`: the node's range narrowed by
-    /// the app's limits. `None` when the node lacks `r`.
+    /// the app's limits (and for quota, by its cores: quota rule 1).
+    /// `None` when the node lacks `r`.
     pub fn bounds(&self, app: &str, r: Resource) -> Option<(u32, u32)> {
-        let (nlo, nhi) = self.node.range(r)?;
+        let (nlo, mut nhi) = self.node.range(r)?;
+        if r == Resource::CpuQuota {
+            if let Some(c) = qosd_core::quota::ceiling_milli(&self.alloc(app), self.node) {
+                nhi = nhi.min(c);
+            }
+        }
         let l = self.limits(app);
         let lo = nlo.max(l.min.get(r)).min(nhi);
         let hi = nhi.min(l.max.get(r)).max(lo);
@@ -95,9 +122,14 @@ impl<'a> Editor<'a> {
     }
 
     /// The app's value of `r`. A level never set (0) counts as the node's
-    /// maximum: an unmanaged core runs at full speed, unthrottled.
+    /// maximum: an unmanaged core runs at full speed, unthrottled; an app
+    /// without a quota holds all its cores' worth.
     pub fn value(&self, app: &str, r: Resource) -> u32 {
-        let v = self.alloc(app).get(r);
+        let a = self.alloc(app);
+        let v = a.get(r);
+        if v == 0 && r == Resource::CpuQuota {
+            return qosd_core::quota::ceiling_milli(&a, self.node).unwrap_or(0);
+        }
         if v == 0 && !r.is_pooled() {
             return self.node.range(r).map_or(0, |(_, hi)| hi);
         }
@@ -106,10 +138,19 @@ impl<'a> Editor<'a> {
 
     /// Units of a pooled resource that no app holds.
     pub fn free(&self, r: Resource) -> u32 {
-        let Some(total) = self.node.pool(r) else {
-            return 0;
+        let total = match (r, self.node.quota) {
+            (Resource::CpuQuota, Some(q)) if self.shared_quota() => q.max_milli,
+            _ => match self.node.pool(r) {
+                Some(t) => t,
+                None => return 0,
+            },
         };
-        let used: u32 = self.plan.allocations.values().map(|a| a.get(r)).sum();
+        let used: u32 = self
+            .plan
+            .allocations
+            .keys()
+            .map(|n| self.value(n, r))
+            .fold(0u32, u32::saturating_add);
         total.saturating_sub(used)
     }
 
@@ -221,7 +262,7 @@ impl<'a> Editor<'a> {
         let to = self.raised(app, r, step)?;
         let amount = to - self.value(app, r);
         let mut victim = None;
-        if r.is_pooled() {
+        if self.pooled(r) {
             let src =
                 self.find_source(app, r, amount, moves.victims, slack, moves.victim_min_slack)?;
             if let Source::App(v) = src {
@@ -256,7 +297,7 @@ impl<'a> Editor<'a> {
         };
         let amount = self.value(app, r) - to;
         self.set(app, r, to, DecisionKind::Downsize, reason);
-        if r.is_pooled() && moves.freed_to_best_effort {
+        if self.pooled(r) && moves.freed_to_best_effort {
             if let Some(be) = self.best_effort_taker(app, r, amount) {
                 let bto = self.value(&be, r) + amount;
                 self.set(&be, r, bto, DecisionKind::Grant, format!("freed by {app}"));
@@ -265,7 +306,8 @@ impl<'a> Editor<'a> {
         true
     }
 
-    /// Sets `app`'s `r` to `to` and records the decision.
+    /// Sets `app`'s `r` to `to` and records the decision. Fewer cores
+    /// lower a quota above them to them (quota rule 1), in the same plan.
     pub fn set(&mut self, app: &str, r: Resource, to: u32, kind: DecisionKind, reason: String) {
         let from = self.value(app, r);
         if let Some(a) = self.plan.allocations.get_mut(app) {
@@ -279,6 +321,19 @@ impl<'a> Editor<'a> {
             to,
             reason,
         });
+        if r == Resource::Cores && to < from {
+            let s = self.alloc(app);
+            let ceiling = qosd_core::quota::ceiling_milli(&s, self.node);
+            if let Some(c) = ceiling.filter(|c| s.cpu_quota_milli > *c) {
+                self.set(
+                    app,
+                    Resource::CpuQuota,
+                    c,
+                    kind,
+                    format!("quota at most the {to} core(s) held"),
+                );
+            }
+        }
     }
 }
 

@@ -220,7 +220,7 @@ impl Parties {
                 ed.upsize(
                     app,
                     r,
-                    self.p.step.get(r),
+                    self.p.step.on(r, ed.node),
                     &moves,
                     &slack_of,
                     reason.clone(),
@@ -259,7 +259,7 @@ impl Parties {
             let idx = (start + k) % n;
             let r = self.p.cycle[idx];
             let moves = self.moves();
-            if !ed.downsize(app, r, self.p.step.get(r), &moves, reason.clone()) {
+            if !ed.downsize(app, r, self.p.step.on(r, ed.node), &moves, reason.clone()) {
                 continue;
             }
             self.mem(app).cursor = idx;
@@ -432,3 +432,6 @@ mod tests;
 
 #[cfg(test)]
 mod fixes_tests;
+
+#[cfg(test)]
+mod quota_tests;

@@ -94,3 +94,31 @@ pub fn with_slack(mut s: Snapshot, app: &str, slack: Option<f64>) -> Snapshot {
     }
     s
 }
+
+/// A node whose CPU quota moves in `step` milli-CPUs over `cpus` CPUs,
+/// with `cores` handed out by the cores knob (0: apps share the CPUs).
+pub fn quota_node(cores: u32, cpus: u32, step: u32) -> NodeCaps {
+    NodeCaps {
+        quota: Some(qosd_core::QuotaRange {
+            step_milli: step,
+            max_milli: cpus * 1000,
+        }),
+        ..node(cores, 0, false, false)
+    }
+}
+
+/// `(name, cores, quota milli-CPUs)` rows.
+pub fn quota_allocs(rows: &[(&str, u32, u32)]) -> Allocations {
+    rows.iter()
+        .map(|&(n, c, q)| {
+            (
+                n.to_owned(),
+                Share {
+                    nr_cores: c,
+                    cpu_quota_milli: q,
+                    ..Share::default()
+                },
+            )
+        })
+        .collect()
+}
