@@ -182,7 +182,9 @@ impl<P: Policy> ControlLoop<P> {
 
     /// One tick: sense → observe; on decision ticks also record the
     /// interval, decide, apply a plan that changes anything, tell the
-    /// policy what was applied, and record the decision.
+    /// policy what was applied, and record the decision. A policy may ask
+    /// for a decision at other ticks too ([`Policy::wants_decision`]); the
+    /// interval (timeline row) stays the node's decision interval.
     pub fn tick(
         &mut self,
         node: &mut dyn Node,
@@ -192,10 +194,12 @@ impl<P: Policy> ControlLoop<P> {
         let sensed = node.sense(&tick);
         self.counters.monitor_ticks += 1;
         self.policy.observe(tick.now_ms, &sensed.snapshot);
-        if !tick.decide {
+        if !tick.decide && !self.policy.wants_decision(tick.now_ms) {
             return (sensed, None);
         }
-        rec.interval(tick.now_ms, &sensed.interval, node.current(), &sensed);
+        if tick.decide {
+            rec.interval(tick.now_ms, &sensed.interval, node.current(), &sensed);
+        }
         let current = node.current().clone();
         let plan = self
             .policy

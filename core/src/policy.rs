@@ -400,6 +400,14 @@ pub trait Policy {
     fn applied(&mut self, now_ms: u64, plan: &Plan, in_force: &Allocations) {
         let _ = (now_ms, plan, in_force);
     }
+
+    /// True when the policy wants to decide at this monitoring tick,
+    /// between the decision intervals (PARTIES' code decides 0.1 s apart
+    /// while nothing is pending). The default: only at the interval.
+    fn wants_decision(&self, now_ms: u64) -> bool {
+        let _ = now_ms;
+        false
+    }
 }
 
 /// A borrowed or boxed policy is a policy (the loop takes either).
@@ -417,6 +425,9 @@ macro_rules! forward_policy {
             }
             fn applied(&mut self, now_ms: u64, plan: &Plan, in_force: &Allocations) {
                 (**self).applied(now_ms, plan, in_force)
+            }
+            fn wants_decision(&self, now_ms: u64) -> bool {
+                (**self).wants_decision(now_ms)
             }
         }
     )*};

@@ -38,7 +38,10 @@ pub fn write_run(
     };
     tl.write_csv(&files.timeline_csv)
         .with_context(|| format!("writing {}", files.timeline_csv.display()))?;
-    let summary = tl.summary();
+    let mut summary = tl.summary();
+    summary
+        .meta
+        .insert("calibration".into(), serde_json::to_value(cal)?);
     std::fs::write(
         &files.summary_json,
         serde_json::to_string_pretty(&summary)? + "\n",

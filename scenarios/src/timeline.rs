@@ -139,6 +139,11 @@ pub struct Timeline {
     /// "Cannot meet QoS" events: a violating app nothing could be given to.
     #[serde(default)]
     pub cannot_meet: u64,
+    /// What the run was made with, for whoever reads its summary later:
+    /// `qosd_version`, `policy` (the parsed policy file, every parameter),
+    /// `calibration`, and on the simulated node `model` (each app's).
+    #[serde(default)]
+    pub meta: BTreeMap<String, serde_json::Value>,
 }
 
 impl Timeline {
@@ -219,6 +224,7 @@ impl Timeline {
             rejected_plans: self.rejected_plans,
             reverts: self.reverts,
             cannot_meet: self.cannot_meet,
+            meta: self.meta.clone(),
             apps,
             total,
         }
@@ -326,6 +332,9 @@ pub struct Summary {
     /// "Cannot meet QoS" events over the run (per app per decision).
     #[serde(default)]
     pub cannot_meet: u64,
+    /// What the run was made with (see [`Timeline::meta`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub meta: BTreeMap<String, serde_json::Value>,
     pub apps: BTreeMap<String, AppSummary>,
     pub total: AppSummary,
 }

@@ -102,6 +102,30 @@ pub fn load_policy(
     crate::policy::load(&path, seed).map_err(|e| usage!("{e}"))
 }
 
+/// What summary.json records of the run's making: the qosd version and
+/// the policy with every parameter (as parsed, defaults filled in).
+pub fn run_meta(
+    scenario: &Scenario,
+    arg: Option<&str>,
+) -> std::collections::BTreeMap<String, serde_json::Value> {
+    let mut m = std::collections::BTreeMap::new();
+    m.insert("qosd_version".into(), env!("CARGO_PKG_VERSION").into());
+    let policy = match arg {
+        Some("static") => serde_json::json!("static"),
+        _ => arg
+            .map(PathBuf::from)
+            .or_else(|| scenario.policy_path())
+            .and_then(|p| {
+                let text = crate::yamlfile::read(&p).ok()?;
+                crate::policy::PolicyFile::parse(&p, &text).ok()
+            })
+            .and_then(|f| serde_json::to_value(f).ok())
+            .unwrap_or(serde_json::Value::Null),
+    };
+    m.insert("policy".into(), policy);
+    m
+}
+
 pub fn read_scenario(path: &Path) -> anyhow::Result<Scenario> {
     Scenario::from_file(path).map_err(|e| usage!("{e}"))
 }
@@ -136,7 +160,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     let plans = std::fs::File::create(out.join("plans.jsonl")).context("creating plans.jsonl")?;
     let plans = Box::new(std::io::BufWriter::new(plans));
-    let tl = sim::run_with(&sc, &cal, policy.as_mut(), &opts, Some(plans));
+    let mut tl = sim::run_with(&sc, &cal, policy.as_mut(), &opts, Some(plans));
+    tl.meta.extend(run_meta(&sc, args.policy.as_deref()));
     let wall = t0.elapsed().as_secs_f64();
     let (summary, files) =
         output::write_run(&out, &tl, &cal).context("writing the replay's outputs")?;

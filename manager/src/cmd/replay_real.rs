@@ -194,6 +194,8 @@ pub fn run(
     rec.finish(ctl.counters());
     let power_failed = node.power_failed();
     let mut tl = std::mem::take(&mut rec.tl);
+    tl.meta
+        .extend(super::replay::run_meta(sc, args.policy.as_deref()));
     stop.store(true, Ordering::Relaxed);
     for h in handles {
         let _ = h.join();

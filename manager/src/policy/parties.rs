@@ -14,7 +14,7 @@ use qosd_core::{
 use super::alloc::{fmt_us, Editor, Moves};
 
 mod params;
-pub use params::{PartiesParams, Steps};
+pub use params::{PartiesParams, RevertVote, Steps};
 
 /// Per-app memory of the controller.
 #[derive(Debug, Clone)]
@@ -23,6 +23,10 @@ struct AppMem {
     cursor: usize,
     /// Downsizes of this app are barred until then.
     no_downsize_until_ms: u64,
+    /// Its last slacks (for `average_samples`), newest last.
+    slacks: std::collections::VecDeque<f64>,
+    /// Direction of its last action (true: upsize), for `restart_wheel_on_turn`.
+    last_up: Option<bool>,
 }
 
 #[derive(Debug, Clone)]
@@ -33,8 +37,13 @@ enum Judged {
         fell: u32,
         counted: u32,
     },
-    /// Downsize: the first app seen below the upsize threshold, if any.
-    Down { hurt: Option<(String, f64)> },
+    /// Downsize: the first app seen below the upsize threshold, if any,
+    /// and how many of the samples since had an app below it.
+    Down {
+        hurt: Option<(String, f64)>,
+        below: u32,
+        counted: u32,
+    },
 }
 
 enum Verdict {
@@ -62,6 +71,10 @@ pub struct Parties {
     apps: BTreeMap<String, AppMem>,
     pending: Option<Pending>,
     last_sample_ms: Option<u64>,
+    /// Time of the last decision (for `idle_decide_ms`).
+    last_decide_ms: Option<u64>,
+    /// Wheel restarts drawn so far (each draw differs, all seeded).
+    turns: u64,
     /// The state before the last decision, put back if its plan was not
     /// applied (the controller only learns from what happened).
     before: Option<(BTreeMap<String, AppMem>, Option<Pending>)>,
@@ -78,6 +91,8 @@ impl Parties {
             apps: BTreeMap::new(),
             pending: None,
             last_sample_ms: None,
+            last_decide_ms: None,
+            turns: 0,
             before: None,
         }
     }
@@ -94,6 +109,8 @@ impl Parties {
         self.apps.entry(app.to_owned()).or_insert_with(|| AppMem {
             cursor: (mix(seed, app) % n as u64) as usize,
             no_downsize_until_ms: 0,
+            slacks: std::collections::VecDeque::new(),
+            last_up: None,
         })
     }
 
@@ -106,6 +123,26 @@ impl Parties {
     /// Slack of an LC app, with `idle_slack` standing in when it served
     /// nothing; `None` for BE apps and LC apps without a usable figure.
     fn slack(&self, snap: &Snapshot, app: &str) -> Option<f64> {
+        let a = snap.app(app)?;
+        if a.class != AppClass::Lc || a.target.is_none() {
+            return None;
+        }
+        let now = a.slack().or(if a.latency_us.is_none() {
+            self.p.idle_slack
+        } else {
+            None
+        })?;
+        // Beside the moving average of its last samples, the lower counts
+        // (`average_samples`: PARTIES' code checks both).
+        let avg = self.apps.get(app).and_then(|m| {
+            (self.p.average_samples > 0 && !m.slacks.is_empty())
+                .then(|| m.slacks.iter().sum::<f64>() / m.slacks.len() as f64)
+        });
+        Some(avg.map_or(now, |v| v.min(now)))
+    }
+
+    /// The slack of this sample alone (no average), for the average.
+    fn sample_slack(&self, snap: &Snapshot, app: &str) -> Option<f64> {
         let a = snap.app(app)?;
         if a.class != AppClass::Lc || a.target.is_none() {
             return None;
@@ -145,7 +182,9 @@ impl Parties {
         match pend.judged {
             Judged::Down {
                 hurt: Some((victim, s)),
-            } => {
+                below,
+                counted,
+            } if self.p.revert_vote == RevertVote::First || 2 * below > counted => {
                 let until = now_ms + self.p.downsize_cooldown_ms;
                 self.mem(&pend.app).no_downsize_until_ms = until;
                 self.advance(&pend.app);
@@ -169,7 +208,7 @@ impl Parties {
                 }
                 Verdict::Reverted
             }
-            Judged::Down { hurt: None } => Verdict::None,
+            Judged::Down { .. } => Verdict::None,
             Judged::Up {
                 before_us,
                 fell,
@@ -202,9 +241,24 @@ impl Parties {
 
     /// Upsizes `app` on the first resource of its cycle (from its cursor)
     /// that can grow.
+    /// Where `app`'s wheel starts for an action in direction `up`: its
+    /// cursor, or a seeded random position when it turns
+    /// (`restart_wheel_on_turn`, as PARTIES' code does).
+    fn start(&mut self, app: &str, up: bool) -> usize {
+        let n = self.p.cycle.len() as u64;
+        let restart = self.p.restart_wheel_on_turn;
+        self.turns += 1;
+        let draw = mix(self.seed ^ self.turns, app);
+        let m = self.mem(app);
+        if restart && m.last_up == Some(!up) {
+            m.cursor = (draw % n) as usize;
+        }
+        m.cursor
+    }
+
     fn upsize(&mut self, ed: &mut Editor<'_>, app: &str, why: String) -> bool {
         let n = self.p.cycle.len();
-        let start = self.mem(app).cursor;
+        let start = self.start(app, true);
         let before_us = ed
             .snap
             .app(app)
@@ -234,6 +288,7 @@ impl Parties {
                 }
             }
             self.mem(app).cursor = idx;
+            self.mem(app).last_up = Some(true);
             self.pending = Some(Pending {
                 app: app.to_owned(),
                 resource: r,
@@ -253,7 +308,7 @@ impl Parties {
     /// Downsizes `app` on the first resource of its cycle that can shrink.
     fn downsize(&mut self, ed: &mut Editor<'_>, app: &str, why: String) -> bool {
         let n = self.p.cycle.len();
-        let start = self.mem(app).cursor;
+        let start = self.start(app, false);
         let reason = format!("{why}; most slack > {}", self.p.downsize_above_slack);
         for k in 0..n {
             let idx = (start + k) % n;
@@ -263,12 +318,17 @@ impl Parties {
                 continue;
             }
             self.mem(app).cursor = idx;
+            self.mem(app).last_up = Some(false);
             self.pending = Some(Pending {
                 app: app.to_owned(),
                 resource: r,
                 at_ms: 0,
                 changes: ed.plan.decisions.clone(),
-                judged: Judged::Down { hurt: None },
+                judged: Judged::Down {
+                    hurt: None,
+                    below: 0,
+                    counted: 0,
+                },
             });
             return true;
         }
@@ -283,6 +343,18 @@ impl Policy for Parties {
 
     fn observe(&mut self, now_ms: u64, snap: &Snapshot) {
         self.last_sample_ms = Some(now_ms);
+        let keep = self.p.average_samples as usize;
+        if keep > 0 {
+            for a in &snap.apps {
+                if let Some(s) = self.sample_slack(snap, &a.name) {
+                    let m = self.mem(&a.name);
+                    m.slacks.push_back(s);
+                    while m.slacks.len() > keep {
+                        m.slacks.pop_front();
+                    }
+                }
+            }
+        }
         let Some(pend) = self.pending.as_ref() else {
             return;
         };
@@ -315,7 +387,13 @@ impl Policy for Parties {
                     }
                 }
             }
-            Judged::Down { hurt } => {
+            Judged::Down {
+                hurt,
+                below,
+                counted,
+            } => {
+                *counted += 1;
+                *below += u32::from(first_hurt.is_some());
                 if hurt.is_none() {
                     *hurt = first_hurt;
                 }
@@ -335,6 +413,7 @@ impl Policy for Parties {
             self.observe(now_ms, snap);
         }
         self.before = Some((self.apps.clone(), self.pending.clone()));
+        self.last_decide_ms = Some(now_ms);
         let mut ed = Editor::new(node, snap, current);
         let note = match self.judge(now_ms, &mut ed) {
             Verdict::Reverted => return ed.finish(),
@@ -393,6 +472,13 @@ impl Policy for Parties {
             p.at_ms = now_ms;
         }
         ed.finish()
+    }
+
+    fn wants_decision(&self, now_ms: u64) -> bool {
+        let every = self.p.idle_decide_ms;
+        every > 0
+            && self.pending.is_none()
+            && self.last_decide_ms.is_some_and(|t| now_ms >= t + every)
     }
 
     fn applied(&mut self, _now_ms: u64, plan: &Plan, in_force: &Allocations) {

@@ -11,10 +11,13 @@ pub mod node;
 use qosd_core::control::{Cadence, ControlLoop};
 use qosd_core::{Allocations, Feedback, FreqRange, NodeCaps, Plan, Policy, Snapshot};
 
+use std::collections::BTreeMap;
+
 use crate::calibrate::Calibration;
 use crate::record::RunRecorder;
 use crate::scenario::{Scenario, SimNode};
 use crate::timeline::Timeline;
+use model::SimModel;
 pub use node::{start_allocations, SimulatedNode};
 
 /// Longest wait a request stays queued before its client gives up, s.
@@ -93,6 +96,16 @@ pub fn run_with(
         energy_is_estimate: true,
         ..Default::default()
     };
+    let mut tl = tl;
+    let models: BTreeMap<&str, SimModel> = sc
+        .apps
+        .iter()
+        .map(|a| (a.name.as_str(), SimModel::of(a)))
+        .collect();
+    tl.meta.insert(
+        "model".into(),
+        serde_json::json!({ "node": sc.node, "apps": models }),
+    );
     let mut rec = RunRecorder::new(tl, node_caps(&sc.node));
     if let Some(w) = plans {
         rec = rec.with_plans(w);

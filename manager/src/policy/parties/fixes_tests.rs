@@ -162,3 +162,101 @@ fn failed_apply_does_not_advance_the_policy() {
     );
     assert!(!plan.decisions[0].reason.contains("did not help"));
 }
+
+/// `parties-original.yaml`: a downsize is reverted only when most samples
+/// after it find an app short of slack, not at the first one.
+#[test]
+fn majority_vote_revert_ignores_one_bad_sample() {
+    let p = PartiesParams {
+        cycle: vec![CORES],
+        revert_vote: RevertVote::Majority,
+        ..PartiesParams::default()
+    };
+    let mut c = Parties::new("x", p, 1);
+    let n = node(8, 0, false, false);
+    let cur = allocs(&[("a", 3, 0, 0, 0)]);
+    let plan = c.decide(0, &snap(vec![lc("a", Some(0.5))]), &cur, &n);
+    assert_eq!(kinds(&plan, DecisionKind::Downsize).len(), 1);
+    c.applied(0, &plan, &plan.allocations);
+    for (t, s) in [(100, 0.01), (200, 0.3), (300, 0.3), (400, 0.3), (500, 0.3)] {
+        c.observe(t, &snap(vec![lc("a", Some(s))]));
+    }
+    let plan = c.decide(500, &snap(vec![lc("a", Some(0.3))]), &plan.allocations, &n);
+    assert!(
+        kinds(&plan, DecisionKind::Revert).is_empty(),
+        "{:?}",
+        plan.decisions
+    );
+}
+
+/// `parties-original.yaml`: the moving average of the slack counts beside
+/// the current one (the lower wins): a single good sample is no downsize.
+#[test]
+fn average_slack_holds_back_a_downsize_on_one_good_sample() {
+    let p = PartiesParams {
+        cycle: vec![CORES],
+        average_samples: 5,
+        ..PartiesParams::default()
+    };
+    let mut c = Parties::new("x", p, 1);
+    for t in [100, 200, 300, 400] {
+        c.observe(t, &snap(vec![lc("a", Some(0.0))]));
+    }
+    let cur = allocs(&[("a", 3, 0, 0, 0)]);
+    let plan = c.decide(
+        500,
+        &snap(vec![lc("a", Some(0.9))]),
+        &cur,
+        &node(8, 0, false, false),
+    );
+    assert!(plan.decisions.is_empty(), "{:?}", plan.decisions);
+}
+
+/// `parties-original.yaml`: while nothing is pending the policy asks for a
+/// decision every `idle_decide_ms`, not only at the interval.
+#[test]
+fn idle_decisions_come_between_intervals() {
+    let p = PartiesParams {
+        idle_decide_ms: 100,
+        ..PartiesParams::default()
+    };
+    let mut c = Parties::new("x", p, 1);
+    let cur = allocs(&[("a", 2, 0, 0, 0)]);
+    // Hysteresis band: nothing pending after this decision.
+    let plan = c.decide(
+        500,
+        &snap(vec![lc("a", Some(0.1))]),
+        &cur,
+        &node(8, 0, false, false),
+    );
+    assert!(plan.decisions.is_empty());
+    assert!(!c.wants_decision(550));
+    assert!(c.wants_decision(600));
+    assert!(!Parties::new("y", PartiesParams::default(), 1).wants_decision(600));
+}
+
+/// `parties-original.yaml`: an app that turns (downsize after upsize)
+/// restarts its wheel at a seeded place; same seed, same place.
+#[test]
+fn wheel_restarts_on_a_turn_seeded() {
+    let p = PartiesParams {
+        cycle: vec![CORES, WAYS, Resource::Frequency],
+        restart_wheel_on_turn: true,
+        ..PartiesParams::default()
+    };
+    let run = |seed: u64| {
+        let mut c = Parties::new("x", p.clone(), seed);
+        let n = node(8, 8, true, false);
+        let cur = allocs(&[("a", 2, 2, 2000, 0)]);
+        let up = c.decide(0, &snap(vec![lc("a", Some(-0.5))]), &cur, &n);
+        c.applied(0, &up, &up.allocations);
+        let down = c.decide(500, &snap(vec![lc("a", Some(0.9))]), &up.allocations, &n);
+        (up.decisions[0].resource, down.decisions[0].resource)
+    };
+    assert_eq!(run(3), run(3));
+    let starts: std::collections::BTreeSet<_> = (0..40).map(|s| run(s).1).collect();
+    assert!(
+        starts.len() > 1,
+        "the restart is drawn, not fixed: {starts:?}"
+    );
+}

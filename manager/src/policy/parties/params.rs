@@ -112,6 +112,32 @@ pub struct PartiesParams {
     /// Freed cores/ways go to the best-effort app holding the fewest
     /// (true), or back to the free pool (false).
     pub freed_to_best_effort: bool,
+    /// Slack is the lower of the current one and its moving average over
+    /// this many monitoring samples (0: the current one only; PARTIES'
+    /// code checks both).
+    pub average_samples: u32,
+    /// A downsize is reverted when the `first` sample after it finds an app
+    /// below `upsize_below_slack`, or only when the `majority` do (PARTIES'
+    /// code: a majority vote).
+    pub revert_vote: RevertVote,
+    /// When an app turns (upsize after downsize, or back), its resource
+    /// wheel restarts at a seeded random position (PARTIES' code), instead
+    /// of where it was.
+    pub restart_wheel_on_turn: bool,
+    /// While no action waits to be judged, decide this often, ms, at
+    /// monitoring ticks between the decision intervals (0: only at the
+    /// decision interval; PARTIES' code: 100).
+    pub idle_decide_ms: u64,
+}
+
+/// How a downsize is found harmful.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RevertVote {
+    /// The first sample with an app below the upsize threshold.
+    First,
+    /// More than half of the samples since the downsize.
+    Majority,
 }
 
 impl Default for PartiesParams {
@@ -127,6 +153,10 @@ impl Default for PartiesParams {
             victims: vec![Victim::FreePool, Victim::BestEffort, Victim::MostSlackLc],
             victim_min_slack: 0.20,
             freed_to_best_effort: true,
+            average_samples: 0,
+            revert_vote: RevertVote::First,
+            restart_wheel_on_turn: false,
+            idle_decide_ms: 0,
         }
     }
 }
@@ -181,6 +211,18 @@ impl PartiesParams {
                     "must be at most 1.0 or null",
                 ));
             }
+        }
+        if self.average_samples > 1000 {
+            return Err(Invalid::new(
+                at.key("average_samples"),
+                "must be at most 1000",
+            ));
+        }
+        if self.idle_decide_ms > 3_600_000 {
+            return Err(Invalid::new(
+                at.key("idle_decide_ms"),
+                "must be at most 3600000 (an hour)",
+            ));
         }
         if self.victims.is_empty() {
             return Err(Invalid::new(at.key("victims"), "needs at least one source"));
