@@ -1,7 +1,8 @@
 //! Plots of a replay in the layout of the paper's Fig. 11, as SVG and PNG:
 //! load over time, each latency-critical app's p99 against its target (client
-//! and eBPF lines), then cores, frequency and cache ways over time. And the
-//! overlay plot of `qosd compare`.
+//! and eBPF lines), then cores, frequency, cache ways, memory bandwidth, CPU
+//! quota, power and best-effort throughput over time (each panel only when
+//! the run has its figure). And the overlay plot of `qosd compare`.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -125,6 +126,12 @@ fn run_panels(tl: &Timeline, capacity_rps: &BTreeMap<String, f64>) -> Vec<Panel>
     panels.push(per_app("LLC ways", "ways", |r| r.llc_ways.map(f64::from)));
     panels.push(per_app("memory bandwidth", "%", |r| {
         r.mb_percent.map(f64::from)
+    }));
+    panels.push(per_app("CPU quota", "CPUs", |r| {
+        r.cpu_quota_milli.map(|m| f64::from(m) / 1000.0)
+    }));
+    panels.push(per_app("best-effort throughput", "ops/s", |r| {
+        r.be_ops_per_s
     }));
     let power = if tl.energy_is_estimate {
         "power (estimate)"

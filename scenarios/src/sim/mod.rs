@@ -250,6 +250,8 @@ pub fn run(
                 llc_ways: (node.nr_ways > 0).then_some(a.nr_ways),
                 mb_percent: None,
                 power_w: Some(power),
+                cpu_quota_milli: None,
+                be_ops_per_s: None,
             });
             let util = st.busy_core_s / iv_s / st.model.servers(&a) as f64;
             let samples = std::mem::take(&mut st.samples);
