@@ -344,3 +344,64 @@ pub fn compare_plot(stem: &Path, runs: &[(String, String, Vec<Row>)]) -> anyhow:
     panels.retain(|p| p.lines.iter().any(|l| !l.points.is_empty()));
     write_both(stem, "qosd compare", &panels)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(t: f64, app: &str) -> Row {
+        Row {
+            t_s: t,
+            app: app.into(),
+            offered_rps: 0.0,
+            achieved_rps: 0.0,
+            client_p99_ms: None,
+            ebpf_p99_ms: None,
+            target_ms: None,
+            violation: None,
+            cores: Some(1),
+            freq_mhz: None,
+            llc_ways: None,
+            mb_percent: None,
+            power_w: None,
+            cpu_quota_milli: None,
+            be_ops_per_s: None,
+        }
+    }
+
+    #[test]
+    fn quota_and_best_effort_panels_appear_only_with_their_figures() {
+        let titles = |rows: Vec<Row>| -> Vec<String> {
+            let tl = Timeline {
+                apps: vec!["lc".into(), "be".into()],
+                rows,
+                ..Default::default()
+            };
+            run_panels(&tl, &BTreeMap::new())
+                .into_iter()
+                .map(|p| p.title)
+                .collect()
+        };
+        let plain: Vec<Row> = (1..4)
+            .flat_map(|i| [row(i as f64, "lc"), row(i as f64, "be")])
+            .collect();
+        let t = titles(plain.clone());
+        assert!(t.contains(&"cores".to_string()), "{t:?}");
+        assert!(!t
+            .iter()
+            .any(|x| x == "CPU quota" || x == "best-effort throughput"));
+        let with: Vec<Row> = plain
+            .into_iter()
+            .map(|mut r| {
+                r.cpu_quota_milli = Some(500);
+                if r.app == "be" {
+                    r.be_ops_per_s = Some(1234.0);
+                }
+                r
+            })
+            .collect();
+        let t = titles(with);
+        assert!(t.contains(&"CPU quota".to_string()), "{t:?}");
+        assert!(t.contains(&"best-effort throughput".to_string()), "{t:?}");
+    }
+}
