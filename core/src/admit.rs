@@ -181,4 +181,40 @@ mod tests {
         assert!(e.contains("cores: needs at least 1"), "{e}");
         assert_eq!(cur, before, "a refusal takes nothing");
     }
+
+    #[test]
+    fn initial_quota_is_a_level_kept_within_the_cores_held() {
+        let mut n = node(2);
+        n.quota = Some(crate::QuotaRange {
+            step_milli: 100,
+            max_milli: 2000,
+        });
+        let peers = Peers::new();
+        let q = |cores: u32, quota: u32| Share {
+            nr_cores: cores,
+            cpu_quota_milli: quota,
+            ..Default::default()
+        };
+        let mut cur = Allocations::new();
+        let (s, _) = admit(&n, &mut cur, &peers, "a", q(1, 700), Limits::default()).unwrap();
+        assert_eq!((s.nr_cores, s.cpu_quota_milli), (1, 700));
+        // 1.5 CPU on one core: lowered to the core (quota <= cores held).
+        let mut cur = Allocations::new();
+        let (s, _) = admit(&n, &mut cur, &peers, "a", q(1, 1500), Limits::default()).unwrap();
+        assert_eq!(s.cpu_quota_milli, 1000);
+        // Unset stays unset (no quota), and without the knob nothing is set.
+        let (s, _) = admit(&n, &mut cur, &peers, "b", q(1, 0), Limits::default()).unwrap();
+        assert_eq!(s.cpu_quota_milli, 0);
+        let mut cur = Allocations::new();
+        let (s, _) = admit(
+            &node(2),
+            &mut cur,
+            &peers,
+            "c",
+            q(1, 700),
+            Limits::default(),
+        )
+        .unwrap();
+        assert_eq!(s.cpu_quota_milli, 0);
+    }
 }

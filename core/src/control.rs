@@ -45,6 +45,9 @@ pub struct AppInterval {
     pub ebpf_target_us: Option<f64>,
     /// Power attributed to the app over the interval, W.
     pub power_w: Option<f64>,
+    /// A best-effort app's batch job: operations per second over the
+    /// interval (`None` for apps without a job).
+    pub be_ops_per_s: Option<f64>,
 }
 
 /// What sensing a node gave: the policy's snapshot, and on decision ticks

@@ -53,7 +53,7 @@ fn sim_replay_writes_every_output_and_is_deterministic() {
     let text = String::from_utf8(csv(&a)).unwrap();
     assert_eq!(
         text.lines().next().unwrap(),
-        "t_s,app,offered_rps,achieved_rps,client_p99_ms,ebpf_p99_ms,target_ms,violation,cores,freq_mhz,llc_ways,mb_percent,power_w,ebpf_target_ms,fed_violation"
+        "t_s,app,offered_rps,achieved_rps,client_p99_ms,ebpf_p99_ms,target_ms,violation,cores,freq_mhz,llc_ways,mb_percent,power_w,ebpf_target_ms,fed_violation,cpu_quota_milli,be_ops_per_s"
     );
     // mb_percent is empty: the simulated node has no memory-bandwidth knob.
     assert!(
@@ -92,17 +92,14 @@ fn violations_below(dir: &Path, capacity: f64, frac: f64) -> f64 {
     sel.iter().filter(|r| r[7] == "1").count() as f64 / sel.len() as f64
 }
 
+/// PARTIES on the sim ramp, over 5 seeds: where each app's resource
+/// cycle starts is seeded, and some starts leave search short at the top
+/// of the ramp (it takes cores first only in some), so the claim is about
+/// the median run, not one lucky seed.
 #[test]
 fn parties_on_the_sim_ramp_meets_targets_with_fewer_cores_than_static() {
     let t = tempfile::tempdir().unwrap();
-    let (p, s) = (t.path().join("parties"), t.path().join("static"));
-    ok(&[
-        "replay",
-        "scenarios/ramp.yaml",
-        "--sim",
-        "--out",
-        p.to_str().unwrap(),
-    ]);
+    let s = t.path().join("static");
     ok(&[
         "replay",
         "scenarios/ramp.yaml",
@@ -113,31 +110,46 @@ fn parties_on_the_sim_ramp_meets_targets_with_fewer_cores_than_static() {
         s.to_str().unwrap(),
     ]);
     let cal: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(p.join("calibration.json")).unwrap())
+        serde_json::from_str(&std::fs::read_to_string(s.join("calibration.json")).unwrap())
             .unwrap();
     let cap = cal["apps"]["search"]["capacity_rps"].as_f64().unwrap();
-    let (sp, ss) = (summary(&p), summary(&s));
     let core_s = |v: &serde_json::Value| v["total"]["core_seconds"].as_f64().unwrap();
-    let (vp, vs) = (
-        violations_below(&p, cap, 0.8),
-        violations_below(&s, cap, 0.8),
-    );
+    let ss = summary(&s);
+    let vs = violations_below(&s, cap, 0.8);
+    let (mut vps, mut cores) = (Vec::new(), Vec::new());
+    for seed in 0..5 {
+        let p = t.path().join(format!("parties{seed}"));
+        ok(&[
+            "replay",
+            "scenarios/ramp.yaml",
+            "--sim",
+            "--seed",
+            &seed.to_string(),
+            "--out",
+            p.to_str().unwrap(),
+        ]);
+        let sp = summary(&p);
+        vps.push(violations_below(&p, cap, 0.8));
+        cores.push(core_s(&sp));
+    }
     println!(
-        "PARTIES: {:.0} core·s, search violations at <= 80% load {:.1}%, overall {:.1}%; static: {:.0} core·s, {:.1}%, {:.1}%",
-        core_s(&sp),
-        vp * 100.0,
-        sp["apps"]["search"]["violation_fraction"].as_f64().unwrap() * 100.0,
+        "PARTIES per seed: {cores:?} core·s, search violations at <= 80% load {vps:?}; static: {:.0} core·s, {:.1}%",
         core_s(&ss),
         vs * 100.0,
-        ss["apps"]["search"]["violation_fraction"].as_f64().unwrap() * 100.0
     );
+    let median = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (vp, cp) = (median(&vps), median(&cores));
     assert!(
-        core_s(&sp) < core_s(&ss),
-        "PARTIES uses fewer core·s than the static split"
+        cp <= core_s(&ss) && cores.iter().sum::<f64>() < 5.0 * core_s(&ss),
+        "PARTIES uses fewer core·s than the static split: {cores:?}"
     );
     assert!(
         vp < 0.08,
-        "PARTIES keeps violations low outside the saturated peak: {vp}"
+        "PARTIES keeps violations low outside the saturated peak (median): {vps:?}"
     );
     assert!(vp < vs, "and lower than the static split: {vp} vs {vs}");
 }

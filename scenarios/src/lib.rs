@@ -1,8 +1,10 @@
 //! qosd scenarios: the open-loop load generator ([`load`]), scenario files
 //! ([`scenario`]), calibration ([`calibrate`]), the simulated node that
 //! replays scenarios with the daemon's policy code ([`sim`]), and the
-//! outputs of a replay ([`timeline`], [`record`]).
+//! outputs of a replay ([`timeline`], [`record`]); best-effort batch jobs
+//! ([`batch`]).
 
+pub mod batch;
 pub mod calibrate;
 pub mod fixture;
 pub mod load;

@@ -93,6 +93,9 @@ impl RunRecorder {
             power_w: r.power_w,
             ebpf_target_ms: ms(r.ebpf_target_us),
             fed_violation: fed,
+            // 0 is "no quota": no figure rather than a ceiling of nothing.
+            cpu_quota_milli: level(Resource::CpuQuota).filter(|q| *q > 0),
+            be_ops_per_s: r.be_ops_per_s,
         }
     }
 }

@@ -215,6 +215,7 @@ impl Node for ReplayNode {
                     client_target_us: a.client_target_us,
                     ebpf_target_us: a.ebpf_target_us,
                     power_w,
+                    be_ops_per_s: None,
                 });
                 m.iv_client.clear();
                 m.iv_ebpf.clear();

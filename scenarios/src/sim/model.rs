@@ -33,7 +33,11 @@ impl SimModel {
     pub fn of(app: &AppSpec) -> SimModel {
         // Defaults: memcached spends ~10 µs in the server and ~0.1 ms on the
         // network; vSwarm-like HTTP services ~0.75 ms (paper 000, §IV-A).
-        let base = match &app.server {
+        let Some(server) = &app.server else {
+            // A batch job takes no requests: the generic model, never fed.
+            return SimModel::generic().with(&app.sim);
+        };
+        let base = match server {
             Server::Memcached { threads, .. } => SimModel {
                 service_us: 12.0,
                 parallelism: *threads,

@@ -209,6 +209,7 @@ impl SimulatedNode {
                 client_target_us: st.target_us,
                 ebpf_target_us: st.ebpf_target_us,
                 power_w: Some(power),
+                be_ops_per_s: None,
             });
             let util = st.busy_core_s / iv_s / st.model.servers(&a) as f64;
             let samples = std::mem::take(&mut st.samples);
