@@ -91,17 +91,28 @@ pub fn admit(
 /// The starting share replays ask for (real and simulated alike): app
 /// `i` of `n` gets its even part of each pooled resource (the first
 /// `total % n` apps one more), the highest frequency, and memory bandwidth
-/// as found. [`admit`] then fits it beside the apps admitted before it.
+/// as found. CPU quota: none (all its cores) where cores are partitioned;
+/// where apps share the CPUs (quota knob, no cores knob), its even part of
+/// the node's CPUs in whole quota units, so that the quotas start within
+/// the node (quota rule 2) and a policy has quota to move.
+/// [`admit`] then fits it beside the apps admitted before it.
 pub fn even_share(node: &NodeCaps, n: usize, i: usize) -> Share {
     let n = n.max(1) as u32;
     let i = i as u32;
     let part = |total: u32| total / n + u32::from(i < total % n);
+    let quota = match node.quota {
+        Some(q) if node.has(Resource::CpuQuota) && !node.has(Resource::Cores) => {
+            let step = q.step_milli.max(1);
+            part(q.max_milli / step) * step
+        }
+        _ => 0,
+    };
     Share {
         nr_cores: part(node.nr_cores),
         nr_ways: part(node.nr_ways),
         freq_mhz: node.range(Resource::Frequency).map_or(0, |(_, hi)| hi),
         mb_percent: 0,
-        cpu_quota_milli: 0,
+        cpu_quota_milli: quota,
     }
 }
 
@@ -180,6 +191,30 @@ mod tests {
         let e = admit(&node(4), &mut cur, &peers, "y", cores(1), Limits::default()).unwrap_err();
         assert!(e.contains("cores: needs at least 1"), "{e}");
         assert_eq!(cur, before, "a refusal takes nothing");
+    }
+
+    #[test]
+    fn even_share_splits_quota_only_where_apps_share_cpus() {
+        let q = |cores: u32| NodeCaps {
+            quota: Some(crate::QuotaRange {
+                step_milli: 300,
+                max_milli: 2000,
+            }),
+            ..node(cores)
+        };
+        // 2 shared CPUs in 0.3-CPU units: 6 whole units (0.2 CPU left
+        // free), 2 + 2 + 2 for 3 apps, 3 + 3 for 2.
+        let got: Vec<u32> = (0..3)
+            .map(|i| even_share(&q(0), 3, i).cpu_quota_milli)
+            .collect();
+        assert_eq!(got, vec![600, 600, 600]);
+        let got: Vec<u32> = (0..2)
+            .map(|i| even_share(&q(0), 2, i).cpu_quota_milli)
+            .collect();
+        assert_eq!(got, vec![900, 900]);
+        // Partitioned cores: no quota (each app runs on its own cores).
+        assert_eq!(even_share(&q(2), 2, 0).cpu_quota_milli, 0);
+        assert_eq!(even_share(&node(0), 2, 0).cpu_quota_milli, 0);
     }
 
     #[test]
