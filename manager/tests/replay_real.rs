@@ -192,7 +192,9 @@ fn real_replay_beside_a_daemon_uses_its_own_state_file() {
             matcher: format!("{{ pid: {spid} }}"),
             target_us: Some(10_000.0),
             feedback: "client",
-            resources: "{ initial: { nr_cores: 1 }, min: { nr_cores: 1 }, max: { nr_cores: 1 } }",
+            // Pinned (quota too: PARTIES would give an idle app's quota
+            // back), so that the daemon's state file stays as it is.
+            resources: "{ initial: { nr_cores: 1 }, min: { nr_cores: 1, cpu_quota_milli: 1000 }, max: { nr_cores: 1 } }",
         }],
     );
     let daemon = Daemon::start(&cfg, port, &[]);
