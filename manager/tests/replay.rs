@@ -324,3 +324,41 @@ fn an_idle_app_at_its_floor_does_not_stop_other_downsizes() {
         "search keeps {with:.2} cores beside an idle app, {without:.2} without"
     );
 }
+
+/// `--seeds N`: N sim runs (seeds 7, 8, 9) into seed-<S>/ and each
+/// figure's mean and 95 % CI in seeds.json, matching the runs' summaries.
+#[test]
+fn seeds_runs_n_seeds_and_aggregates_them() {
+    let t = tempfile::tempdir().unwrap();
+    let out = t.path().join("s");
+    let text = ok(&[
+        "replay",
+        "scenarios/ramp.yaml",
+        "--sim",
+        "--duration",
+        "30",
+        "--seed",
+        "7",
+        "--seeds",
+        "3",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(text.contains("± "), "{text}");
+    let agg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("seeds.json")).unwrap()).unwrap();
+    assert_eq!(agg["seeds"], serde_json::json!([7, 8, 9]));
+    let cores: Vec<f64> = [7, 8, 9]
+        .iter()
+        .map(|s| {
+            summary(&out.join(format!("seed-{s}")))["total"]["core_seconds"]
+                .as_f64()
+                .unwrap()
+        })
+        .collect();
+    let mean = cores.iter().sum::<f64>() / 3.0;
+    let m = &agg["total"]["core_seconds"];
+    assert!((m["mean"].as_f64().unwrap() - mean).abs() < 1e-6, "{m}");
+    assert_eq!(m["n"], 3);
+    assert!(m["ci95"].as_f64().unwrap() >= 0.0);
+}

@@ -12,6 +12,7 @@ pub mod output;
 pub mod plot;
 pub mod record;
 pub mod scenario;
+pub mod seeds;
 pub mod servers;
 pub mod sim;
 pub mod sweep;

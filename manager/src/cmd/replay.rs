@@ -14,7 +14,7 @@ use qosd_scenarios::sim::{self, SimOptions, StaticPolicy};
 
 use crate::usage;
 
-#[derive(ClapArgs, Debug)]
+#[derive(ClapArgs, Debug, Clone)]
 #[command(after_help = "Examples:\n  \
     qosd replay scenarios/ramp.yaml --sim              simulated 16-core node, PARTIES, eBPF\n  \
     qosd replay scenarios/ramp.yaml --sim --out out/ramp-ebpf\n  \
@@ -71,6 +71,11 @@ pub struct Args {
     /// Print summary.json instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// Run N times (seeds --seed, --seed+1, ...: on --sim N seeds, on real
+    /// servers N repetitions) into <out>/seed-<S>/, and print each
+    /// figure's mean and 95 % confidence interval (also <out>/seeds.json).
+    #[arg(long, value_name = "N")]
+    pub seeds: Option<u32>,
 }
 
 fn parse_feedback(s: &str) -> Result<Feedback, String> {
@@ -130,7 +135,47 @@ pub fn read_scenario(path: &Path) -> anyhow::Result<Scenario> {
     Scenario::from_file(path).map_err(|e| usage!("{e}"))
 }
 
+/// `--seeds N`: N runs, then the aggregate.
+fn run_seeds(args: Args, n: u32) -> anyhow::Result<()> {
+    if !(1..=1000).contains(&n) {
+        return Err(usage!("--seeds {n}: must be in 1..=1000"));
+    }
+    let sc = read_scenario(&args.scenario)?;
+    let base = args.seed.unwrap_or(sc.seed);
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(format!("out/{}", sc.name)));
+    let mut summaries = Vec::new();
+    for k in 0..u64::from(n) {
+        let seed = base.wrapping_add(k);
+        let dir = out.join(format!("seed-{seed}"));
+        eprintln!("== seed {seed} -> {}", dir.display());
+        let a = Args {
+            seed: Some(seed),
+            out: Some(dir.clone()),
+            seeds: None,
+            json: false,
+            ..args.clone()
+        };
+        run(a)?;
+        let text = std::fs::read_to_string(dir.join("summary.json"))
+            .with_context(|| format!("reading {}/summary.json", dir.display()))?;
+        summaries.push(serde_json::from_str(&text).context("parsing summary.json")?);
+    }
+    let agg = qosd_scenarios::seeds::aggregate(&summaries);
+    let path = out.join("seeds.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&agg)? + "\n")
+        .with_context(|| format!("writing {}", path.display()))?;
+    println!("\n{}", qosd_scenarios::seeds::table(&agg));
+    println!("wrote {}", path.display());
+    Ok(())
+}
+
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if let Some(n) = args.seeds {
+        return run_seeds(args, n);
+    }
     let sc = read_scenario(&args.scenario)?;
     // Batch jobs have a runner and a throughput reader
     // (qosd_scenarios::batch) but no place in the replay loop yet; say so
