@@ -5,10 +5,10 @@
 //! (`deny_unknown_fields`), then checked by [`Config::validate`]; every
 //! error names `file:line:col` and the key.
 
+pub mod api;
 pub mod units;
 
 use std::collections::BTreeSet;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use qosd_actuators::{CoresBackend, FreqBackend, WaysBackend};
@@ -17,10 +17,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::policy::PolicyFile;
 use crate::yamlfile::{self, FileError, Invalid, KeyPath};
+pub use api::{ApiConfig, DEFAULT_API_ADDR};
 pub use units::Target;
-
-/// Where the HTTP API and `/metrics` listen unless the config says otherwise.
-pub const DEFAULT_API_ADDR: &str = "127.0.0.1:9477";
 
 /// The whole file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -169,30 +167,6 @@ pub struct Resources {
     /// Never more (default: what the node has).
     #[serde(default)]
     pub max: Amounts,
-}
-
-/// The HTTP API.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ApiConfig {
-    /// Address and port, default `127.0.0.1:9477` (loopback only).
-    #[serde(default = "default_listen")]
-    pub listen: SocketAddr,
-}
-
-fn default_listen() -> SocketAddr {
-    // The constant is a valid literal; the test below keeps it so.
-    DEFAULT_API_ADDR
-        .parse()
-        .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 9477)))
-}
-
-impl Default for ApiConfig {
-    fn default() -> Self {
-        ApiConfig {
-            listen: default_listen(),
-        }
-    }
 }
 
 /// Which knobs qosd may turn. Knobs the machine lacks are detected at

@@ -1,6 +1,7 @@
 //! Config parsing and validation: the shipped file, and one bad file per
 //! kind of mistake, each reported at its file:line:col and key.
 
+use std::net::SocketAddr;
 use std::path::Path;
 
 use super::*;

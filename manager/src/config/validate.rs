@@ -81,6 +81,7 @@ impl Config {
             let path = key.split('.').fold(KeyPath::root(), |k, seg| k.key(seg));
             return Err(Invalid::new(path, reason));
         }
+        self.api.validate(&root.key("api"))?;
         if let Some(p) = &self.state_file {
             if !p.is_absolute() {
                 return Err(Invalid::new(

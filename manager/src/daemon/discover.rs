@@ -28,7 +28,11 @@ impl Finder {
     }
 
     /// True while `pid` exists and is not a zombie (an exited process its
-    /// parent has not reaped yet serves nothing).
+    /// parent has not reaped yet serves nothing). Only "no such file" or
+    /// "no such process" means gone: any other error (out of descriptors,
+    /// out of memory) says nothing about the process, so it is kept —
+    /// releasing a running app because qosd could not open a file would
+    /// hand its resources away.
     pub fn alive(&self, pid: i32) -> bool {
         let p = self.path(Path::new(&format!("/proc/{pid}/stat")));
         match std::fs::read_to_string(p) {
@@ -36,7 +40,7 @@ impl Finder {
                 .rsplit_once(')')
                 .and_then(|(_, r)| r.split_whitespace().next())
                 .is_some_and(|state| state != "Z" && state != "X"),
-            Err(_) => false,
+            Err(e) => !gone(&e),
         }
     }
 
@@ -107,6 +111,12 @@ impl Finder {
     }
 }
 
+/// True if reading a process's `/proc` file failed because the process is
+/// gone (as opposed to qosd failing to read it).
+fn gone(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -163,6 +173,25 @@ mod tests {
         // A process started later is picked up.
         proc(r, 102, "memcached", "S");
         assert_eq!(f.find_all(&[&by_comm], &[]), vec![vec![100, 102]]);
+    }
+
+    /// A read that fails for another reason than "gone" (here EISDIR, as
+    /// EMFILE would when descriptors run out) keeps the process: the
+    /// issue's daemon released running apps on "Too many open files".
+    #[test]
+    fn an_io_error_is_not_an_exit() {
+        let d = tempfile::tempdir().unwrap();
+        let r = d.path();
+        proc(r, 100, "memcached", "S");
+        std::fs::remove_file(r.join("proc/100/stat")).unwrap();
+        std::fs::create_dir(r.join("proc/100/stat")).unwrap();
+        let f = Finder::new(r);
+        assert!(f.alive(100));
+        assert_eq!(
+            f.find_all(&[&m(None, Some("memcached"), None)], &[&[100]]),
+            vec![vec![100]]
+        );
+        assert!(!f.alive(101), "a missing process is gone");
     }
 
     #[test]

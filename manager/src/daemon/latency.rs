@@ -136,9 +136,16 @@ pub struct Inbox {
 /// Most latencies one report may carry.
 pub const MAX_REPORT: usize = 1_000_000;
 
+/// Largest latency a report may carry, µs: one hour. A request slower than
+/// that is a client bug or a unit mistake (ns sent as µs), not a latency a
+/// QoS target can be compared with; refusing it keeps every figure exact
+/// (the histogram holds values up to about 73 minutes at 0.4 %).
+pub const MAX_LATENCY_US: f64 = 3_600_000_000.0;
+
 impl Inbox {
     /// Adds reported latencies (µs, in the order they completed). Rejects
-    /// the whole report if any value is negative or not a number.
+    /// the whole report if any value is negative, not a number, or above
+    /// [`MAX_LATENCY_US`].
     pub fn record_us(&mut self, latencies_us: &[f64]) -> Result<usize, String> {
         if latencies_us.len() > MAX_REPORT {
             return Err(format!(
@@ -149,10 +156,11 @@ impl Inbox {
         if let Some((i, v)) = latencies_us
             .iter()
             .enumerate()
-            .find(|(_, v)| !(v.is_finite() && **v >= 0.0))
+            .find(|(_, v)| !(v.is_finite() && (0.0..=MAX_LATENCY_US).contains(*v)))
         {
             return Err(format!(
-                "latencies_us[{i}] = {v}: a latency is a finite number of microseconds >= 0"
+                "latencies_us[{i}] = {v}: a latency is a number of microseconds \
+                 from 0 to {MAX_LATENCY_US:.0} (one hour)"
             ));
         }
         for &v in latencies_us {
@@ -244,10 +252,22 @@ mod tests {
         let e = i.record_us(&[1.0, -3.0]).unwrap_err();
         assert!(e.contains("latencies_us[1]"), "{e}");
         assert!(i.record_us(&[f64::NAN]).is_err());
+        // The issue's reproduction (1e16 µs) and anything above an hour are
+        // refused whole; an hour is fine.
+        let e = i.record_us(&[5.0, 1e16, 1e16]).unwrap_err();
+        assert!(
+            e.contains("latencies_us[1]") && e.contains("one hour"),
+            "{e}"
+        );
+        assert!(i.record_us(&[MAX_LATENCY_US + 1.0]).is_err());
+        assert!(i.record_us(&[f64::INFINITY]).is_err());
         let (h, latest) = i.take();
         assert_eq!(h.len(), 2);
         assert_eq!(latest, Some(250_500));
         assert_eq!(i.accepted_total, 2);
+        assert_eq!(i.record_us(&[MAX_LATENCY_US, MAX_LATENCY_US]).unwrap(), 2);
+        let (h, _) = i.take();
+        assert_eq!(h.mean(), Some(MAX_LATENCY_US * 1e3));
         let (h, latest) = i.take();
         assert!(h.is_empty() && latest.is_none());
     }

@@ -3,16 +3,20 @@
 //! the knobs, starts the eBPF request tracer, then ticks on deadlines:
 //! monitor every `monitor_interval_ms`, decide every `decide_interval_ms`.
 //! SIGINT/SIGTERM stop it; every knob it changed is put back (also when it
-//! panics; after a SIGKILL the next start or `qosd restore` does it).
+//! panics; after a SIGKILL the next start or `qosd restore` does it), at
+//! once: the API's clients get [`SHUTDOWN_GRACE`] to finish, whatever
+//! they are doing.
 
 pub mod actuate;
 pub mod admit;
 pub mod api;
+pub mod auth;
 pub mod control;
 pub mod coremap;
 pub mod discover;
 pub mod latency;
 pub mod metrics;
+pub mod server;
 pub mod state;
 #[cfg(test)]
 mod tests;
@@ -73,10 +77,17 @@ pub fn load(o: &Options) -> anyhow::Result<(Config, PolicyFile, PathBuf)> {
         cfg.actuators.dry_run = true;
     }
     if let Some(l) = o.listen {
+        if let Some(why) = crate::config::api::remote_refusal(l, cfg.api.allow_remote) {
+            return Err(usage!("--listen {why}"));
+        }
         cfg.api.listen = l;
     }
     Ok((cfg, policy, ppath))
 }
+
+/// How long requests in progress may finish once qosd is told to stop;
+/// then every connection is dropped and the knobs are put back.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_millis(200);
 
 pub fn run(o: Options) -> anyhow::Result<()> {
     let (cfg, policy, ppath) = load(&o)?;
@@ -111,6 +122,10 @@ async fn serve(o: Options, cfg: Config, policy: PolicyFile, ppath: PathBuf) -> a
     let listener = tokio::net::TcpListener::bind(cfg.api.listen)
         .await
         .with_context(|| format!("binding the API to {}", cfg.api.listen))?;
+    // The write credential: made (or refused) before anything is touched.
+    let token_path = cfg.api.token_path(&cfg.actuators.root);
+    let (token, token_created) =
+        auth::Token::load_or_create(&token_path).context("preparing the API's write token")?;
     let act_cfg = qosd_actuators::Config {
         root: cfg.actuators.root.clone(),
         dry_run: cfg.actuators.dry_run,
@@ -296,23 +311,41 @@ async fn serve(o: Options, cfg: Config, policy: PolicyFile, ppath: PathBuf) -> a
     for e in events.iter().filter(|e| !e.starts_with("app ")) {
         println!("{e}");
     }
+    let addr = listener.local_addr().unwrap_or(cfg.api.listen);
     println!(
-        "api: http://{} (GET /v1/apps, /v1/pids/PID/..., /v1/decisions, /metrics; POST /v1/apps/NAME/latency)",
-        listener.local_addr().unwrap_or(cfg.api.listen)
+        "api: http://{addr} (GET /v1/apps, /v1/pids/PID/..., /v1/decisions, /metrics; POST /v1/apps/NAME/latency)"
     );
-
-    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    println!(
+        "api: writes need `Authorization: Bearer <token>`, the token in {} ({})",
+        token_path.display(),
+        if token_created {
+            "made now, mode 0600"
+        } else {
+            "mode 0600"
+        }
+    );
+    if !addr.ip().is_loopback() {
+        println!(
+            "WARNING: api: listening on {addr}, not loopback (api.allow_remote): every GET and \
+             /metrics is open to whoever reaches it; writes still need the token"
+        );
+    }
+    let (limits, lowered) = server::Limits::capped(
+        cfg.api.max_connections as usize,
+        Duration::from_millis(cfg.api.request_timeout_ms),
+    );
+    if let Some(nofile) = lowered {
+        println!(
+            "api: at most {} connections (half the open-file limit {nofile}; api.max_connections is {})",
+            limits.max_connections, cfg.api.max_connections
+        );
+    }
     let app = api::router(api::Api {
         shared: shared.clone(),
         tracer: tracer.clone(),
+        token: Arc::new(token),
     });
-    let server = tokio::spawn(async move {
-        let _ = axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = stop_rx.wait_for(|s| *s).await;
-            })
-            .await;
-    });
+    let server = server::Server::spawn(listener, app, limits);
 
     let mut term = signal(SignalKind::terminate()).context("catching SIGTERM")?;
     let mut int = signal(SignalKind::interrupt()).context("catching SIGINT")?;
@@ -346,8 +379,7 @@ async fn serve(o: Options, cfg: Config, policy: PolicyFile, ppath: PathBuf) -> a
         }
     };
     println!("stopping ({why}): putting every knob back");
-    let _ = stop_tx.send(true);
-    let _ = server.await;
+    server.shutdown(SHUTDOWN_GRACE).await;
     let restored = ctl.actuation_mut().restore_all();
     let result = match restored {
         Ok(c) => {
