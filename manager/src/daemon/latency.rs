@@ -202,6 +202,40 @@ pub fn from_tracer(tracer: &RequestTracer, pids: &[i32]) -> (LogHistogram, Optio
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Any report: refused whole (nothing recorded) if a value is out
+        /// of [0, one hour] or not a number, else recorded with the exact
+        /// mean, and never a figure above the largest value reported.
+        #[test]
+        fn inbox_takes_a_report_whole_or_not_at_all(
+            values in prop::collection::vec(
+                prop_oneof![
+                    0.0f64..=MAX_LATENCY_US,
+                    any::<f64>(),
+                    Just(MAX_LATENCY_US),
+                    Just(1e16),
+                ],
+                1..50,
+            ),
+        ) {
+            let mut i = Inbox::default();
+            let ok = values.iter().all(|v| (0.0..=MAX_LATENCY_US).contains(v));
+            prop_assert_eq!(i.record_us(&values).is_ok(), ok);
+            let (h, latest) = i.take();
+            if !ok {
+                prop_assert!(h.is_empty() && latest.is_none());
+                prop_assert_eq!(i.accepted_total, 0);
+                return Ok(());
+            }
+            let ns: Vec<f64> = values.iter().map(|v| (v * 1e3).round()).collect();
+            let mean = ns.iter().sum::<f64>() / ns.len() as f64;
+            prop_assert!((h.mean().unwrap() - mean).abs() <= 1e-9 * mean.max(1.0));
+            let max = ns.iter().cloned().fold(0.0, f64::max);
+            prop_assert!(h.percentile(100.0).unwrap() as f64 <= max * (1.0 + 1.0 / 128.0) + 1.0);
+        }
+    }
 
     fn hist(values_us: &[u64]) -> LogHistogram {
         let mut h = LogHistogram::new();
