@@ -23,6 +23,7 @@ pub mod resctrl;
 pub mod root;
 pub mod set;
 pub mod signals;
+pub mod statefile;
 pub mod tool;
 pub mod topology;
 pub mod ways;

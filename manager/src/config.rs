@@ -318,8 +318,7 @@ impl Config {
             let msg = format!("no policy file at {}", ppath.display());
             return Err(yamlfile::invalid(path, &text, Invalid::new(key, msg)));
         }
-        let ptext = yamlfile::read(&ppath)?;
-        let policy = PolicyFile::parse(&ppath, &ptext)?;
+        let policy = PolicyFile::load_for(&ppath, &c.app_names())?;
         Ok((c, policy))
     }
 

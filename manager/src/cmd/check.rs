@@ -104,6 +104,10 @@ pub fn check_file(path: &Path, kind: Kind) -> Result<String, FileError> {
 
 /// The kind of a file from its top-level keys.
 fn guess(text: &str) -> Kind {
+    // Hostile shapes (deep nesting) are refused by the kind's own parse.
+    if yamlfile::precheck(Path::new(""), text).is_err() {
+        return Kind::Auto;
+    }
     let Ok(serde_yaml_ng::Value::Mapping(m)) = serde_yaml_ng::from_str(text) else {
         return Kind::Auto;
     };
@@ -128,8 +132,26 @@ fn check_scenario(path: &Path, text: &str) -> Result<String, FileError> {
         key: e.key,
         msg: e.msg,
     })?;
+    // The policy it names, as `replay` would load it.
+    let policy = match s.policy_path() {
+        Some(p) if !p.is_file() => {
+            let key = yamlfile::KeyPath::root().key("policy");
+            let msg = format!("no policy file at {}", p.display());
+            return Err(yamlfile::invalid(
+                path,
+                text,
+                yamlfile::Invalid::new(key, msg),
+            ));
+        }
+        Some(p) => {
+            let names = s.apps.iter().map(|a| a.name.as_str()).collect();
+            let f = PolicyFile::load_for(&p, &names)?;
+            format!("policy `{}`", f.name)
+        }
+        None => "no policy (replay needs --policy)".to_owned(),
+    };
     Ok(format!(
-        "scenario `{}` ({} app(s), {} s)",
+        "scenario `{}` ({} app(s), {} s), {policy}",
         s.name,
         s.apps.len(),
         s.duration_s

@@ -8,6 +8,7 @@ use qosd_scenarios::load::{
     self, Arrival, IntervalReport, LoadError, LoadReport, LoadSpec, Protocol, Rate,
 };
 
+use crate::cmd::secs::secs;
 use crate::usage;
 
 #[derive(ClapArgs, Debug)]
@@ -89,19 +90,14 @@ pub struct Args {
 }
 
 pub fn spec_from(a: &Args) -> anyhow::Result<LoadSpec> {
-    if !(a.duration > 0.0 && a.duration <= load::MAX_DURATION.as_secs_f64()) {
-        return Err(usage!(
-            "--duration {}: must be in (0, 86400] seconds",
-            a.duration
-        ));
-    }
-    let mut s = LoadSpec::new(
-        &a.target,
-        a.protocol,
-        Rate::Constant(a.rps),
-        Duration::from_secs_f64(a.duration),
-    )
-    .map_err(|e| usage!("{e}"))?;
+    let duration = secs(
+        "--duration",
+        a.duration,
+        0.0,
+        load::MAX_DURATION.as_secs_f64(),
+    )?;
+    let mut s = LoadSpec::new(&a.target, a.protocol, Rate::Constant(a.rps), duration)
+        .map_err(|e| usage!("{e}"))?;
     s.keepalive = a.keepalive;
     s.connections = a.connections.unwrap_or(match (a.keepalive, a.protocol) {
         (true, Protocol::Grpc) => 1,
@@ -154,8 +150,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             LoadError::NotLoopback(_) | LoadError::BadTarget(..) | LoadError::BadSpec(_) => {
                 usage!("{e}")
             }
+            // No listener is the user's target, whatever the protocol
+            // (gRPC finds it out when it connects, memcache when it
+            // preloads, a keep-alive run when it opens its connections).
+            LoadError::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => {
+                usage!("target {}: nothing listens there ({io})", args.target)
+            }
             e => anyhow::Error::new(e).context(format!("loading {}", args.target)),
         })?;
+    if report.completed == 0 && report.errors.connect > 0 {
+        return Err(usage!(
+            "target {}: nothing listens there ({} connections refused, no request completed)",
+            args.target,
+            report.errors.connect
+        ));
+    }
     if json {
         println!("{}", serde_json::to_string(&report)?);
     } else {

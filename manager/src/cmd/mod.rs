@@ -13,5 +13,6 @@ pub mod replay;
 pub mod replay_real;
 pub mod restore;
 pub mod run;
+pub mod secs;
 pub mod set;
 pub mod trace;

@@ -14,6 +14,7 @@ use qosd_sensors::ebpf::{
 use qosd_sensors::power::{PowerConfig, PowerSensor};
 use serde_json::json;
 
+use crate::cmd::secs::{secs, MAX_SECS};
 use crate::{signals, usage};
 
 #[derive(ClapArgs, Debug)]
@@ -68,30 +69,31 @@ fn trace_err(e: TraceError) -> anyhow::Error {
     }
 }
 
-fn check_args(a: &Args) -> anyhow::Result<()> {
-    if !(a.interval.is_finite() && a.interval >= 0.01) {
-        return Err(usage!(
-            "--interval {}: must be at least 0.01 seconds",
-            a.interval
-        ));
-    }
-    if let Some(d) = a.duration {
-        if !(d.is_finite() && d > 0.0) {
-            return Err(usage!(
-                "--duration {d}: must be a positive number of seconds"
-            ));
-        }
-    }
+/// The interval and the run length, checked; then every pid.
+fn check_args(a: &Args) -> anyhow::Result<(Duration, Option<Duration>)> {
+    let interval = secs("--interval", a.interval, 0.01, 3600.0)?;
+    let duration = a
+        .duration
+        .map(|d| secs("--duration", d, 0.0, MAX_SECS))
+        .transpose()?;
     for &pid in &a.pid {
-        if pid == 0 || !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-            return Err(usage!("no such process: pid {pid}"));
-        }
+        check_user_pid(pid)?;
     }
-    Ok(())
+    Ok((interval, duration))
+}
+
+/// A live user process: not pid 0, not gone, not a kernel thread (tracing
+/// one would attach to nothing it serves and report nothing).
+fn check_user_pid(pid: u32) -> anyhow::Result<()> {
+    let pid = i32::try_from(pid).map_err(|_| usage!("no such process: pid {pid}"))?;
+    qosd_actuators::proc::check_pid(&qosd_actuators::Root::default(), pid).map_err(|e| match e {
+        qosd_actuators::Error::NoSuchPid(_) => usage!("no such process: pid {pid}"),
+        e => usage!("{e}"),
+    })
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    check_args(&a)?;
+    let (interval, duration) = check_args(&a)?;
     let mode: Mode = a.mode.parse().map_err(|e: String| usage!("{e}"))?;
     let tracer = RequestTracer::start(TracerOptions {
         ringbuf_bytes: a.ringbuf_kib.saturating_mul(1024),
@@ -114,8 +116,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     };
     signals::install()?;
     let start = Instant::now();
-    let interval = Duration::from_secs_f64(a.interval);
-    let end = a.duration.map(|d| start + Duration::from_secs_f64(d));
+    let end = duration.map(|d| start + d);
     let mut out = std::io::stdout().lock();
     if !a.json {
         writeln!(

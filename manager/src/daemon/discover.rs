@@ -6,6 +6,8 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
+use qosd_actuators::proc::kernel_thread;
+
 use crate::config::Match;
 
 /// Reads `/proc` and cgroup files under a root prefix.
@@ -27,21 +29,27 @@ impl Finder {
         self.root.join(abs.strip_prefix("/").unwrap_or(abs))
     }
 
-    /// True while `pid` exists and is not a zombie (an exited process its
-    /// parent has not reaped yet serves nothing). Only "no such file" or
-    /// "no such process" means gone: any other error (out of descriptors,
-    /// out of memory) says nothing about the process, so it is kept —
-    /// releasing a running app because qosd could not open a file would
-    /// hand its resources away.
+    /// True while `pid` exists, is not a zombie (an exited process its
+    /// parent has not reaped yet serves nothing) and is not a kernel thread
+    /// (a `pid:` or `comm:` naming one never makes it an app: qosd would
+    /// change the kernel's own threads). Only "no such file" or "no such
+    /// process" means gone: any other error (out of descriptors, out of
+    /// memory) says nothing about the process, so it is kept — releasing a
+    /// running app because qosd could not open a file would hand its
+    /// resources away.
     pub fn alive(&self, pid: i32) -> bool {
         let p = self.path(Path::new(&format!("/proc/{pid}/stat")));
-        match std::fs::read_to_string(p) {
-            Ok(s) => s
-                .rsplit_once(')')
-                .and_then(|(_, r)| r.split_whitespace().next())
-                .is_some_and(|state| state != "Z" && state != "X"),
-            Err(e) => !gone(&e),
+        let s = match std::fs::read_to_string(p) {
+            Ok(s) => s,
+            Err(e) => return !gone(&e),
+        };
+        if let Some(name) = kernel_thread(&s) {
+            tracing::debug!("pid {pid} ({name}) is a kernel thread: not an app");
+            return false;
         }
+        s.rsplit_once(')')
+            .and_then(|(_, r)| r.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X")
     }
 
     /// The processes of every matcher, in one pass over `/proc` for all the
@@ -203,5 +211,8 @@ mod tests {
         assert_eq!(f.find_all(&[&by_pid], &[]), vec![Vec::<i32>::new()]);
         let init = m(Some(1), None, None);
         assert_eq!(f.find_all(&[&init], &[]), vec![vec![1]]);
+        // Kernel threads never: by pid (kthreadd) or by comm.
+        let kthreadd = m(Some(2), Some("kthreadd"), None);
+        assert_eq!(f.find_all(&[&kthreadd], &[&[2]]), vec![Vec::<i32>::new()]);
     }
 }

@@ -61,13 +61,10 @@ pub fn load(o: &Options) -> anyhow::Result<(Config, PolicyFile, PathBuf)> {
     let text = yamlfile::read(&o.config).map_err(|e| usage!("{e}"))?;
     let mut cfg = Config::parse(&o.config, &text).map_err(|e| usage!("{e}"))?;
     let (policy, ppath) = match &o.policy {
-        Some(p) => {
-            let t = yamlfile::read(p).map_err(|e| usage!("{e}"))?;
-            (
-                PolicyFile::parse(p, &t).map_err(|e| usage!("{e}"))?,
-                p.clone(),
-            )
-        }
+        Some(p) => (
+            PolicyFile::load_for(p, &cfg.app_names()).map_err(|e| usage!("{e}"))?,
+            p.clone(),
+        ),
         None => {
             let (_, pf) = Config::load(&o.config).map_err(|e| usage!("{e}"))?;
             (pf, cfg.policy_path(&o.config))

@@ -13,6 +13,7 @@ use qosd_core::{
 use super::alloc::{fmt_us, Editor, Moves};
 
 mod params;
+pub(crate) use params::{slack_in_range, validate_victims};
 pub use params::{PartiesParams, Steps};
 
 /// Per-app memory of the controller.

@@ -80,9 +80,14 @@ impl std::fmt::Display for Mode {
 }
 
 /// Settings of the tracer as a whole.
+/// The largest ring buffer the tracer takes (1 GiB): far above any need,
+/// and checked by the config too so `qosd check` refuses what `run` would.
+pub const MAX_RINGBUF_BYTES: u32 = 1 << 30;
+
 #[derive(Debug, Clone)]
 pub struct TracerOptions {
-    /// Size of the BPF ring buffer, bytes: a power of two, at least 4096.
+    /// Size of the BPF ring buffer, bytes: a power of two, 4096 to
+    /// [`MAX_RINGBUF_BYTES`].
     pub ringbuf_bytes: u32,
     /// Latencies kept per target for the windowed calls.
     pub window: usize,
@@ -157,9 +162,10 @@ pub struct RequestTracer {
 impl RequestTracer {
     /// Checks the environment, loads and attaches the BPF programs.
     pub fn start(opts: TracerOptions) -> Result<Self, TraceError> {
-        if opts.ringbuf_bytes < 4096 || !opts.ringbuf_bytes.is_power_of_two() {
+        let size = opts.ringbuf_bytes;
+        if !(4096..=MAX_RINGBUF_BYTES).contains(&size) || !size.is_power_of_two() {
             return Err(TraceError::InvalidOption(format!(
-                "ring buffer size {} bytes: must be a power of two, at least 4096",
+                "ring buffer size {} bytes: must be a power of two, 4096 to 1 GiB",
                 opts.ringbuf_bytes
             )));
         }
