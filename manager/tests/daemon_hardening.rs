@@ -363,6 +363,23 @@ fn hardening_writes_need_the_token_and_nobody_has_it() {
     assert_eq!((code, v["accepted"].as_u64()), (200, Some(1)), "{v}");
     let (st, _) = d.stop();
     assert!(st.success());
+
+    // A token file others may read is refused before anything is touched.
+    std::fs::set_permissions(
+        &token_path,
+        std::os::unix::fs::PermissionsExt::from_mode(0o644),
+    )
+    .unwrap();
+    let before = (thread_cpus(pid), cgroups(pid));
+    let out = qosd(&["run", "--config", cfg.to_str().unwrap()]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&token_path.display().to_string()) && err.contains("mode 0644"),
+        "{err}"
+    );
+    assert!(!dir.path().join("state.json").exists());
+    assert_eq!((thread_cpus(pid), cgroups(pid)), before);
 }
 
 #[test]
