@@ -9,86 +9,13 @@
 
 mod support;
 
-use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::os::unix::process::CommandExt;
-use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use support::hostile::*;
 use support::*;
-
-/// A config managing `pid` (one core from the start, so there is a knob to
-/// restore), client feedback, with `api_extra` lines under `api:`.
-fn config(dir: &Path, port: u16, name: &str, pid: u32, api_extra: &str) -> std::path::PathBuf {
-    let p = dir.join("config.yaml");
-    std::fs::write(
-        &p,
-        format!(
-            "apps:\n  - name: {name}\n    match: {{ pid: {pid} }}\n    class: lc\n    \
-             target: {{ p99: 2ms }}\n    feedback: client\n    \
-             resources: {{ initial: {{ nr_cores: 1 }} }}\n\
-             policy: {}\nstate_file: {}\n\
-             api:\n  listen: 127.0.0.1:{port}\n  token_file: {}\n{api_extra}",
-            parties().display(),
-            dir.join("state.json").display(),
-            dir.join("api.token").display(),
-        ),
-    )
-    .unwrap();
-    p
-}
-
-fn connect(port: u16) -> TcpStream {
-    let s = TcpStream::connect(("127.0.0.1", port)).expect("connect to the API");
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    s
-}
-
-/// Reads until the server closes; how long that took (None: still open
-/// after the socket's read timeout) and what it sent.
-fn until_closed(mut s: TcpStream) -> (Option<Duration>, String) {
-    let t0 = Instant::now();
-    let mut got = Vec::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        match s.read(&mut buf) {
-            Ok(0) => return (Some(t0.elapsed()), String::from_utf8_lossy(&got).into()),
-            Ok(n) => got.extend_from_slice(&buf[..n]),
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
-                return (Some(t0.elapsed()), String::from_utf8_lossy(&got).into())
-            }
-            Err(_) => return (None, String::from_utf8_lossy(&got).into()),
-        }
-    }
-}
-
-/// The four kinds of client that held the old daemon's shutdown (45 s for
-/// headers, 13 s for a body): half a request head, a head and half its
-/// body, an idle keep-alive connection after a full exchange, and one that
-/// never sends a byte.
-fn hostile_clients(port: u16, token: &str) -> Vec<TcpStream> {
-    let mut head = connect(port);
-    head.write_all(b"GET /v1/status HTTP/1.1\r\nHost: x\r\n")
-        .unwrap();
-    let mut body = connect(port);
-    body.write_all(
-        format!(
-            "POST /v1/apps/x/latency HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\
-             Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{{\"latencies_us\":[1,"
-        )
-        .as_bytes(),
-    )
-    .unwrap();
-    let mut idle = connect(port);
-    idle.write_all(b"GET /v1/status HTTP/1.1\r\nHost: x\r\n\r\n")
-        .unwrap();
-    let mut buf = [0u8; 512];
-    let n = idle.read(&mut buf).unwrap();
-    assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{:?}", &buf[..n]);
-    let silent = connect(port);
-    vec![head, body, idle, silent]
-}
 
 #[test]
 fn hardening_sigterm_restores_and_exits_within_a_second_whatever_clients_do() {
@@ -100,7 +27,7 @@ fn hardening_sigterm_restores_and_exits_within_a_second_whatever_clients_do() {
     let name = format!("term-{pid}");
     // The default request timeout (5 s) is far above the 1 s asked: the
     // shutdown must not wait for it.
-    let cfg = config(dir.path(), port, &name, pid, "");
+    let cfg = hardening_config(dir.path(), port, &name, pid, "");
     let d = Daemon::start(&cfg, port, &[]);
     assert!(
         wait_for(Duration::from_secs(10), || thread_cpus(pid)
@@ -157,7 +84,7 @@ fn hardening_slow_headers_and_bodies_time_out() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let name = format!("slow-{pid}");
-    let cfg = config(dir.path(), port, &name, pid, "  request_timeout_ms: 500\n");
+    let cfg = hardening_config(dir.path(), port, &name, pid, "  request_timeout_ms: 500\n");
     let d = Daemon::start(&cfg, port, &["--dry-run"]);
     let mut clients = hostile_clients(port, &d.token());
     let silent = clients.pop().unwrap();
@@ -200,7 +127,7 @@ fn hardening_1100_idle_connections_under_ulimit_1024_neither_stop_the_api_nor_re
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let name = format!("flood-{pid}");
-    let cfg = config(dir.path(), port, &name, pid, "");
+    let cfg = hardening_config(dir.path(), port, &name, pid, "");
     let d = Daemon::start_with(&cfg, port, &[], |cmd| {
         // SAFETY: only setrlimit (async-signal-safe) between fork and exec.
         unsafe {
@@ -293,7 +220,7 @@ fn hardening_writes_need_the_token_and_nobody_has_it() {
     .unwrap();
     let port = free_port();
     let name = format!("auth-{pid}");
-    let cfg = config(dir.path(), port, &name, pid, "");
+    let cfg = hardening_config(dir.path(), port, &name, pid, "");
     let d = Daemon::start(&cfg, port, &["--dry-run"]);
     let token_path = d.token_path();
     assert_eq!(token_path, dir.path().join("api.token"));
@@ -363,6 +290,23 @@ fn hardening_writes_need_the_token_and_nobody_has_it() {
     assert_eq!((code, v["accepted"].as_u64()), (200, Some(1)), "{v}");
     let (st, _) = d.stop();
     assert!(st.success());
+
+    // A token file others may read is refused before anything is touched.
+    std::fs::set_permissions(
+        &token_path,
+        std::os::unix::fs::PermissionsExt::from_mode(0o644),
+    )
+    .unwrap();
+    let before = (thread_cpus(pid), cgroups(pid));
+    let out = qosd(&["run", "--config", cfg.to_str().unwrap()]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&token_path.display().to_string()) && err.contains("mode 0644"),
+        "{err}"
+    );
+    assert!(!dir.path().join("state.json").exists());
+    assert_eq!((thread_cpus(pid), cgroups(pid)), before);
 }
 
 #[test]
@@ -372,7 +316,7 @@ fn hardening_a_non_loopback_listen_needs_an_explicit_opt_in() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let name = format!("remote-{pid}");
-    let cfg = config(dir.path(), port, &name, pid, "");
+    let cfg = hardening_config(dir.path(), port, &name, pid, "");
     let text0 = std::fs::read_to_string(&cfg).unwrap();
     std::fs::write(
         &cfg,
@@ -392,7 +336,7 @@ fn hardening_a_non_loopback_listen_needs_an_explicit_opt_in() {
         );
     }
     // --listen on the command line is held to the same rule.
-    let cfg2 = config(dir.path(), port, &name, pid, "");
+    let cfg2 = hardening_config(dir.path(), port, &name, pid, "");
     let out = qosd(&[
         "run",
         "--config",
@@ -404,7 +348,7 @@ fn hardening_a_non_loopback_listen_needs_an_explicit_opt_in() {
     assert!(!dir.path().join("state.json").exists());
 
     // With the opt-in it starts, and says so.
-    let cfg3 = config(dir.path(), port, &name, pid, "  allow_remote: true\n");
+    let cfg3 = hardening_config(dir.path(), port, &name, pid, "  allow_remote: true\n");
     let t = std::fs::read_to_string(&cfg3).unwrap();
     std::fs::write(
         &cfg3,
@@ -412,12 +356,13 @@ fn hardening_a_non_loopback_listen_needs_an_explicit_opt_in() {
     )
     .unwrap();
     let d = Daemon::start(&cfg3, port, &["--dry-run"]);
-    let out = d.output();
-    assert!(
-        out.iter()
-            .any(|l| l.starts_with("WARNING: api: listening on 0.0.0.0")),
-        "{out:?}"
-    );
+    // The API may answer before the reader thread has the line.
+    let warned = wait_for(Duration::from_secs(5), || {
+        d.output()
+            .iter()
+            .any(|l| l.starts_with("WARNING: api: listening on 0.0.0.0"))
+    });
+    assert!(warned, "{:?}", d.output());
     // Writes still need the token from any address.
     let (code, _) = d.post_auth(
         &format!("/v1/apps/{name}/latency"),
@@ -436,7 +381,7 @@ fn hardening_out_of_range_latencies_are_refused_and_figures_stay_exact() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let name = format!("range-{pid}");
-    let cfg = config(dir.path(), port, &name, pid, "");
+    let cfg = hardening_config(dir.path(), port, &name, pid, "");
     let d = Daemon::start(&cfg, port, &["--dry-run"]);
     let path = format!("/v1/apps/{name}/latency");
     // The issue's reproduction, and one microsecond above an hour.
@@ -494,7 +439,7 @@ fn hardening_every_error_is_json() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let name = format!("json-{pid}");
-    let cfg = config(dir.path(), port, &name, pid, "");
+    let cfg = hardening_config(dir.path(), port, &name, pid, "");
     let d = Daemon::start(&cfg, port, &["--dry-run"]);
     let a = agent();
     let check = |method: &str, path: &str, want: u16, needle: &str| {

@@ -131,6 +131,39 @@ mod tests {
         }
     }
 
+    /// Each bad `api:` key is reported at its line and column.
+    #[test]
+    fn bad_api_keys_name_file_line_col_and_key() {
+        let head = "apps:\n  - { name: a, match: { comm: a }, class: be }\napi:\n";
+        for (api, want) in [
+            (
+                "  listen: 0.0.0.0:9477\n",
+                "4:3: api.listen: 0.0.0.0:9477 is not a loopback",
+            ),
+            (
+                "  token_file: api.token\n",
+                "4:3: api.token_file: must be an absolute path",
+            ),
+            (
+                "  max_connections: 0\n",
+                "4:3: api.max_connections: 0 is outside 1..=65536",
+            ),
+            (
+                "  request_timeout_ms: 10\n",
+                "4:3: api.request_timeout_ms: 10 is outside",
+            ),
+            ("  allow_remote: maybe\n", "api.allow_remote"),
+        ] {
+            let text = format!("{head}{api}");
+            let e = crate::config::Config::parse(Path::new("c.yaml"), &text)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(want), "{api}: {e}");
+        }
+        let ok = format!("{head}  listen: 0.0.0.0:9477\n  allow_remote: true\n");
+        assert!(crate::config::Config::parse(Path::new("c.yaml"), &ok).is_ok());
+    }
+
     #[test]
     fn default_token_file_follows_the_root() {
         let a = ApiConfig::default();

@@ -7,6 +7,7 @@
 //! child, its API, Prometheus), `trace` (`qosd trace` as a child), `fake`
 //! (fake /sys and /proc trees, shared with the actuators' tests),
 //! `deploy` (`make install`, the systemd unit), `grpc` (gRPC fixtures),
+//! `hostile` (misbehaving raw-socket clients of the daemon's API),
 //! `replay` (calibration, scenarios and timelines of the replay tests).
 #![allow(dead_code, unused_imports)]
 
@@ -16,6 +17,7 @@ pub mod deploy;
 #[path = "../../../actuators/tests/common/mod.rs"]
 pub mod fake;
 pub mod grpc;
+pub mod hostile;
 pub mod replay;
 pub mod trace;
 
