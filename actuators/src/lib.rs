@@ -15,6 +15,7 @@ pub mod cpulist;
 pub mod ctx;
 pub mod error;
 pub mod freq;
+pub mod grouplock;
 pub mod journal;
 pub mod manage;
 pub mod pqos;

@@ -183,3 +183,56 @@ pub fn check_entry(root: &Root, e: &Entry) -> Result<()> {
         _ => Ok(()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use qosd_core::Resource;
+
+    #[test]
+    fn only_entries_qosd_makes_are_undone() {
+        let root = Root::new("/tmp/fake");
+        let dir = |p: &str| Entry::CreatedDir {
+            resource: Resource::Cores,
+            path: root.path(p),
+        };
+        for ok in [
+            "/sys/fs/cgroup/qosd-web",
+            "/sys/fs/cgroup/cpuset/qosd-pid12",
+            "/sys/fs/resctrl/qosd-web",
+        ] {
+            check_entry(&root, &dir(ok)).unwrap();
+        }
+        for bad in [
+            "/tmp/victim",
+            "/sys/fs/cgroup/system.slice",
+            "/sys/fs/cgroup/qosd-a/../../../etc/qosd-x",
+            "/sys/fs/resctrlx/qosd-web",
+            "/etc/qosd-x",
+        ] {
+            let e = check_entry(&root, &dir(bad)).unwrap_err();
+            assert!(e.to_string().contains("not one qosd manages"), "{bad}: {e}");
+        }
+        let file = |p: &str| Entry::File {
+            resource: Resource::Frequency,
+            path: root.path(p),
+            original: String::new(),
+            best_effort: false,
+        };
+        check_entry(
+            &root,
+            &file("/sys/devices/system/cpu/cpu0/cpufreq/scaling_max_freq"),
+        )
+        .unwrap();
+        assert!(check_entry(&root, &file("/etc/passwd")).is_err());
+        // Under the real root, a fake tree's path is not under /sys.
+        assert!(check_entry(&Root::default(), &file("/sys/x")).is_err());
+        let cmd = |p: &str| Entry::Command {
+            resource: Resource::CacheWays,
+            key: "k".into(),
+            argv: vec![p.to_owned(), "-R".into()],
+        };
+        check_entry(&root, &cmd("pqos")).unwrap();
+        assert!(check_entry(&root, &cmd("/bin/rm")).is_err());
+    }
+}

@@ -54,6 +54,24 @@ fn huge_durations_and_intervals_are_usage_errors_not_panics() {
         ],
         "--duration 100000000000000000000: expected seconds in (0, 86400]",
     );
+    // An interval that wrapped to zero in ns: reported forever, sent nothing.
+    usage_error(
+        &[
+            "load",
+            "--target",
+            "127.0.0.1:9",
+            "--protocol",
+            "http",
+            "--rps",
+            "1",
+            "--duration",
+            "1",
+            "--intervals",
+            "--interval-ms",
+            "18446744073709551615",
+        ],
+        "--interval-ms 18446744073709551615: expected 1 to 3600000 ms",
+    );
 }
 
 /// Pids of kernel threads on this machine: kthreadd and a ksoftirqd.

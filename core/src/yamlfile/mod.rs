@@ -409,6 +409,15 @@ list: [a, b]
         let apps1 = KeyPath::root().key("apps").index(1);
         assert_eq!(locate(flat, &apps1.key("port")), Some((4, 3)));
         assert_eq!(locate(flat, &KeyPath::root().key("seed")), Some((5, 1)));
+        // Sequences in sequences, and keys after them.
+        let nested = "l: [[a, b], [c]]\nm:\n  - - x\n    - y\n  - z\nk: 1\n";
+        let l = KeyPath::root().key("l");
+        assert_eq!(locate(nested, &l.index(1).index(0)), Some((1, 14)));
+        assert_eq!(locate(nested, &l.index(0).index(1)), Some((1, 9)));
+        let m = KeyPath::root().key("m");
+        assert_eq!(locate(nested, &m.index(0).index(1)), Some((4, 7)));
+        assert_eq!(locate(nested, &m.index(1)), Some((5, 5)));
+        assert_eq!(locate(nested, &KeyPath::root().key("k")), Some((6, 1)));
         assert_eq!(apps1.key("load").to_string(), "apps[1].load");
     }
 

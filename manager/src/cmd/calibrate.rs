@@ -126,9 +126,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             ));
         }
     }
-    if !(args.step_s > 0.0 && args.step_s <= 60.0) {
-        return Err(usage!("--step-s {}: must be in (0, 60]", args.step_s));
-    }
+    crate::cmd::secs::secs("--step-s", args.step_s, 0.0, 60.0)?;
     let mut cal = if args.sim {
         calibrate::sim(&sc)
     } else {

@@ -83,14 +83,20 @@ pub fn check_file(path: &Path, kind: Kind) -> Result<String, FileError> {
         // Auto falls back to config: its errors are the most telling.
         Kind::Config | Kind::Auto => {
             let (c, policy) = Config::load(path)?;
-            let apps: Vec<String> = c
+            // A few names, not a line the size of the file.
+            const SHOWN: usize = 8;
+            let mut apps: Vec<String> = c
                 .apps
                 .iter()
+                .take(SHOWN)
                 .map(|a| match &a.target {
                     Some(t) => format!("{} ({t})", a.name),
                     None => format!("{} (best-effort)", a.name),
                 })
                 .collect();
+            if c.apps.len() > SHOWN {
+                apps.push(format!("and {} more", c.apps.len() - SHOWN));
+            }
             Ok(format!(
                 "config: {} app(s): {}; policy `{}` from {}",
                 c.apps.len(),

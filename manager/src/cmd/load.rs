@@ -89,6 +89,9 @@ pub struct Args {
     pub json: bool,
 }
 
+/// The longest `--interval-ms`: an hour.
+const MAX_INTERVAL_MS: u64 = 3_600_000;
+
 pub fn spec_from(a: &Args) -> anyhow::Result<LoadSpec> {
     let duration = secs(
         "--duration",
@@ -114,7 +117,15 @@ pub fn spec_from(a: &Args) -> anyhow::Result<LoadSpec> {
     s.memcache.nr_keys = a.keys;
     s.memcache.value_bytes = a.value_bytes;
     s.memcache.preload = !a.no_preload;
-    s.interval = Duration::from_millis(a.interval_ms.max(1));
+    // In ns the engine's interval must fit a u64: u64::MAX ms wrapped to a
+    // zero interval that reported forever and sent nothing.
+    if !(1..=MAX_INTERVAL_MS).contains(&a.interval_ms) {
+        return Err(usage!(
+            "--interval-ms {}: expected 1 to {MAX_INTERVAL_MS} ms",
+            a.interval_ms
+        ));
+    }
+    s.interval = Duration::from_millis(a.interval_ms);
     s.validate().map_err(|e| usage!("{e}"))?;
     Ok(s)
 }

@@ -132,6 +132,19 @@ async fn serve(o: Options, cfg: Config, policy: PolicyFile, ppath: PathBuf) -> a
         cache_ways_backend: cfg.actuators.cache_ways_backend,
         ..Default::default()
     };
+    // One daemon per group name on the node, whatever its state file:
+    // held until exit (the kernel drops it even on SIGKILL).
+    let _groups = if act_cfg.dry_run {
+        None
+    } else {
+        let names: Vec<String> = cfg
+            .apps
+            .iter()
+            .map(|a| qosd_actuators::AppTarget::new(a.name.clone(), Vec::new()).group_name())
+            .collect();
+        let root = qosd_actuators::Root::new(&cfg.actuators.root);
+        Some(qosd_actuators::grouplock::lock_groups(&root, &names).map_err(|e| usage!("{e}"))?)
+    };
     let (actuators, leftovers) = Actuators::start(&act_cfg).context("starting the actuators")?;
     if !leftovers.is_empty() {
         println!(
