@@ -103,6 +103,7 @@ pub fn run(
             let opts = TargetOptions {
                 mode: Mode::Auto,
                 ports: vec![s.port],
+                follow_children: true,
             };
             t.add_target(s.pid, opts)
                 .with_context(|| format!("tracing {} (pid {})", s.name, s.pid))?;

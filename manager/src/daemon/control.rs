@@ -231,6 +231,8 @@ impl Controller {
         for p in new.difference(&old) {
             let opts = TargetOptions {
                 ports: a.cfg.ports.clone(),
+                // A matched pre-fork master brings its workers.
+                follow_children: true,
                 ..Default::default()
             };
             if let Err(e) = t.add_target(*p as u32, opts) {
