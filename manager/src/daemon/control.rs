@@ -226,6 +226,13 @@ impl Controller {
         let (old, new): (BTreeSet<i32>, BTreeSet<i32>) =
             (old.iter().copied().collect(), new.iter().copied().collect());
         for p in old.difference(&new) {
+            if t.connections(*p as u32) == Some(0) {
+                tracing::warn!(
+                    "app {}: pid {p} left having served no connection while traced \
+                     (check its match: and ports:)",
+                    a.cfg.name
+                );
+            }
             let _ = t.remove_target(*p as u32);
         }
         for p in new.difference(&old) {
@@ -296,7 +303,7 @@ impl Controller {
         let mut ticks: Vec<(LogHistogram, Option<u64>)> = Vec::with_capacity(self.apps.len());
         for a in &self.apps {
             ticks.push(match (a.feedback, &self.tracer) {
-                (Feedback::Ebpf, Some(t)) => from_tracer(t, &a.pids),
+                (Feedback::Ebpf, Some(t)) => from_tracer(t, &a.pids, a.cfg.latency.figure()),
                 _ => (LogHistogram::new(), None),
             });
         }
