@@ -107,21 +107,13 @@ pub struct AppConfig {
     pub resources: Resources,
 }
 
-/// Where an eBPF latency starts (see [`AppConfig::latency`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum LatencyFrom {
-    #[default]
-    Arrival,
-    Service,
-}
+pub use qosd_core::LatencyFrom;
 
-impl LatencyFrom {
-    pub fn figure(self) -> qosd_sensors::ebpf::Figure {
-        match self {
-            LatencyFrom::Arrival => qosd_sensors::ebpf::Figure::Latency,
-            LatencyFrom::Service => qosd_sensors::ebpf::Figure::Service,
-        }
+/// The tracer's figure for an app's `latency:` setting.
+pub fn figure_of(l: LatencyFrom) -> qosd_sensors::ebpf::Figure {
+    match l {
+        LatencyFrom::Arrival => qosd_sensors::ebpf::Figure::Latency,
+        LatencyFrom::Service => qosd_sensors::ebpf::Figure::Service,
     }
 }
 

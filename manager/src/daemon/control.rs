@@ -303,7 +303,9 @@ impl Controller {
         let mut ticks: Vec<(LogHistogram, Option<u64>)> = Vec::with_capacity(self.apps.len());
         for a in &self.apps {
             ticks.push(match (a.feedback, &self.tracer) {
-                (Feedback::Ebpf, Some(t)) => from_tracer(t, &a.pids, a.cfg.latency.figure()),
+                (Feedback::Ebpf, Some(t)) => {
+                    from_tracer(t, &a.pids, crate::config::figure_of(a.cfg.latency))
+                }
                 _ => (LogHistogram::new(), None),
             });
         }
