@@ -27,6 +27,7 @@ pub use trace::*;
 
 use std::ffi::OsStr;
 use std::net::{TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -136,6 +137,12 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
+        // A server started in a process group of its own (nginx_master)
+        // goes with all its processes: its workers outlive a killed master.
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        if nix::unistd::getpgid(Some(pid)) == Ok(pid) {
+            let _ = nix::sys::signal::killpg(pid, nix::sys::signal::Signal::SIGKILL);
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -217,6 +224,8 @@ pub fn nginx_master(workers: u32, file_bytes: usize, sendfile: bool) -> Server {
         .arg("-p")
         .arg(dir.path())
         .stdin(Stdio::null())
+        // Its own process group, so that Server's drop takes the workers.
+        .process_group(0)
         .spawn()
         .expect("starting nginx (apt-get install nginx-light)");
     wait_listening(port, &mut child, "nginx");
