@@ -94,9 +94,25 @@ pub struct AppConfig {
     /// accepted connections).
     #[serde(default)]
     pub ports: Vec<u16>,
+    /// Which eBPF figure the policy gets: `arrival` (default: from each
+    /// request's arrival in the server's socket, waiting for the CPU
+    /// included) or `service` (from the server's first read). The same on
+    /// the syscall fallback, which knows no arrival.
+    #[serde(default)]
+    pub latency: LatencyFrom,
     /// What the app starts with and the range the policy keeps it in.
     #[serde(default)]
     pub resources: Resources,
+}
+
+pub use qosd_core::LatencyFrom;
+
+/// The tracer's figure for an app's `latency:` setting.
+pub fn figure_of(l: LatencyFrom) -> qosd_sensors::ebpf::Figure {
+    match l {
+        LatencyFrom::Arrival => qosd_sensors::ebpf::Figure::Latency,
+        LatencyFrom::Service => qosd_sensors::ebpf::Figure::Service,
+    }
 }
 
 /// How to find an app. Exactly one field.

@@ -103,6 +103,7 @@ pub fn run(
             let opts = TargetOptions {
                 mode: Mode::Auto,
                 ports: vec![s.port],
+                follow_children: true,
             };
             t.add_target(s.pid, opts)
                 .with_context(|| format!("tracing {} (pid {})", s.name, s.pid))?;
@@ -190,7 +191,10 @@ pub fn run(
             let ebpf_us = tracer
                 .as_ref()
                 .and_then(|t| t.take_report(srv.pid))
-                .and_then(|t| t.interval.p99_us);
+                .and_then(|t| match a.latency {
+                    qosd_core::LatencyFrom::Arrival => t.interval.p99_us,
+                    qosd_core::LatencyFrom::Service => t.service_interval.p99_us,
+                });
             let ebpf = ebpf_us.map(|x| x / 1000.0);
             let fed = if feedback == Feedback::Ebpf {
                 ebpf

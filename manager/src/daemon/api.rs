@@ -24,7 +24,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use qosd_core::Resource;
-use qosd_sensors::ebpf::RequestTracer;
+use qosd_sensors::ebpf::{Figure, RequestTracer};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -258,6 +258,19 @@ async fn app(State(api): State<Api>, Path(name): Path<String>) -> Reply {
 #[derive(Deserialize)]
 struct PQuery {
     p: Option<String>,
+    /// `latency` (from arrival, the default) or `service` (pid calls).
+    figure: Option<String>,
+}
+
+fn figure(q: &PQuery) -> Result<Figure, Failure> {
+    match q.figure.as_deref() {
+        None | Some("latency") => Ok(Figure::Latency),
+        Some("service") => Ok(Figure::Service),
+        Some(f) => Err(fail(
+            StatusCode::BAD_REQUEST,
+            format!("figure={f}: latency (from arrival) or service (from the first read)"),
+        )),
+    }
 }
 
 fn percentile(q: &PQuery) -> Result<f64, Failure> {
@@ -378,10 +391,20 @@ async fn pid(State(api): State<Api>, Path(raw): Path<String>) -> Reply {
     let (t, app) = traced(&api, pid)?;
     let p = pid as u32;
     let s = t.summary(p).unwrap_or_default();
+    let v = t.summary_of(p, Figure::Service).unwrap_or_default();
     Ok(Json(json!({
         "pid": pid,
         "app": app,
         "mode": t.mode(p).map(|m| m.as_str()),
+        "hooks": t.hooks().as_str(),
+        // The same requests from the server's first read.
+        "service": {
+            "latest_us": v.latest_us,
+            "mean_us": v.mean_us,
+            "p50_us": v.p50_us,
+            "p95_us": v.p95_us,
+            "p99_us": v.p99_us,
+        },
         "requests_total": t.requests(p),
         "window": {
             "requests": s.requests,
@@ -405,18 +428,20 @@ async fn pid_call(
     let pid = pid_arg(&raw)?;
     let (t, app) = traced(&api, pid)?;
     let p = pid as u32;
+    let f = figure(&q)?;
+    let fs = f.as_str();
     Ok(Json(match call.as_str() {
         "rps" => json!({ "pid": pid, "app": app, "rps": t.rps(p).unwrap_or(0.0) }),
         "latest_latency" => {
-            json!({ "pid": pid, "app": app, "latency_us": us(t.latest_latency(p)) })
+            json!({ "pid": pid, "app": app, "figure": fs, "latency_us": us(t.latest(p, f)) })
         }
         "average_latency" => {
-            json!({ "pid": pid, "app": app, "latency_us": us(t.average_latency(p)) })
+            json!({ "pid": pid, "app": app, "figure": fs, "latency_us": us(t.average(p, f)) })
         }
         "latency_percentile" => {
             let pc = percentile(&q)?;
-            json!({ "pid": pid, "app": app, "p": pc,
-                    "latency_us": us(t.latency_percentile(p, pc)) })
+            json!({ "pid": pid, "app": app, "p": pc, "figure": fs,
+                    "latency_us": us(t.percentile(p, f, pc)) })
         }
         _ => return Err(unknown_call(&call)),
     }))
@@ -450,6 +475,16 @@ async fn decisions(
 
 async fn prometheus(State(api): State<Api>) -> Response {
     let dropped = api.tracer.as_ref().map(|t| t.dropped());
-    let body = metrics::render(&api.shared.lock(), dropped);
+    let mut body = metrics::render(&api.shared.lock(), dropped);
+    if let Some(t) = &api.tracer {
+        let apps: Vec<(String, Vec<i32>)> = api
+            .shared
+            .lock()
+            .apps
+            .values()
+            .map(|a| (a.name.clone(), a.pids.clone()))
+            .collect();
+        body.push_str(&metrics::render_traced(t, &apps));
+    }
     ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], body).into_response()
 }

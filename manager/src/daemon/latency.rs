@@ -13,7 +13,7 @@
 use std::collections::VecDeque;
 
 use qosd_core::LatencySummary;
-use qosd_sensors::ebpf::RequestTracer;
+use qosd_sensors::ebpf::{Figure, RequestTracer};
 use qosd_sensors::stats::LogHistogram;
 
 /// Latencies of the last `nr_slots` ticks, ns.
@@ -179,21 +179,29 @@ impl Inbox {
     }
 }
 
-/// The tracer's latencies of `pids` since the last call, merged, and the
-/// latest request's latency among them.
-pub fn from_tracer(tracer: &RequestTracer, pids: &[i32]) -> (LogHistogram, Option<u64>) {
+/// The tracer's latencies (`fig`: from arrival or service) of `pids` since
+/// the last call, merged, and the latest request's among them.
+pub fn from_tracer(
+    tracer: &RequestTracer,
+    pids: &[i32],
+    fig: Figure,
+) -> (LogHistogram, Option<u64>) {
     let mut hist: Option<LogHistogram> = None;
     let mut latest = None;
     for &pid in pids {
         let Some(r) = tracer.take_report(pid as u32) else {
             continue;
         };
-        if let Some(l) = r.interval.latest_us {
+        let (k, h) = match fig {
+            Figure::Latency => (&r.interval, r.histogram),
+            Figure::Service => (&r.service_interval, r.service_histogram),
+        };
+        if let Some(l) = k.latest_us {
             latest = Some((l * 1e3).round() as u64);
         }
         match hist.as_mut() {
-            None => hist = Some(r.histogram),
-            Some(h) => h.merge(&r.histogram),
+            None => hist = Some(h),
+            Some(m) => m.merge(&h),
         }
     }
     (hist.unwrap_or_default(), latest)

@@ -164,8 +164,15 @@ async fn serve(o: Options, cfg: Config, policy: PolicyFile, ppath: PathBuf) -> a
     let tracer = match RequestTracer::start(TracerOptions {
         ringbuf_bytes: cfg.sensors.ring_buffer_kib.saturating_mul(1024),
         window: cfg.sensors.window_requests as usize,
+        ..Default::default()
     }) {
-        Ok(t) => Some(Arc::new(t)),
+        Ok(t) => {
+            match t.fallback_reason() {
+                None => println!("ebpf: {} hooks", t.hooks().as_str()),
+                Some(why) => println!("ebpf: {} hooks ({why})", t.hooks().as_str()),
+            }
+            Some(Arc::new(t))
+        }
         Err(e) if needs_ebpf => {
             return Err(anyhow::Error::new(e)
                 .context("starting the eBPF request tracer (needed by apps with feedback: ebpf)"))

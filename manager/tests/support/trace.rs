@@ -10,6 +10,8 @@ use super::{percentile, QOSD};
 
 /// `qosd trace --json` running as a child; lines are collected as they come.
 pub struct Trace {
+    /// The first line: which hooks are in use (`hooks`, `banner`).
+    pub banner: serde_json::Value,
     child: Child,
     lines: mpsc::Receiver<String>,
     seen: Vec<serde_json::Value>,
@@ -37,7 +39,15 @@ impl Trace {
                 }
             }
         });
+        let first = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("qosd trace printed nothing within 20 s");
+        let banner: serde_json::Value = serde_json::from_str(&first).expect("JSON line");
+        assert!(banner["hooks"].is_string(), "first line: {banner}");
+        // The banner comes once the programs are attached; wait for the
+        // first interval line too, as before.
         let mut t = Trace {
+            banner,
             child,
             lines: rx,
             seen: Vec::new(),
@@ -45,7 +55,7 @@ impl Trace {
         let first = t
             .lines
             .recv_timeout(Duration::from_secs(20))
-            .expect("qosd trace printed nothing within 20 s");
+            .expect("qosd trace printed no interval line within 20 s");
         t.seen
             .push(serde_json::from_str(&first).expect("JSON line"));
         t

@@ -128,6 +128,10 @@ pub struct AppSpec {
     /// QoS target of a latency-critical app.
     #[serde(default)]
     pub target: Option<TargetSpec>,
+    /// Which eBPF figure a real replay feeds the policy: `arrival` (the
+    /// default) or `service` (from the server's first read).
+    #[serde(default)]
+    pub latency: qosd_core::LatencyFrom,
     /// Offered load over time, fractions of capacity.
     pub load: Shape,
     /// Overrides of the simulated service model (`--sim`).
