@@ -75,13 +75,14 @@ impl KnobCaps {
     }
 }
 
-/// All four knobs; the JSON keys are the resource names.
+/// Every knob; the JSON keys are the resource names.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Caps {
     pub cores: KnobCaps,
     pub frequency: KnobCaps,
     pub cache_ways: KnobCaps,
     pub memory_bandwidth: KnobCaps,
+    pub cpu_quota: KnobCaps,
 }
 
 impl Caps {
@@ -91,6 +92,7 @@ impl Caps {
             Resource::Frequency => &self.frequency,
             Resource::CacheWays => &self.cache_ways,
             Resource::MemoryBandwidth => &self.memory_bandwidth,
+            Resource::CpuQuota => &self.cpu_quota,
         }
     }
 }

@@ -31,6 +31,12 @@ fn mounts(root: &Root) -> Vec<(String, String, String)> {
 /// Finds the cgroup2 mount with the cpuset controller usable: the
 /// prefixed mount directory, or why not.
 pub fn probe_cgroup2(root: &Root) -> std::result::Result<PathBuf, String> {
+    cgroup2_with(root, "cpuset")
+}
+
+/// Finds the cgroup2 mount where `controller` is available and enabled for
+/// child groups (the cores and quota knobs share it).
+pub(crate) fn cgroup2_with(root: &Root, controller: &str) -> std::result::Result<PathBuf, String> {
     let mut cands: Vec<String> = mounts(root)
         .into_iter()
         .filter(|(_, t, _)| t == "cgroup2")
@@ -51,17 +57,17 @@ pub fn probe_cgroup2(root: &Root) -> std::result::Result<PathBuf, String> {
     let ctrls = root
         .read(format!("{m}/cgroup.controllers"))
         .unwrap_or_default();
-    if !ctrls.split_whitespace().any(|c| c == "cpuset") {
+    if !ctrls.split_whitespace().any(|c| c == controller) {
         return Err(format!(
-            "cgroup2 at {m}: cpuset not in cgroup.controllers (the controller is bound to a cgroup v1 hierarchy or not built)"
+            "cgroup2 at {m}: {controller} not in cgroup.controllers (the controller is bound to a cgroup v1 hierarchy or not built)"
         ));
     }
     let sub = root
         .read(format!("{m}/cgroup.subtree_control"))
         .unwrap_or_default();
-    if !sub.split_whitespace().any(|c| c == "cpuset") {
+    if !sub.split_whitespace().any(|c| c == controller) {
         return Err(format!(
-            "cgroup2 at {m}: cpuset not enabled in cgroup.subtree_control (echo +cpuset > {m}/cgroup.subtree_control)"
+            "cgroup2 at {m}: {controller} not enabled in cgroup.subtree_control (echo +{controller} > {m}/cgroup.subtree_control)"
         ));
     }
     Ok(root.path(m))
@@ -69,16 +75,26 @@ pub fn probe_cgroup2(root: &Root) -> std::result::Result<PathBuf, String> {
 
 /// Finds the cgroup v1 hierarchy that has the cpuset controller.
 pub fn probe_cgroup1(root: &Root) -> std::result::Result<PathBuf, String> {
+    cgroup1_with(root, "cpuset", "cpuset.cpus")
+}
+
+/// Finds the cgroup v1 hierarchy with `controller` among its mount
+/// options (alone or co-mounted, e.g. `cpu,cpuacct`) and `file` in it.
+pub(crate) fn cgroup1_with(
+    root: &Root,
+    controller: &str,
+    file: &str,
+) -> std::result::Result<PathBuf, String> {
     let m = mounts(root)
         .into_iter()
-        .find(|(_, t, o)| t == "cgroup" && o.split(',').any(|x| x == "cpuset"))
+        .find(|(_, t, o)| t == "cgroup" && o.split(',').any(|x| x == controller))
         .map(|(m, _, _)| m)
-        .unwrap_or_else(|| "/sys/fs/cgroup/cpuset".into());
-    if root.exists(format!("{m}/cpuset.cpus")) && root.exists(format!("{m}/cgroup.procs")) {
+        .unwrap_or_else(|| format!("/sys/fs/cgroup/{controller}"));
+    if root.exists(format!("{m}/{file}")) && root.exists(format!("{m}/cgroup.procs")) {
         Ok(root.path(m))
     } else {
         Err(format!(
-            "no cgroup v1 cpuset hierarchy (no {m}/cpuset.cpus)"
+            "no cgroup v1 {controller} hierarchy (no {m}/{file})"
         ))
     }
 }

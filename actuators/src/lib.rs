@@ -1,11 +1,11 @@
 //! qosd actuators: apply a resource setting to an app, read back what is in
 //! force, and restore what was found.
 //!
-//! Four knobs, each a plugin behind the small [`Actuator`] trait, with the
+//! Five knobs, each a plugin behind the small [`Actuator`] trait, with the
 //! backends the machine offers chosen at start ([`caps`]): cores (cgroup v2
 //! or v1 cpuset, or `sched_setaffinity`), frequency (cpufreq sysfs or
-//! `cpupower`), cache ways (resctrl or `pqos`) and memory bandwidth (resctrl
-//! MB). [`Actuators`] holds them for the manager. Every path goes through
+//! `cpupower`), cache ways (resctrl or `pqos`), memory bandwidth (resctrl
+//! MB) and CPU quota (cgroup v2 `cpu.max` or v1 CFS quota). [`Actuators`] holds them for the manager. Every path goes through
 //! one [`Root`]; every change is journalled first ([`journal`]) so that it
 //! can be undone on drop, on a signal, after a panic, or after a SIGKILL.
 
@@ -20,6 +20,7 @@ pub mod journal;
 pub mod manage;
 pub mod pqos;
 pub mod proc;
+pub mod quota;
 pub mod resctrl;
 pub mod root;
 pub mod set;
@@ -36,6 +37,7 @@ pub use ctx::Ctx;
 pub use error::{Error, Result};
 pub use journal::restore_state_file;
 pub use qosd_core::{Allocation, Resource};
+pub use quota::QuotaBackend;
 pub use root::Root;
 pub use set::{Actuators, Config, CoresBackend, FreqBackend, WaysBackend};
 pub use topology::{allocate_cores, Topology};

@@ -4,7 +4,8 @@
 //! or `None` for what this machine cannot actuate), and releasing an app
 //! whose processes have all exited.
 
-use qosd_core::{FreqRange, MbRange, NodeCaps};
+use qosd_core::quota::MILLI_PER_CPU;
+use qosd_core::{FreqRange, MbRange, NodeCaps, QuotaRange};
 
 use crate::caps::Caps;
 use crate::journal::Entry;
@@ -17,7 +18,8 @@ use crate::{resctrl, Actuators, AppTarget, Change, Error, Result};
 const DEFAULT_FREQ_STEP_MHZ: u32 = 100;
 
 /// The capacities of the knobs `caps` found available, read under `root`.
-pub fn node_caps(root: &Root, caps: &Caps, pqos_cbm_bits: Option<u32>) -> NodeCaps {
+pub fn node_caps(root: &Root, caps: &Caps, cfg: &crate::Config) -> NodeCaps {
+    let pqos_cbm_bits = cfg.pqos_cbm_bits;
     let topo = Topology::read(root).ok();
     let nr_cores = match (&topo, caps.cores.available) {
         (Some(t), true) => t.cores.len() as u32,
@@ -40,11 +42,19 @@ pub fn node_caps(root: &Root, caps: &Caps, pqos_cbm_bits: Option<u32>) -> NodeCa
     } else {
         None
     };
+    let quota = match (&topo, caps.cpu_quota.available) {
+        (Some(t), true) => Some(QuotaRange {
+            step_milli: cfg.cpu_quota_unit_milli,
+            max_milli: t.cpus.len() as u32 * MILLI_PER_CPU,
+        }),
+        _ => None,
+    };
     NodeCaps {
         nr_cores,
         nr_ways,
         freq,
         mb,
+        quota,
     }
 }
 

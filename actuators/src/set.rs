@@ -14,6 +14,7 @@ use crate::error::{Error, Result};
 use crate::freq::{probe_cpupower, probe_sysfs, FreqActuator, FreqVia};
 use crate::journal::Journal;
 use crate::pqos::PqosWays;
+use crate::quota::QuotaBackend;
 use crate::resctrl::{probe_l3, probe_mb, ResctrlMb, ResctrlWays};
 use crate::topology::Topology;
 use crate::{proc, Actuator, Allocation, AppTarget, Apps, Change, Ctx, Plan, Resource, Root};
@@ -75,6 +76,9 @@ pub struct Config {
     /// Width of the L3 bitmask for the pqos backend, in ways; default the
     /// L3's ways_of_associativity.
     pub pqos_cbm_bits: Option<u32>,
+    pub cpu_quota_backend: QuotaBackend,
+    /// One unit of a CPU-quota decision, in milli-CPUs (100 = 0.1 CPU).
+    pub cpu_quota_unit_milli: u32,
     /// Restore every change when the set is dropped (the daemon, replays);
     /// `qosd set` turns it off to leave its one-shot change in place.
     pub restore_on_drop: bool,
@@ -90,13 +94,25 @@ impl Default for Config {
             frequency_backend: FreqBackend::Auto,
             cache_ways_backend: WaysBackend::Auto,
             pqos_cbm_bits: None,
+            cpu_quota_backend: QuotaBackend::Auto,
+            cpu_quota_unit_milli: DEFAULT_QUOTA_UNIT_MILLI,
             restore_on_drop: true,
         }
     }
 }
 
+/// 0.1 CPU: fine enough to track a ramp on a 2-CPU machine in tens of
+/// steps, coarse enough that one step changes latency measurably.
+pub const DEFAULT_QUOTA_UNIT_MILLI: u32 = 100;
+
 impl Config {
     pub fn validate(&self) -> Result<()> {
+        if !(10..=1000).contains(&self.cpu_quota_unit_milli) {
+            return Err(Error::Invalid(format!(
+                "actuators.cpu_quota_unit_milli: {} is not in 10-1000 (0.01 to 1 CPU)",
+                self.cpu_quota_unit_milli
+            )));
+        }
         if !self.root.is_absolute() || !self.root.is_dir() {
             return Err(Error::Invalid(format!(
                 "actuators.root: {} is not an existing absolute directory",
@@ -146,12 +162,13 @@ fn probe<T>(
     }
 }
 
-type Plugins = [Option<Box<dyn Actuator>>; 4];
+type Plugins = [Option<Box<dyn Actuator>>; 5];
 
 /// Probes the machine: what `qosd caps` shows, and the chosen plugins.
 pub fn detect(cfg: &Config) -> Result<(Caps, Plugins)> {
     let root = Root::new(&cfg.root);
     let topo = Topology::read(&root);
+    let nr_cpus = topo.as_ref().ok().map(|t| t.cpus.len() as u32);
 
     // Cores.
     let (p2, c2) = probe("cgroup2", probe_cgroup2(&root), |m| {
@@ -240,14 +257,25 @@ pub fn detect(cfg: &Config) -> Result<(Caps, Plugins)> {
         }) as Box<dyn Actuator>
     });
 
+    // CPU quota.
+    let (cpu_quota, q) = crate::quota::detect(&root, cfg.cpu_quota_backend, nr_cpus);
+    let quota_plugin = q.map(|q| Box::new(q) as Box<dyn Actuator>);
+
     Ok((
         Caps {
             cores,
             frequency,
             cache_ways,
             memory_bandwidth,
+            cpu_quota,
         },
-        [cores_plugin, freq_plugin, ways_plugin, mb_plugin],
+        [
+            cores_plugin,
+            freq_plugin,
+            ways_plugin,
+            mb_plugin,
+            quota_plugin,
+        ],
     ))
 }
 
@@ -286,7 +314,7 @@ impl Actuators {
             None => None,
         };
         let root = Root::new(&cfg.root);
-        let node = crate::manage::node_caps(&root, &caps, cfg.pqos_cbm_bits);
+        let node = crate::manage::node_caps(&root, &caps, cfg);
         let journal = Journal::open(root.clone(), Some(cfg.state_path()), cfg.dry_run)?;
         Ok(Actuators {
             ctx: Ctx::new(root, cfg.dry_run, journal),
@@ -333,6 +361,7 @@ impl Actuators {
             Resource::Frequency => 1,
             Resource::CacheWays => 2,
             Resource::MemoryBandwidth => 3,
+            Resource::CpuQuota => 4,
         }
     }
 
@@ -370,6 +399,7 @@ impl Actuators {
             (&mut merged.freq_mhz, alloc.freq_mhz),
             (&mut merged.llc_ways, alloc.llc_ways),
             (&mut merged.mb_percent, alloc.mb_percent),
+            (&mut merged.cpu_quota_milli, alloc.cpu_quota_milli),
         ] {
             if src.is_some() {
                 *dst = src;
@@ -393,6 +423,7 @@ impl Actuators {
                 Resource::Frequency if alloc.freq_mhz.is_some() => &merged,
                 Resource::CacheWays if alloc.llc_ways.is_some() => &merged,
                 Resource::MemoryBandwidth if alloc.mb_percent.is_some() => &merged,
+                Resource::CpuQuota if alloc.cpu_quota_milli.is_some() => &merged,
                 _ => continue,
             };
             let plan = Plan {
@@ -422,6 +453,7 @@ impl Actuators {
                 out.freq_mhz = out.freq_mhz.or(a.freq_mhz);
                 out.llc_ways = out.llc_ways.or(a.llc_ways);
                 out.mb_percent = out.mb_percent.or(a.mb_percent);
+                out.cpu_quota_milli = out.cpu_quota_milli.or(a.cpu_quota_milli);
             }
         }
         Ok(out)

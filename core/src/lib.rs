@@ -8,6 +8,7 @@
 pub mod measure;
 pub mod policy;
 pub mod power;
+pub mod quota;
 pub mod resources;
 pub mod yamlfile;
 
@@ -17,4 +18,5 @@ pub use policy::{
     Plan, Policy, QosTarget, Share, Snapshot,
 };
 pub use power::{AppPower, PowerSource};
+pub use quota::QuotaRange;
 pub use resources::{Allocation, Resource};

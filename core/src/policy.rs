@@ -11,6 +11,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::quota::QuotaRange;
 use crate::resources::Resource;
 
 /// How an app is treated: latency-critical apps have a QoS target that the
@@ -27,6 +28,10 @@ pub enum AppClass {
 /// What a policy needs to know about each [`Resource`] beyond its name.
 impl Resource {
     /// The PARTIES order: cores → cache ways → frequency → memory bandwidth.
+    /// CPU quota is not in the wheel yet: it joins once the policies keep
+    /// the quota-and-cores rule of [`crate::quota`] (issue 14, phase 2);
+    /// until then a policy never moves it and the actuators set it only by
+    /// hand (`qosd set quota`) or from an app's fixed `initial`.
     pub const CYCLE: [Resource; 4] = [
         Resource::Cores,
         Resource::CacheWays,
@@ -35,8 +40,9 @@ impl Resource {
     ];
 
     /// True for resources partitioned from a node-wide pool (cores, ways):
-    /// what one app gets, another cannot have. Frequency and memory
-    /// bandwidth are per-app levels.
+    /// what one app gets, another cannot have. Frequency, memory
+    /// bandwidth and CPU quota are per-app levels (how quota is bounded by
+    /// cores and by the node: [`crate::quota`]).
     pub fn is_pooled(self) -> bool {
         matches!(self, Resource::Cores | Resource::CacheWays)
     }
@@ -48,6 +54,7 @@ impl Resource {
             Resource::CacheWays => "ways",
             Resource::Frequency => "MHz",
             Resource::MemoryBandwidth => "%",
+            Resource::CpuQuota => "m-CPU",
         }
     }
 }
@@ -76,6 +83,10 @@ pub struct Share {
     pub freq_mhz: u32,
     /// Memory-bandwidth throttle, in percent (1..=100).
     pub mb_percent: u32,
+    /// CPU bandwidth ceiling, in milli-CPUs (300 = 0.3 CPU); 0 = no quota.
+    /// How it combines with `nr_cores`: [`crate::quota`].
+    #[serde(default)]
+    pub cpu_quota_milli: u32,
 }
 
 impl Share {
@@ -86,6 +97,7 @@ impl Share {
             Resource::CacheWays => self.nr_ways,
             Resource::Frequency => self.freq_mhz,
             Resource::MemoryBandwidth => self.mb_percent,
+            Resource::CpuQuota => self.cpu_quota_milli,
         }
     }
 
@@ -96,6 +108,7 @@ impl Share {
             Resource::CacheWays => self.nr_ways = value,
             Resource::Frequency => self.freq_mhz = value,
             Resource::MemoryBandwidth => self.mb_percent = value,
+            Resource::CpuQuota => self.cpu_quota_milli = value,
         }
     }
 }
@@ -122,12 +135,14 @@ impl Default for Limits {
                 nr_ways: 1,
                 freq_mhz: 0,
                 mb_percent: 0,
+                cpu_quota_milli: 0,
             },
             max: Share {
                 nr_cores: u32::MAX,
                 nr_ways: u32::MAX,
                 freq_mhz: u32::MAX,
                 mb_percent: u32::MAX,
+                cpu_quota_milli: u32::MAX,
             },
         }
     }
@@ -207,6 +222,10 @@ pub struct NodeCaps {
     pub nr_ways: u32,
     pub freq: Option<FreqRange>,
     pub mb: Option<MbRange>,
+    /// CPU bandwidth (CFS quota); `None` when no cpu controller is usable
+    /// or the config leaves it off.
+    #[serde(default)]
+    pub quota: Option<QuotaRange>,
 }
 
 impl NodeCaps {
@@ -217,6 +236,7 @@ impl NodeCaps {
             Resource::CacheWays => self.nr_ways > 0,
             Resource::Frequency => self.freq.is_some_and(|f| f.max_mhz > f.min_mhz),
             Resource::MemoryBandwidth => self.mb.is_some_and(|m| m.min_percent < 100),
+            Resource::CpuQuota => self.quota.is_some_and(|q| q.max_milli > q.step_milli),
         }
     }
 
@@ -231,6 +251,7 @@ impl NodeCaps {
             Resource::CacheWays => (1, self.nr_ways),
             Resource::Frequency => self.freq.map(|f| (f.min_mhz, f.max_mhz))?,
             Resource::MemoryBandwidth => self.mb.map(|m| (m.min_percent, 100))?,
+            Resource::CpuQuota => self.quota.map(|q| (q.step_milli, q.max_milli))?,
         })
     }
 
@@ -241,6 +262,7 @@ impl NodeCaps {
             Resource::Cores | Resource::CacheWays => 1,
             Resource::Frequency => self.freq.map_or(1, |f| f.step_mhz.max(1)),
             Resource::MemoryBandwidth => self.mb.map_or(1, |m| m.step_percent.max(1)),
+            Resource::CpuQuota => self.quota.map_or(1, |q| q.step_milli.max(1)),
         }
     }
 
@@ -382,8 +404,10 @@ mod tests {
             nr_ways: 0,
             freq: None,
             mb: None,
+            quota: None,
         };
         assert!(node.has(Resource::Cores));
+        assert!(!node.has(Resource::CpuQuota));
         assert!(!node.has(Resource::CacheWays));
         assert!(!node.has(Resource::Frequency));
         assert_eq!(node.range(Resource::Cores), Some((1, 2)));
@@ -401,12 +425,13 @@ mod tests {
             ("ways", Resource::CacheWays),
             ("freq", Resource::Frequency),
             ("mb", Resource::MemoryBandwidth),
+            ("quota", Resource::CpuQuota),
         ] {
             let parsed: Resource = serde_json::from_str(&format!("\"{alias}\"")).unwrap();
             assert_eq!(parsed, r);
         }
         let mut a = Share::default();
-        for (i, r) in Resource::CYCLE.into_iter().enumerate() {
+        for (i, r) in Resource::ALL.into_iter().enumerate() {
             a.set(r, i as u32 + 7);
             assert_eq!(a.get(r), i as u32 + 7);
         }

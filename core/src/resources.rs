@@ -18,14 +18,19 @@ pub enum Resource {
     /// Memory bandwidth throttling (Intel MBA / resctrl MB).
     #[serde(alias = "mem_bandwidth", alias = "mb")]
     MemoryBandwidth,
+    /// CPU bandwidth (CFS quota: cgroup v2 `cpu.max`, v1
+    /// `cpu.cfs_quota_us`), in thousandths of a CPU.
+    #[serde(alias = "quota")]
+    CpuQuota,
 }
 
 impl Resource {
-    pub const ALL: [Resource; 4] = [
+    pub const ALL: [Resource; 5] = [
         Resource::Cores,
         Resource::Frequency,
         Resource::CacheWays,
         Resource::MemoryBandwidth,
+        Resource::CpuQuota,
     ];
 
     /// The snake_case name used in JSON, YAML and messages.
@@ -35,6 +40,7 @@ impl Resource {
             Resource::Frequency => "frequency",
             Resource::CacheWays => "cache_ways",
             Resource::MemoryBandwidth => "memory_bandwidth",
+            Resource::CpuQuota => "cpu_quota",
         }
     }
 }
@@ -61,6 +67,10 @@ pub struct Allocation {
     /// Memory bandwidth ceiling, in percent of the link (resctrl MB).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mb_percent: Option<u32>,
+    /// CPU bandwidth ceiling, in thousandths of a CPU (1000 = one CPU's
+    /// worth of time per period, whichever CPUs it runs on).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_quota_milli: Option<u32>,
 }
 
 impl Allocation {
@@ -70,6 +80,7 @@ impl Allocation {
             && self.freq_mhz.is_none()
             && self.llc_ways.is_none()
             && self.mb_percent.is_none()
+            && self.cpu_quota_milli.is_none()
     }
 
     /// The resources this allocation sets.
@@ -86,6 +97,9 @@ impl Allocation {
         }
         if self.mb_percent.is_some() {
             v.push(Resource::MemoryBandwidth);
+        }
+        if self.cpu_quota_milli.is_some() {
+            v.push(Resource::CpuQuota);
         }
         v
     }

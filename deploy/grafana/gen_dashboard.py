@@ -52,13 +52,15 @@ ts("LLC ways", "Last-level-cache ways given to each app (resctrl or pqos).", "sh
 ts("Memory bandwidth", "Memory-bandwidth throttle of each app (resctrl MB).", "percentunit", [
     (f'qosd_app_memory_bandwidth_ratio{{{SEL}}}', "{{app}} ({{instance}})")], 18, w=6)
 nl()
+ts("CPU quota", "CPU bandwidth (CFS quota: cgroup v2 cpu.max or v1 cpu.cfs_quota_us) of each app, in CPUs; only where actuators.enabled lists cpu_quota.", "short", [
+    (f'qosd_app_cpu_quota_cpus{{{SEL}}}', "{{app}} ({{instance}})")], 0, w=8)
 ts("CPU utilisation", "Share of its CPUs each app used, and the node's busy share.", "percentunit", [
     (f'qosd_app_cpu_utilization_ratio{{{SEL}}}', "{{app}} ({{instance}})"),
     ('qosd_node_cpu_utilization_ratio{instance=~"$instance"}', "node ({{instance}})"),
-], 0)
+], 8, w=8)
 ts("Knobs in use", "1 when the policy turns the knob on that node; 0 when the node lacks it or the config disables it.", "short", [
     ('qosd_knob_in_use{instance=~"$instance"}', "{{resource}} via {{backend}} ({{instance}})"),
-], 12, extra={"options": {"legend": {"displayMode": "table", "placement": "right"}}})
+], 16, w=8, extra={"options": {"legend": {"displayMode": "table", "placement": "right"}}})
 nl()
 row("Power")
 NO_POWER = " Empty where qosd runs with sensors.power: false or cannot load its sched_switch program (see qosd's startup banner)."
@@ -91,7 +93,7 @@ ts("Processes per app", "Processes qosd found for each app, and whether it manag
 dash = {
     "title": "qosd",
     "uid": "qosd-node",
-    "description": "qosd: per-app latency against target, load, allocations (cores, frequency, LLC ways, memory bandwidth), power and energy per request, decisions and drops. Metrics: qosd's /metrics, listed in the qosd README (Deployment: metrics).",
+    "description": "qosd: per-app latency against target, load, allocations (cores, frequency, LLC ways, memory bandwidth, CPU quota), power and energy per request, decisions and drops. Metrics: qosd's /metrics, listed in the qosd README (Deployment: metrics).",
     "tags": ["qosd", "qos", "ebpf"],
     "editable": True,
     "schemaVersion": 39,

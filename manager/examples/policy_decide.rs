@@ -25,6 +25,7 @@ fn node() -> NodeCaps {
             min_percent: 10,
             step_percent: 10,
         }),
+        quota: None,
     }
 }
 
@@ -64,6 +65,7 @@ fn initial(nr_apps: usize) -> Allocations {
                 nr_ways: 1,
                 freq_mhz: 2000,
                 mb_percent: 50,
+                cpu_quota_milli: 0,
             };
             (format!("app{i:02}"), s)
         })

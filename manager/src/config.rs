@@ -11,7 +11,7 @@ pub mod units;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use qosd_actuators::{CoresBackend, FreqBackend, WaysBackend};
+use qosd_actuators::{CoresBackend, FreqBackend, QuotaBackend, WaysBackend};
 use qosd_core::{AppClass, Feedback, Limits, QosTarget, Resource, Share};
 use serde::{Deserialize, Serialize};
 
@@ -147,6 +147,9 @@ pub struct Amounts {
     /// Memory-bandwidth throttle, percent (1..=100).
     #[serde(default)]
     pub mb_percent: Option<u32>,
+    /// CPU bandwidth (CFS quota), milli-CPUs (300 = 0.3 CPU; at least 10).
+    #[serde(default)]
+    pub cpu_quota_milli: Option<u32>,
 }
 
 impl Amounts {
@@ -156,6 +159,7 @@ impl Amounts {
             Resource::CacheWays => self.nr_ways,
             Resource::Frequency => self.freq_mhz,
             Resource::MemoryBandwidth => self.mb_percent,
+            Resource::CpuQuota => self.cpu_quota_milli,
         }
     }
 }
@@ -167,6 +171,7 @@ fn amount_key(r: Resource) -> &'static str {
         Resource::CacheWays => "nr_ways",
         Resource::Frequency => "freq_mhz",
         Resource::MemoryBandwidth => "mb_percent",
+        Resource::CpuQuota => "cpu_quota_milli",
     }
 }
 
@@ -191,7 +196,8 @@ pub struct Resources {
 #[serde(deny_unknown_fields)]
 pub struct ActuatorsConfig {
     /// Resources the policy may change: any of `cores`, `cache_ways`,
-    /// `frequency`, `memory_bandwidth`.
+    /// `frequency`, `memory_bandwidth`, `cpu_quota` (default: all but
+    /// `cpu_quota`, which the policies do not move yet).
     #[serde(default = "all_resources")]
     pub enabled: Vec<Resource>,
     /// `auto` (cgroup v2 cpuset, then v1, then affinity), `cgroup2`,
@@ -204,6 +210,14 @@ pub struct ActuatorsConfig {
     /// `auto` (resctrl, then pqos), `resctrl` or `pqos`.
     #[serde(default)]
     pub cache_ways_backend: WaysBackend,
+    /// `auto` (cgroup v2 `cpu.max`, then v1 `cpu.cfs_quota_us`),
+    /// `cgroup2` or `cgroup1`.
+    #[serde(default)]
+    pub cpu_quota_backend: QuotaBackend,
+    /// One unit of a CPU-quota decision, milli-CPUs (10-1000; default 100
+    /// = 0.1 CPU).
+    #[serde(default = "default_quota_unit")]
+    pub cpu_quota_unit_milli: u32,
     /// Root prefix of every /sys, /proc, cgroup and resctrl path (tests
     /// point it at a fake tree).
     #[serde(default = "default_root")]
@@ -216,6 +230,9 @@ pub struct ActuatorsConfig {
 fn all_resources() -> Vec<Resource> {
     Resource::CYCLE.to_vec()
 }
+fn default_quota_unit() -> u32 {
+    qosd_actuators::set::DEFAULT_QUOTA_UNIT_MILLI
+}
 fn default_root() -> PathBuf {
     PathBuf::from("/")
 }
@@ -227,6 +244,8 @@ impl Default for ActuatorsConfig {
             cores_backend: CoresBackend::default(),
             frequency_backend: FreqBackend::default(),
             cache_ways_backend: WaysBackend::default(),
+            cpu_quota_backend: QuotaBackend::default(),
+            cpu_quota_unit_milli: default_quota_unit(),
             root: default_root(),
             dry_run: false,
         }
@@ -280,7 +299,7 @@ impl AppConfig {
     /// least one core and one way).
     pub fn limits(&self) -> Limits {
         let mut l = Limits::default();
-        for r in Resource::CYCLE {
+        for r in Resource::ALL {
             if let Some(v) = self.resources.min.get(r) {
                 l.min.set(r, v);
             }
@@ -294,7 +313,7 @@ impl AppConfig {
     /// Initial amounts; 0 where unset (the policy's "leave as found").
     pub fn initial_share(&self) -> Share {
         let mut s = Share::default();
-        for r in Resource::CYCLE {
+        for r in Resource::ALL {
             s.set(r, self.resources.initial.get(r).unwrap_or(0));
         }
         s

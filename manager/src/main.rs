@@ -45,7 +45,10 @@ enum Command {
     /// Fixture HTTP server for scenarios and tests.
     #[command(hide = true)]
     Fixture(cmd::fixture::Args),
-    /// Which knobs (cores, frequency, cache ways, memory bandwidth) this machine has.
+    /// Best-effort batch job (hashing) that prints its progress, for scenarios and tests.
+    #[command(hide = true)]
+    Batch(cmd::batch::Args),
+    /// Which knobs (cores, frequency, cache ways, memory bandwidth, CPU quota) this machine has.
     Caps(cmd::caps::Args),
     /// Change one knob by hand (one-shot; `qosd restore` puts it back).
     Set(cmd::set::Args),
@@ -81,6 +84,7 @@ fn main() -> ExitCode {
         Command::Compare(a) => cmd::compare::run(a),
         Command::Calibrate(a) => cmd::calibrate::run(a),
         Command::Fixture(a) => cmd::fixture::run(a),
+        Command::Batch(a) => cmd::batch::run(a),
         Command::Caps(a) => cmd::caps::run(a),
         Command::Set(a) => cmd::set::run(a),
         Command::Restore(a) => cmd::restore::run(a),

@@ -15,7 +15,13 @@ fn caps_json_tells_what_this_machine_has() {
     let out = qosd(&["caps", "--json"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    for k in ["cores", "frequency", "cache_ways", "memory_bandwidth"] {
+    for k in [
+        "cores",
+        "frequency",
+        "cache_ways",
+        "memory_bandwidth",
+        "cpu_quota",
+    ] {
         let knob = &v[k];
         assert!(knob["available"].is_boolean(), "{k}");
         assert!(
@@ -63,6 +69,14 @@ fn caps_json_tells_what_this_machine_has() {
             .unwrap()
             .contains("no /sys/devices/system/cpu/cpu0/cpufreq"));
     }
+    // CFS bandwidth: v1 `cpu` hierarchy here, or cgroup2 with cpu enabled.
+    let v2_cpu = std::fs::read_to_string("/sys/fs/cgroup/cgroup.subtree_control")
+        .or_else(|_| std::fs::read_to_string("/sys/fs/cgroup/unified/cgroup.subtree_control"))
+        .is_ok_and(|s| s.split_whitespace().any(|c| c == "cpu"));
+    assert_eq!(
+        v["cpu_quota"]["available"].as_bool().unwrap(),
+        v2_cpu || Path::new("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").exists()
+    );
     let table = qosd(&["caps"]);
     assert!(text(&table.stdout).starts_with("cores"));
 }
@@ -121,6 +135,29 @@ fn bad_input_exits_2_and_names_what_is_wrong() {
         "{}",
         text(&out.stderr)
     );
+    for (q, msg) in [
+        ("0.3x", "is not a number of CPUs"),
+        ("0", "is not a positive number of CPUs"),
+        ("0.0001", "is not a positive number of CPUs"),
+        ("4096", "is not in (0,"),
+    ] {
+        let out = qosd(&[
+            "set",
+            "--state-file",
+            s,
+            "quota",
+            "--pid",
+            &me,
+            "--quota",
+            q,
+        ]);
+        assert_eq!(out.status.code(), Some(2), "{q}");
+        assert!(
+            text(&out.stderr).contains(msg),
+            "{q}: {}",
+            text(&out.stderr)
+        );
+    }
     assert!(!state.exists(), "nothing recorded, nothing changed");
     // A fake tree where the knob is missing: a runtime failure, with why.
     let root = d.path().join("root");
@@ -310,4 +347,128 @@ fn real_sigkill_then_restore_puts_the_affinity_back() {
     assert_eq!(mask(), orig);
     let _ = sleeper.kill();
     let _ = sleeper.wait();
+}
+
+/// The quota of the cgroup `pid` is in, as `qosd` reads it (v1 cpu
+/// hierarchy here): (cgroup path, cpu.cfs_quota_us).
+fn cpu_group(pid: &str) -> (String, String) {
+    let path = cgroups(pid.parse().unwrap())
+        .lines()
+        .find_map(|l| {
+            let mut f = l.splitn(3, ':');
+            let (_, c, p) = (f.next()?, f.next()?, f.next()?);
+            c.split(',').any(|x| x == "cpu").then(|| p.to_owned())
+        })
+        .expect("in the v1 cpu hierarchy");
+    let q = std::fs::read_to_string(format!("/sys/fs/cgroup/cpu{path}/cpu.cfs_quota_us"))
+        .unwrap_or_default();
+    (path, q.trim().to_owned())
+}
+
+#[test]
+fn real_quota_set_restore_and_sigkill_then_restore_are_exact() {
+    if !Path::new("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").exists() {
+        panic!(
+            "this test needs the cgroup v1 cpu hierarchy at /sys/fs/cgroup/cpu (BUILD-NOTES.md)"
+        );
+    }
+    let spin = Killed::busy();
+    let pid = spin.pid().to_string();
+    let before = cpu_group(&pid);
+    let d = tempfile::tempdir().unwrap();
+    let s = d.path().join("s.json");
+    let st = s.to_str().unwrap();
+    let group = format!("/sys/fs/cgroup/cpu/qosd-pid{pid}");
+
+    // Dry run: says what it would do, does nothing.
+    let out = qosd(&[
+        "set",
+        "--state-file",
+        st,
+        "--dry-run",
+        "quota",
+        "--pid",
+        &pid,
+        "--quota",
+        "0.3",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("would change cpu_quota"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert_eq!(cpu_group(&pid), before);
+    assert!(!Path::new(&group).exists() && !s.exists());
+
+    // One-shot set, then `qosd restore`.
+    let out = qosd(&[
+        "set",
+        "--state-file",
+        st,
+        "quota",
+        "--pid",
+        &pid,
+        "--quota",
+        "0.3",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        cpu_group(&pid),
+        (format!("/qosd-pid{pid}"), "30000".to_owned()),
+        "0.3 CPU of the default 100 ms period"
+    );
+    let out = qosd(&["restore", "--state-file", st]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("cpu_quota"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert_eq!(cpu_group(&pid), before);
+    assert!(!Path::new(&group).exists() && !s.exists());
+
+    // --hold, SIGKILL: the cap stays, the state file has the originals.
+    let (mut child, _out) = hold(&[
+        "set",
+        "--state-file",
+        st,
+        "--hold",
+        "quota",
+        "--pid",
+        &pid,
+        "--quota",
+        "0.5",
+    ]);
+    assert_eq!(cpu_group(&pid).1, "50000");
+    kill(&child, nix::sys::signal::Signal::SIGKILL);
+    child.wait().unwrap();
+    assert_eq!(
+        cpu_group(&pid).1,
+        "50000",
+        "a killed qosd restores nothing itself"
+    );
+    assert!(s.exists());
+    let out = qosd(&["restore", "--state-file", st]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(cpu_group(&pid), before);
+    assert!(!Path::new(&group).exists() && !s.exists());
+
+    // --hold, SIGTERM: qosd restores on its own.
+    let (mut child, _out) = hold(&[
+        "set",
+        "--state-file",
+        st,
+        "--hold",
+        "quota",
+        "--pid",
+        &pid,
+        "--quota",
+        "1.2",
+    ]);
+    assert_eq!(cpu_group(&pid).1, "120000");
+    kill(&child, nix::sys::signal::Signal::SIGTERM);
+    assert!(child.wait().unwrap().success());
+    assert_eq!(cpu_group(&pid), before);
+    assert!(!Path::new(&group).exists() && !s.exists());
 }

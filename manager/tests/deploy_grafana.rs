@@ -4,8 +4,8 @@
 //! evaluates every expression without error and with data.
 //!
 //! The daemon runs on a fake node (actuators.root: 4 CPUs, cgroup v2
-//! cpuset, acpi-cpufreq, resctrl L3 + MB) so that every allocation gauge
-//! (cores, frequency, ways, memory bandwidth) is exported, which this
+//! cpuset and cpu, acpi-cpufreq, resctrl L3 + MB) so that every allocation
+//! gauge (cores, frequency, ways, memory bandwidth, CPU quota) is exported, which this
 //! machine's hardware would not give; the apps are fake processes in that
 //! tree whose latencies are pushed through the API (client feedback). The
 //! eBPF tracer still runs for real (root). Needs root and `prometheus`.
@@ -280,12 +280,12 @@ fn grafana_dashboard_matches_a_live_daemon_and_prometheus() {
         format!(
             "apps:\n\
              \x20 - {{ name: web, match: {{ comm: fakeweb }}, class: lc, target: {{ p99: 1ms }}, feedback: client,\n\
-             \x20     resources: {{ initial: {{ nr_cores: 1, nr_ways: 2, freq_mhz: 2000, mb_percent: 50 }} }} }}\n\
+             \x20     resources: {{ initial: {{ nr_cores: 1, nr_ways: 2, freq_mhz: 2000, mb_percent: 50, cpu_quota_milli: 1500 }} }} }}\n\
              \x20 - {{ name: batch, match: {{ comm: fakebatch }}, class: be, feedback: client }}\n\
              policy: {}\n\
              monitor_interval_ms: 100\ndecide_interval_ms: 200\n\
              api: {{ listen: 127.0.0.1:{port} }}\n\
-             actuators:\n  cores_backend: cgroup2\n  frequency_backend: cpufreq\n  cache_ways_backend: resctrl\n  root: {}\n\
+             actuators:\n  enabled: [cores, cache_ways, frequency, memory_bandwidth, cpu_quota]\n  cores_backend: cgroup2\n  frequency_backend: cpufreq\n  cache_ways_backend: resctrl\n  root: {}\n\
              state_file: {}\n",
             repo().join("policies/parties.yaml").display(),
             root.display(),
@@ -332,6 +332,13 @@ fn grafana_dashboard_matches_a_live_daemon_and_prometheus() {
         "Prometheus did not collect 8 scrapes with decisions in 90 s"
     );
 
+    // The CPU quota is in force in web's group: its initial 1.5 CPU
+    // lowered to the 1 core it started with (quota <= cores held), of the
+    // group's 100 ms period.
+    assert_eq!(
+        std::fs::read_to_string(root.join("sys/fs/cgroup/qosd-web/cpu.max")).unwrap(),
+        "100000 100000"
+    );
     let (_, metrics_text) = d.get_text("/metrics");
     let live = exported(&metrics_text);
     let pending: BTreeMap<&str, &str> = NOT_EXPORTED_YET.into_iter().collect();

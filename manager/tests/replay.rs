@@ -53,7 +53,7 @@ fn sim_replay_writes_every_output_and_is_deterministic() {
     let text = String::from_utf8(csv(&a)).unwrap();
     assert_eq!(
         text.lines().next().unwrap(),
-        "t_s,app,offered_rps,achieved_rps,client_p99_ms,ebpf_p99_ms,target_ms,violation,cores,freq_mhz,llc_ways,mb_percent,power_w"
+        "t_s,app,offered_rps,achieved_rps,client_p99_ms,ebpf_p99_ms,target_ms,violation,cores,freq_mhz,llc_ways,mb_percent,power_w,cpu_quota_milli,be_ops_per_s"
     );
     // mb_percent is empty: the simulated node has no memory-bandwidth knob.
     assert!(

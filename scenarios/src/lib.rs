@@ -1,8 +1,9 @@
 //! qosd scenarios: the open-loop load generator ([`load`]), scenario files
 //! ([`scenario`]), calibration ([`calibrate`]), the simulated node that
 //! replays scenarios with the daemon's policy code ([`sim`]), and the
-//! outputs of a replay ([`timeline`]).
+//! outputs of a replay ([`timeline`]); best-effort batch jobs ([`batch`]).
 
+pub mod batch;
 pub mod calibrate;
 pub mod fixture;
 pub mod load;

@@ -1,7 +1,8 @@
 //! Plots of a replay in the layout of the paper's Fig. 11, as SVG and PNG:
 //! load over time, each latency-critical app's p99 against its target (client
-//! and eBPF lines), then cores, frequency and cache ways over time. And the
-//! overlay plot of `qosd compare`.
+//! and eBPF lines), then cores, frequency, cache ways, memory bandwidth, CPU
+//! quota, power and best-effort throughput over time (each panel only when
+//! the run has its figure). And the overlay plot of `qosd compare`.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -125,6 +126,12 @@ fn run_panels(tl: &Timeline, capacity_rps: &BTreeMap<String, f64>) -> Vec<Panel>
     panels.push(per_app("LLC ways", "ways", |r| r.llc_ways.map(f64::from)));
     panels.push(per_app("memory bandwidth", "%", |r| {
         r.mb_percent.map(f64::from)
+    }));
+    panels.push(per_app("CPU quota", "CPUs", |r| {
+        r.cpu_quota_milli.map(|m| f64::from(m) / 1000.0)
+    }));
+    panels.push(per_app("best-effort throughput", "ops/s", |r| {
+        r.be_ops_per_s
     }));
     let power = if tl.energy_is_estimate {
         "power (estimate)"
@@ -336,4 +343,65 @@ pub fn compare_plot(stem: &Path, runs: &[(String, String, Vec<Row>)]) -> anyhow:
     }
     panels.retain(|p| p.lines.iter().any(|l| !l.points.is_empty()));
     write_both(stem, "qosd compare", &panels)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(t: f64, app: &str) -> Row {
+        Row {
+            t_s: t,
+            app: app.into(),
+            offered_rps: 0.0,
+            achieved_rps: 0.0,
+            client_p99_ms: None,
+            ebpf_p99_ms: None,
+            target_ms: None,
+            violation: None,
+            cores: Some(1),
+            freq_mhz: None,
+            llc_ways: None,
+            mb_percent: None,
+            power_w: None,
+            cpu_quota_milli: None,
+            be_ops_per_s: None,
+        }
+    }
+
+    #[test]
+    fn quota_and_best_effort_panels_appear_only_with_their_figures() {
+        let titles = |rows: Vec<Row>| -> Vec<String> {
+            let tl = Timeline {
+                apps: vec!["lc".into(), "be".into()],
+                rows,
+                ..Default::default()
+            };
+            run_panels(&tl, &BTreeMap::new())
+                .into_iter()
+                .map(|p| p.title)
+                .collect()
+        };
+        let plain: Vec<Row> = (1..4)
+            .flat_map(|i| [row(i as f64, "lc"), row(i as f64, "be")])
+            .collect();
+        let t = titles(plain.clone());
+        assert!(t.contains(&"cores".to_string()), "{t:?}");
+        assert!(!t
+            .iter()
+            .any(|x| x == "CPU quota" || x == "best-effort throughput"));
+        let with: Vec<Row> = plain
+            .into_iter()
+            .map(|mut r| {
+                r.cpu_quota_milli = Some(500);
+                if r.app == "be" {
+                    r.be_ops_per_s = Some(1234.0);
+                }
+                r
+            })
+            .collect();
+        let t = titles(with);
+        assert!(t.contains(&"CPU quota".to_string()), "{t:?}");
+        assert!(t.contains(&"best-effort throughput".to_string()), "{t:?}");
+    }
 }

@@ -56,7 +56,13 @@ pub fn start_on(
 ) -> anyhow::Result<Running> {
     let port = free_port()?;
     let mut dir = None;
-    let mut cmd = match &app.server {
+    let Some(server) = &app.server else {
+        bail!(
+            "{} runs a batch job, not a server (qosd_scenarios::batch::BatchJob starts it)",
+            app.name
+        )
+    };
+    let mut cmd = match server {
         Server::Memcached { threads, memory_mb } => {
             let mut c = Command::new("memcached");
             c.args(["-l", "127.0.0.1", "-p", &port.to_string(), "-U", "0"])

@@ -48,7 +48,7 @@ pub fn spec_for(
 ) -> Result<LoadSpec, load::LoadError> {
     let mut s = LoadSpec::new(
         addr,
-        app.protocol,
+        app.protocol(),
         Rate::Constant(rps),
         Duration::from_secs_f64(secs),
     )?;

@@ -10,7 +10,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 /// Columns of `timeline.csv`, in order.
-pub const COLUMNS: &str = "t_s,app,offered_rps,achieved_rps,client_p99_ms,ebpf_p99_ms,target_ms,violation,cores,freq_mhz,llc_ways,mb_percent,power_w";
+pub const COLUMNS: &str = "t_s,app,offered_rps,achieved_rps,client_p99_ms,ebpf_p99_ms,target_ms,violation,cores,freq_mhz,llc_ways,mb_percent,power_w,cpu_quota_milli,be_ops_per_s";
 
 /// One app over one interval; `None` where a figure does not exist (no
 /// target, no such knob on this machine, no request seen).
@@ -32,6 +32,11 @@ pub struct Row {
     pub mb_percent: Option<u32>,
     /// Power attributed to the app, W.
     pub power_w: Option<f64>,
+    /// CPU quota in force, milli-CPUs (none: no quota knob or no quota).
+    pub cpu_quota_milli: Option<u32>,
+    /// Throughput of a best-effort app's batch job over the interval,
+    /// operations per second (`None` for apps without a job).
+    pub be_ops_per_s: Option<f64>,
 }
 
 fn f(v: Option<f64>, decimals: usize) -> String {
@@ -45,7 +50,7 @@ fn u(v: Option<u32>) -> String {
 impl Row {
     pub fn csv(&self) -> String {
         format!(
-            "{:.3},{},{:.1},{:.1},{},{},{},{},{},{},{},{},{}",
+            "{:.3},{},{:.1},{:.1},{},{},{},{},{},{},{},{},{},{},{}",
             self.t_s,
             self.app,
             self.offered_rps,
@@ -60,13 +65,15 @@ impl Row {
             u(self.llc_ways),
             u(self.mb_percent),
             f(self.power_w, 2),
+            u(self.cpu_quota_milli),
+            f(self.be_ops_per_s, 1),
         )
     }
 
     /// Parses a line written by [`Row::csv`].
     pub fn parse(line: &str) -> Option<Row> {
         let c: Vec<&str> = line.split(',').collect();
-        if c.len() != 13 {
+        if c.len() != 15 {
             return None;
         }
         let of = |s: &str| {
@@ -97,6 +104,8 @@ impl Row {
             llc_ways: ou(c[10]),
             mb_percent: ou(c[11]),
             power_w: of(c[12]),
+            cpu_quota_milli: ou(c[13]),
+            be_ops_per_s: of(c[14]),
         })
     }
 }
@@ -218,6 +227,11 @@ pub struct AppSummary {
     pub p99_max_ms: Option<f64>,
     /// Length of each violation episode until the first good interval, s.
     pub time_to_recover_s: Vec<f64>,
+    /// Mean throughput of the best-effort batch job(s) over the intervals
+    /// that report one, ops/s (summed over jobs in `total`); `None` when no
+    /// app runs a job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub be_ops_per_s_mean: Option<f64>,
 }
 
 fn app_summary(rows: &[&Row], dt: f64, client: bool) -> AppSummary {
@@ -271,7 +285,20 @@ fn app_summary(rows: &[&Row], dt: f64, client: bool) -> AppSummary {
         }),
         p99_max_ms: rows.iter().filter_map(|r| fed(r)).reduce(f64::max),
         time_to_recover_s: episodes,
+        be_ops_per_s_mean: be_mean(rows),
     }
+}
+
+/// Mean ops/s per interval: the jobs' throughput summed within each
+/// interval (`t_s`), averaged over the intervals with a figure.
+fn be_mean(rows: &[&Row]) -> Option<f64> {
+    let mut by_t: BTreeMap<u64, f64> = BTreeMap::new();
+    for r in rows {
+        if let Some(v) = r.be_ops_per_s.filter(|v| v.is_finite()) {
+            *by_t.entry((r.t_s * 1000.0).round() as u64).or_default() += v;
+        }
+    }
+    (!by_t.is_empty()).then(|| by_t.values().sum::<f64>() / by_t.len() as f64)
 }
 
 /// `summary.json`.
@@ -308,6 +335,8 @@ mod tests {
             llc_ways: None,
             mb_percent: None,
             power_w: Some(2.0),
+            cpu_quota_milli: None,
+            be_ops_per_s: None,
         }
     }
 
@@ -343,8 +372,48 @@ mod tests {
             (s.total.core_seconds - 7.5).abs() < 1e-12 && (s.total.mean_cores - 3.0).abs() < 1e-12
         );
         assert!((s.total.energy_j.unwrap() - 25.0).abs() < 1e-12);
+        assert_eq!(s.total.be_ops_per_s_mean, None, "no batch job ran");
         // CSV round trip.
         let r = &tl.rows[0];
         assert_eq!(Row::parse(&r.csv()).as_ref(), Some(r));
+    }
+
+    #[test]
+    fn best_effort_throughput_is_averaged_per_interval_and_round_trips() {
+        let mut rows = Vec::new();
+        for (i, (b1, b2)) in [(1000.0, Some(500.0)), (3000.0, None), (2000.0, Some(100.0))]
+            .into_iter()
+            .enumerate()
+        {
+            let t = (i + 1) as f64 * 0.5;
+            rows.push(row(t, "lc", 5.0, 1));
+            for (name, v) in [("be1", Some(b1)), ("be2", b2)] {
+                rows.push(Row {
+                    target_ms: None,
+                    violation: None,
+                    cpu_quota_milli: Some(700),
+                    be_ops_per_s: v,
+                    ..row(t, name, 0.0, 1)
+                });
+            }
+        }
+        let tl = Timeline {
+            apps: vec!["lc".into(), "be1".into(), "be2".into()],
+            rows,
+            interval_s: 0.5,
+            feedback: "client".into(),
+            ..Default::default()
+        };
+        let s = tl.summary();
+        assert_eq!(s.apps["lc"].be_ops_per_s_mean, None);
+        assert_eq!(s.apps["be1"].be_ops_per_s_mean, Some(2000.0));
+        assert_eq!(s.apps["be2"].be_ops_per_s_mean, Some(300.0));
+        // Node: (1500 + 3000 + 2100) / 3 intervals.
+        assert_eq!(s.total.be_ops_per_s_mean, Some(2200.0));
+        let r = &tl.rows[1];
+        assert_eq!(r.csv().split(',').count(), COLUMNS.split(',').count());
+        assert_eq!(Row::parse(&r.csv()).as_ref(), Some(r));
+        let json = serde_json::to_string(&s).unwrap();
+        assert!(json.contains("\"be_ops_per_s_mean\":2200.0"), "{json}");
     }
 }

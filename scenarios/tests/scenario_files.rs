@@ -127,3 +127,77 @@ fn trace_files_are_read_relative_to_the_scenario() {
         "{e}"
     );
 }
+
+/// GOOD with a best-effort batch job beside its latency-critical app.
+fn with_job(job: &str) -> String {
+    format!("{GOOD}  - name: batch\n    class: be\n{job}")
+}
+
+#[test]
+fn best_effort_batch_jobs_parse_and_are_checked() {
+    use qosd_scenarios::scenario::JobSpec;
+    let s = Scenario::parse(
+        Path::new("ok.yaml"),
+        &with_job("    job: { kind: hash, threads: 2 }\n"),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let b = &s.apps[1];
+    assert_eq!(
+        b.job,
+        Some(JobSpec::Hash {
+            threads: 2,
+            op_kib: 16
+        })
+    );
+    assert!(b.server.is_none() && b.protocol.is_none());
+    assert_eq!(b.load.peak(), 0.0, "a job takes no load");
+    let args = b.job.as_ref().unwrap().args(100, 30);
+    assert_eq!((args.threads, args.op_kib, args.exit_after_s), (2, 16, 30));
+
+    for (job, want) in [
+        (
+            "    job: { kind: hash, threads: 0 }\n",
+            "bad.yaml:18:24: apps[1].job.threads: 0: must be in 1..=256",
+        ),
+        (
+            "    job: { kind: hash, op_kib: 9999 }\n",
+            "bad.yaml:18:24: apps[1].job.op_kib: 9999: must be in 1..=4096",
+        ),
+        (
+            "    job: { kind: hash }\n    protocol: http\n",
+            "bad.yaml:19:5: apps[1].protocol: a batch job takes no requests: drop `protocol`",
+        ),
+        (
+            "    job: { kind: hash }\n    load: { kind: constant, level: 0.3 }\n",
+            "bad.yaml:19:5: apps[1].load: a batch job takes no load: drop `load`",
+        ),
+        (
+            "    job: { kind: hash }\n    server: { kind: nginx }\n",
+            "bad.yaml:18:5: apps[1].job: give a `server` or a `job`, not both",
+        ),
+        (
+            "    job: { kind: stress }\n",
+            "bad.yaml:18:18: apps[1].job.kind: unknown variant `stress`, expected `hash`",
+        ),
+    ] {
+        let e = err(&with_job(job));
+        assert!(e.starts_with(want), "{job}: {e}");
+    }
+    // A job is for best-effort apps; an app needs a server or a job; a
+    // server needs its protocol.
+    let e = err(&with_job("    job: { kind: hash }\n").replace("class: be", "class: lc"));
+    assert!(
+        e.contains("apps[1].job: a batch job is for best-effort apps"),
+        "{e}"
+    );
+    let e = err(&with_job(""));
+    assert!(
+        e.starts_with("bad.yaml:16:5: apps[1].server: missing: how to start the app"),
+        "{e}"
+    );
+    let e = err(&GOOD.replace("    protocol: memcache\n", ""));
+    assert!(
+        e.starts_with("bad.yaml:4:5: apps[0].protocol: missing: how the load generator talks"),
+        "{e}"
+    );
+}

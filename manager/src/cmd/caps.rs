@@ -1,5 +1,5 @@
 //! `qosd caps`: which knobs (cores, frequency, cache ways, memory
-//! bandwidth) this machine offers, the backend each would use and why, and
+//! bandwidth, CPU quota) this machine offers, the backend each would use and why, and
 //! what is missing for the others.
 
 use std::path::PathBuf;
@@ -12,7 +12,7 @@ use qosd_actuators::Config;
 #[derive(ClapArgs, Debug)]
 #[command(after_help = "Examples:\n  \
     qosd caps                 table of knobs, backends and reasons\n  \
-    qosd caps --json          the same as one JSON object (keys cores, frequency,\n                            cache_ways, memory_bandwidth; each with available,\n                            backend, reason, backends)\n  \
+    qosd caps --json          the same as one JSON object (keys cores, frequency,\n                            cache_ways, memory_bandwidth, cpu_quota; each with available,\n                            backend, reason, backends)\n  \
     qosd caps --root /tmp/t   probe a fake /sys tree instead of this machine")]
 pub struct Args {
     /// Print JSON instead of a table.

@@ -1,5 +1,6 @@
 //! One module per `qosd` subcommand: an `Args` (clap) and a `run`.
 
+pub mod batch;
 pub mod calibrate;
 pub mod caps;
 pub mod check;

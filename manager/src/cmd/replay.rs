@@ -110,6 +110,15 @@ pub fn read_scenario(path: &Path) -> anyhow::Result<Scenario> {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let sc = read_scenario(&args.scenario)?;
+    // Batch jobs have a runner and a throughput reader
+    // (qosd_scenarios::batch) but no place in the replay loop yet; say so
+    // rather than replay the app as an idle server.
+    if let Some(a) = sc.apps.iter().find(|a| a.job.is_some()) {
+        anyhow::bail!(
+            "app {}: best-effort batch jobs (`job:`) are not replayed yet (issue 14); `qosd check` validates the file",
+            a.name
+        );
+    }
     if let Some(d) = args.duration {
         crate::cmd::secs::secs("--duration", d, 0.0, 86_400.0)?;
     }

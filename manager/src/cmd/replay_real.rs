@@ -226,6 +226,8 @@ pub fn run(
                 llc_ways: level(&act, &a.name, Resource::CacheWays),
                 mb_percent: level(&act, &a.name, Resource::MemoryBandwidth),
                 power_w,
+                cpu_quota_milli: None,
+                be_ops_per_s: None,
             });
             let pct = a.target.as_ref().map_or(99.0, |t| t.percentile);
             snap.apps.push(AppState {

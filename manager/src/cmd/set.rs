@@ -1,4 +1,4 @@
-//! `qosd set cores|freq|ways|mb`: one knob by hand. One-shot: the change
+//! `qosd set cores|freq|ways|mb|quota`: one knob by hand. One-shot: the change
 //! stays after qosd exits, its original is recorded in the state file and
 //! `qosd restore` puts it back (or `--hold` keeps it until Ctrl-C/SIGTERM
 //! and restores it then).
@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use clap::{Args as ClapArgs, Subcommand};
 use qosd_actuators::{
     cpulist, signals, Actuators, Allocation, AppTarget, Change, Config, CoresBackend, FreqBackend,
-    WaysBackend,
+    QuotaBackend, WaysBackend,
 };
 
 #[derive(ClapArgs, Debug)]
@@ -18,6 +18,7 @@ use qosd_actuators::{
     qosd set freq --cpus 0-3 --mhz 1800                   DVFS: 1.8 GHz on CPUs 0-3\n  \
     qosd set ways --pid 1234 --ways 4                     4 LLC ways (resctrl group qosd-pid1234)\n  \
     qosd set mb --pid 1234 --percent 50                   memory bandwidth ceiling 50%\n  \
+    qosd set quota --pid 1234 --quota 0.3                 CPU bandwidth: 0.3 CPU (cgroup qosd-pid1234)\n  \
     qosd set --dry-run cores --pid 1234 --cpus 1          print what would change\n  \
     qosd set --hold cores --pid 1234 --cpus 1             keep it until Ctrl-C, then restore\n  \
     qosd restore                                          put back everything qosd set changed\n\n\
@@ -81,6 +82,40 @@ pub enum Knob {
         #[arg(long)]
         percent: u32,
     },
+    /// CPU bandwidth of a process (CFS quota), in CPUs: how much CPU time
+    /// per period it may use, on whichever CPUs it runs.
+    Quota {
+        #[arg(long, required = true)]
+        pid: Vec<i32>,
+        /// CPUs' worth of time, e.g. 0.3 or 1.5 (at most the online CPUs;
+        /// rounded to 0.001).
+        #[arg(long, value_name = "CPUS")]
+        quota: String,
+        #[arg(long, value_enum, default_value = "auto")]
+        backend: QuotaArg,
+    },
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum QuotaArg {
+    Auto,
+    Cgroup2,
+    Cgroup1,
+}
+
+/// `--quota 0.3` in milli-CPUs.
+fn parse_quota(s: &str) -> anyhow::Result<u32> {
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| crate::usage!("--quota: {s:?} is not a number of CPUs (e.g. 0.3)"))?;
+    let milli = (v * 1000.0).round();
+    if !v.is_finite() || milli < 1.0 || milli > u32::MAX as f64 {
+        return Err(crate::usage!(
+            "--quota: {s} is not a positive number of CPUs"
+        ));
+    }
+    Ok(milli as u32)
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -161,7 +196,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             }
         }
         Knob::Mb { .. } => {}
+        Knob::Quota { backend, .. } => {
+            cfg.cpu_quota_backend = match backend {
+                QuotaArg::Auto => QuotaBackend::Auto,
+                QuotaArg::Cgroup2 => QuotaBackend::Cgroup2,
+                QuotaArg::Cgroup1 => QuotaBackend::Cgroup1,
+            }
+        }
     }
+    // Parse before anything is opened: bad input changes nothing.
+    let quota = match &args.knob {
+        Knob::Quota { quota, .. } => Some(parse_quota(quota)?),
+        _ => None,
+    };
     // Block the termination signals before changing anything, so that
     // with --hold a signal arriving mid-change waits and then restores.
     let sigs = if args.hold {
@@ -190,6 +237,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             &app(pid),
             &Allocation {
                 mb_percent: Some(*percent),
+                ..Default::default()
+            },
+        ),
+        Knob::Quota { pid, .. } => acts.apply(
+            &app(pid),
+            &Allocation {
+                cpu_quota_milli: quota,
                 ..Default::default()
             },
         ),

@@ -134,6 +134,21 @@ fn wrong_types_and_enum_values() {
     assert_eq!(c.apps[1].latency, LatencyFrom::Arrival);
     let e = parse(&format!("{GOOD}api: {{ listen: localhost }}\n")).unwrap_err();
     assert_eq!((e.line, e.key.as_str()), (13, "api.listen"), "{e}");
+    let e = parse(&format!(
+        "{GOOD}actuators: {{ enabled: [cores, cpu_quota], cpu_quota_unit_milli: 5 }}\n"
+    ))
+    .unwrap_err();
+    assert_eq!(
+        (e.line, e.key.as_str()),
+        (13, "actuators.cpu_quota_unit_milli"),
+        "{e}"
+    );
+    let c = parse(&format!("{GOOD}actuators: {{ enabled: [cores, quota] }}\n")).unwrap();
+    assert_eq!(
+        c.actuators.enabled,
+        vec![Resource::Cores, Resource::CpuQuota]
+    );
+    assert_eq!(c.actuators.cpu_quota_unit_milli, 100);
     let e = parse(&format!("{GOOD}actuators: {{ enabled: [cores, gpus] }}\n")).unwrap_err();
     assert_eq!(e.line, 13, "{e}");
     assert!(e.key.starts_with("actuators.enabled"), "{e}");
@@ -169,6 +184,13 @@ fn semantic_errors_point_at_their_key() {
             9,
             "apps[0].resources.max.mb_percent",
             "1 to 100",
+        ),
+        (
+            "mb_percent: 100",
+            "mb_percent: 100, cpu_quota_milli: 5",
+            9,
+            "apps[0].resources.max.cpu_quota_milli",
+            "at least 10",
         ),
         (
             "match: { comm: nginx }",

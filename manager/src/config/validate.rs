@@ -78,6 +78,12 @@ impl Config {
                 ));
             }
         }
+        if !(10..=1000).contains(&self.actuators.cpu_quota_unit_milli) {
+            return Err(Invalid::new(
+                act.key("cpu_quota_unit_milli"),
+                "must be 10 to 1000 (0.01 to 1 CPU)",
+            ));
+        }
         if !self.actuators.root.is_absolute() {
             return Err(Invalid::new(act.key("root"), "must be an absolute path"));
         }
@@ -208,7 +214,7 @@ impl AppConfig {
 
     fn validate_resources(&self, at: &KeyPath) -> Result<(), Invalid> {
         let r = &self.resources;
-        for res in Resource::CYCLE {
+        for res in Resource::ALL {
             let key = amount_key(res);
             let (ini, min, max) = (r.initial.get(res), r.min.get(res), r.max.get(res));
             for (which, v) in [("initial", ini), ("min", min), ("max", max)] {
@@ -216,12 +222,13 @@ impl AppConfig {
                 let bad = match res {
                     Resource::Cores | Resource::CacheWays | Resource::Frequency => v == 0,
                     Resource::MemoryBandwidth => v == 0 || v > 100,
+                    Resource::CpuQuota => v < 10,
                 };
                 if bad {
-                    let range = if res == Resource::MemoryBandwidth {
-                        "1 to 100"
-                    } else {
-                        "at least 1"
+                    let range = match res {
+                        Resource::MemoryBandwidth => "1 to 100",
+                        Resource::CpuQuota => "at least 10 (0.01 CPU)",
+                        _ => "at least 1",
                     };
                     return Err(Invalid::new(
                         at.key(which).key(key),

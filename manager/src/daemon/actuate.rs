@@ -45,13 +45,14 @@ impl Actuation {
     pub fn new(act: Actuators, enabled: &[Resource]) -> Result<Self, Error> {
         let topo = act.topology()?;
         let mut node = act.node_caps();
-        for r in Resource::CYCLE {
+        for r in Resource::ALL {
             if !enabled.contains(&r) {
                 match r {
                     Resource::Cores => node.nr_cores = 0,
                     Resource::CacheWays => node.nr_ways = 0,
                     Resource::Frequency => node.freq = None,
                     Resource::MemoryBandwidth => node.mb = None,
+                    Resource::CpuQuota => node.quota = None,
                 }
             }
         }
@@ -120,6 +121,8 @@ impl Actuation {
             freq_mhz: (n.has(Resource::Frequency) && s.freq_mhz > 0).then_some(s.freq_mhz),
             mb_percent: (n.has(Resource::MemoryBandwidth) && s.mb_percent > 0)
                 .then_some(s.mb_percent),
+            cpu_quota_milli: (n.has(Resource::CpuQuota) && s.cpu_quota_milli > 0)
+                .then_some(s.cpu_quota_milli),
         }
     }
 

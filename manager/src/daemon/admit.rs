@@ -4,8 +4,9 @@
 //! the app's min/max; when the free pool is short, other apps give units
 //! above their own minimum (best-effort apps first, then the one holding
 //! most). An app whose minimum cannot be met is not managed (it is still
-//! monitored) until units free up. Levels (frequency, memory bandwidth)
-//! start at `initial`, or as found (0) when unset.
+//! monitored) until units free up. Levels (frequency, memory bandwidth,
+//! CPU quota) start at `initial`, or as found (0) when unset; a quota is
+//! then lowered to the app's cores (the rule of `qosd_core::quota`).
 
 use std::collections::BTreeMap;
 
@@ -27,7 +28,7 @@ pub fn admit(
     let mut share = Share::default();
     let mut taken = Vec::new();
     let mut next = current.clone();
-    for r in Resource::CYCLE {
+    for r in Resource::ALL {
         let Some((nlo, nhi)) = node.range(r) else {
             continue; // the node cannot actuate it: left as found
         };
@@ -79,6 +80,9 @@ pub fn admit(
         }
         share.set(r, want.min(free));
     }
+    if let Some(c) = qosd_core::quota::ceiling_milli(&share, node) {
+        share.cpu_quota_milli = share.cpu_quota_milli.min(c);
+    }
     *current = next;
     Ok((share, taken))
 }
@@ -93,6 +97,7 @@ mod tests {
             nr_ways: 0,
             freq: None,
             mb: None,
+            quota: None,
         }
     }
 
@@ -157,5 +162,41 @@ mod tests {
         let e = admit(&node(4), &mut cur, &peers, "y", cores(1), Limits::default()).unwrap_err();
         assert!(e.contains("cores: needs at least 1"), "{e}");
         assert_eq!(cur, before, "a refusal takes nothing");
+    }
+
+    #[test]
+    fn initial_quota_is_a_level_kept_within_the_cores_held() {
+        let mut n = node(2);
+        n.quota = Some(qosd_core::QuotaRange {
+            step_milli: 100,
+            max_milli: 2000,
+        });
+        let peers = Peers::new();
+        let q = |cores: u32, quota: u32| Share {
+            nr_cores: cores,
+            cpu_quota_milli: quota,
+            ..Default::default()
+        };
+        let mut cur = Allocations::new();
+        let (s, _) = admit(&n, &mut cur, &peers, "a", q(1, 700), Limits::default()).unwrap();
+        assert_eq!((s.nr_cores, s.cpu_quota_milli), (1, 700));
+        // 1.5 CPU on one core: lowered to the core (quota <= cores held).
+        let mut cur = Allocations::new();
+        let (s, _) = admit(&n, &mut cur, &peers, "a", q(1, 1500), Limits::default()).unwrap();
+        assert_eq!(s.cpu_quota_milli, 1000);
+        // Unset stays unset (no quota), and without the knob nothing is set.
+        let (s, _) = admit(&n, &mut cur, &peers, "b", q(1, 0), Limits::default()).unwrap();
+        assert_eq!(s.cpu_quota_milli, 0);
+        let mut cur = Allocations::new();
+        let (s, _) = admit(
+            &node(2),
+            &mut cur,
+            &peers,
+            "c",
+            q(1, 700),
+            Limits::default(),
+        )
+        .unwrap();
+        assert_eq!(s.cpu_quota_milli, 0);
     }
 }

@@ -182,6 +182,7 @@ pub fn app_json(a: &AppLive, window_ms: u64, knobs: &[Resource]) -> Value {
             "llc_ways": level(Resource::CacheWays, sh.nr_ways),
             "frequency_mhz": level(Resource::Frequency, sh.freq_mhz),
             "memory_bandwidth_percent": level(Resource::MemoryBandwidth, sh.mb_percent),
+            "cpu_quota_milli": level(Resource::CpuQuota, sh.cpu_quota_milli),
         })
     });
     json!({

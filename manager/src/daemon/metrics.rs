@@ -291,7 +291,7 @@ pub fn render(sh: &Shared, dropped: Option<u64>) -> String {
 
     // Allocations: only knobs in use, only managed apps, only values set.
     type Get = fn(&qosd_core::Share) -> u32;
-    let knobs: [(Resource, &str, &str, f64, Get); 4] = [
+    let knobs: [(Resource, &str, &str, f64, Get); 5] = [
         (
             Resource::Cores,
             "qosd_app_cores",
@@ -319,6 +319,13 @@ pub fn render(sh: &Shared, dropped: Option<u64>) -> String {
             "Memory-bandwidth throttle of the app (0..1).",
             0.01,
             |s| s.mb_percent,
+        ),
+        (
+            Resource::CpuQuota,
+            "qosd_app_cpu_quota_cpus",
+            "CPU bandwidth (CFS quota) of the app, in CPUs.",
+            0.001,
+            |s| s.cpu_quota_milli,
         ),
     ];
     for (r, name, help, scale, get) in knobs {

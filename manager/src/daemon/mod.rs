@@ -96,7 +96,7 @@ pub fn run(o: Options) -> anyhow::Result<()> {
 }
 
 fn knob_table(act: &Actuation, enabled: &[Resource]) -> Vec<KnobInfo> {
-    Resource::CYCLE
+    Resource::ALL
         .iter()
         .map(|&r| {
             let k = act.caps().get(r);
@@ -130,6 +130,8 @@ async fn serve(o: Options, cfg: Config, policy: PolicyFile, ppath: PathBuf) -> a
         cores_backend: cfg.actuators.cores_backend,
         frequency_backend: cfg.actuators.frequency_backend,
         cache_ways_backend: cfg.actuators.cache_ways_backend,
+        cpu_quota_backend: cfg.actuators.cpu_quota_backend,
+        cpu_quota_unit_milli: cfg.actuators.cpu_quota_unit_milli,
         ..Default::default()
     };
     // One daemon per group name on the node, whatever its state file:

@@ -22,6 +22,7 @@ pub fn node(cores: u32, ways: u32, freq: bool, mb: bool) -> NodeCaps {
             min_percent: 10,
             step_percent: 10,
         }),
+        quota: None,
     }
 }
 
@@ -76,6 +77,7 @@ pub fn allocs(rows: &[(&str, u32, u32, u32, u32)]) -> Allocations {
                     nr_ways: w,
                     freq_mhz: f,
                     mb_percent: m,
+                    cpu_quota_milli: 0,
                 },
             )
         })

@@ -108,9 +108,18 @@ pub struct AppSpec {
     pub name: String,
     /// `lc` (latency-critical, has a target) or `be` (best-effort).
     pub class: AppClass,
-    /// How to start its server in real runs (and its default sim model).
-    pub server: Server,
-    pub protocol: Protocol,
+    /// How to start its server in real runs (and its default sim model);
+    /// exactly one of `server` and `job`.
+    #[serde(default)]
+    pub server: Option<Server>,
+    /// A best-effort app's batch job instead of a server: it takes no
+    /// load, and its throughput (ops/s) is what it gains or loses.
+    #[serde(default)]
+    pub job: Option<JobSpec>,
+    /// How the load generator talks to the server (every server needs one;
+    /// a job has none).
+    #[serde(default)]
+    pub protocol: Option<Protocol>,
     /// Persistent connections with pipelining (else one per request).
     #[serde(default = "yes")]
     pub keepalive: bool,
@@ -132,7 +141,8 @@ pub struct AppSpec {
     /// default) or `service` (from the server's first read).
     #[serde(default)]
     pub latency: qosd_core::LatencyFrom,
-    /// Offered load over time, fractions of capacity.
+    /// Offered load over time, fractions of capacity (default: none).
+    #[serde(default = "no_load")]
     pub load: Shape,
     /// Overrides of the simulated service model (`--sim`).
     #[serde(default)]
@@ -141,6 +151,50 @@ pub struct AppSpec {
 
 fn yes() -> bool {
     true
+}
+fn no_load() -> Shape {
+    Shape::Constant { level: 0.0 }
+}
+
+impl AppSpec {
+    /// The server's protocol (HTTP where a validated spec has none: a job,
+    /// which is never sent load).
+    pub fn protocol(&self) -> Protocol {
+        self.protocol.unwrap_or(Protocol::Http)
+    }
+}
+
+/// A best-effort batch job (see [`crate::batch`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+pub enum JobSpec {
+    /// `qosd batch`: hashing on `threads` threads, progress in ops/s.
+    Hash {
+        /// Worker threads (each uses up to one CPU).
+        #[serde(default = "one_u32")]
+        threads: u32,
+        /// Bytes hashed per operation, KiB.
+        #[serde(default = "default_op_kib")]
+        op_kib: u32,
+    },
+}
+
+fn default_op_kib() -> u32 {
+    16
+}
+
+impl JobSpec {
+    /// The arguments of the job's process, bounded by the run's length.
+    pub fn args(&self, report_ms: u64, exit_after_s: u64) -> crate::batch::BatchArgs {
+        match self {
+            JobSpec::Hash { threads, op_kib } => crate::batch::BatchArgs {
+                threads: *threads,
+                op_kib: *op_kib,
+                report_ms,
+                exit_after_s,
+            },
+        }
+    }
 }
 fn default_connections() -> usize {
     8

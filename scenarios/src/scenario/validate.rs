@@ -1,11 +1,12 @@
 //! The validation pass of a parsed scenario: ranges, names, one target per
-//! latency-critical app, trace files readable. Returns the key at fault.
+//! latency-critical app, a server or (best-effort apps) a batch job, trace
+//! files readable. Returns the key at fault.
 
 use std::collections::HashSet;
 
 use qosd_core::AppClass;
 
-use super::{AppSpec, Scenario, Seg, Server, Shape};
+use super::{AppSpec, JobSpec, Scenario, Seg, Server, Shape};
 use crate::load::{self, Protocol};
 
 type Fail = (Vec<Seg>, String);
@@ -176,55 +177,27 @@ fn app(i: usize, a: &AppSpec) -> Result<(), Fail> {
         p("http_path"),
         || format!("{:?}: must start with / and hold no spaces", a.http_path),
     )?;
-    match &a.server {
-        Server::Memcached { threads, .. } => {
-            check(a.protocol == Protocol::Memcache, p("protocol"), || {
-                "memcached speaks `memcache`".into()
-            })?;
-            check(
-                (1..=256).contains(threads),
-                at(&[&"apps", &i, &"server", &"threads"]),
-                || format!("{threads}: must be in 1..=256"),
-            )?;
+    let server = match (&a.server, &a.job) {
+        (Some(srv), None) => Some(srv),
+        (None, Some(j)) => {
+            job(i, a, j)?;
+            None
         }
-        Server::Nginx { workers } => {
-            check(a.protocol == Protocol::Http, p("protocol"), || {
-                "nginx speaks `http`".into()
-            })?;
-            check(
-                (1..=64).contains(workers),
-                at(&[&"apps", &i, &"server", &"workers"]),
-                || format!("{workers}: must be in 1..=64"),
-            )?;
+        (Some(_), Some(_)) => {
+            return Err((p("job"), "give a `server` or a `job`, not both".into()))
         }
-        Server::Fixture { work_us, delay_us } => {
-            check(a.protocol == Protocol::Http, p("protocol"), || {
-                "the fixture server speaks `http`".into()
-            })?;
-            check(
-                *work_us <= 1_000_000 && *delay_us <= 10_000_000,
+        (None, None) => {
+            return Err((
                 p("server"),
-                || "work_us <= 1 s and delay_us <= 10 s".into(),
-            )?;
+                "missing: how to start the app (a best-effort app may run a `job` instead)".into(),
+            ))
         }
-        Server::Grpc { work_us } => {
-            check(a.protocol == Protocol::Grpc, p("protocol"), || {
-                "the gRPC fixture server speaks `grpc`".into()
-            })?;
-            check(*work_us <= 1_000_000, p("server"), || {
-                "work_us <= 1 s".into()
-            })?;
-        }
-        Server::Command { argv } => {
-            check(
-                !argv.is_empty(),
-                at(&[&"apps", &i, &"server", &"argv"]),
-                || "empty command".into(),
-            )?;
-        }
+    };
+    if let Some(srv) = server {
+        server_ok(i, a, srv)?;
     }
     if let Some(m) = &a.mix {
-        check(a.protocol == Protocol::Memcache, p("mix"), || {
+        check(a.protocol == Some(Protocol::Memcache), p("mix"), || {
             "a request mix is for memcache apps".into()
         })?;
         check(
@@ -272,7 +245,7 @@ fn app(i: usize, a: &AppSpec) -> Result<(), Fail> {
             format!("{v}: must be in (0, 1e7]")
         })?;
     }
-    if matches!(a.server, Server::Command { .. }) {
+    if matches!(a.server, Some(Server::Command { .. })) {
         check(m.service_us.is_some(), p("sim"), || {
             "a `command` server needs sim.service_us for --sim".into()
         })?;
@@ -313,6 +286,91 @@ fn app(i: usize, a: &AppSpec) -> Result<(), Fail> {
         check(v >= 1, sp("ways_needed"), || "must be >= 1".into())?;
     }
     Ok(())
+}
+
+/// A server app: its protocol is given and is the one its server speaks.
+fn server_ok(i: usize, a: &AppSpec, srv: &Server) -> Result<(), Fail> {
+    let p = |k: &'static str| at(&[&"apps", &i, &k]);
+    let Some(proto) = a.protocol else {
+        return Err((
+            p("protocol"),
+            "missing: how the load generator talks to the server (http, memcache or grpc)".into(),
+        ));
+    };
+    match srv {
+        Server::Memcached { threads, .. } => {
+            check(proto == Protocol::Memcache, p("protocol"), || {
+                "memcached speaks `memcache`".into()
+            })?;
+            check(
+                (1..=256).contains(threads),
+                at(&[&"apps", &i, &"server", &"threads"]),
+                || format!("{threads}: must be in 1..=256"),
+            )?;
+        }
+        Server::Nginx { workers } => {
+            check(proto == Protocol::Http, p("protocol"), || {
+                "nginx speaks `http`".into()
+            })?;
+            check(
+                (1..=64).contains(workers),
+                at(&[&"apps", &i, &"server", &"workers"]),
+                || format!("{workers}: must be in 1..=64"),
+            )?;
+        }
+        Server::Fixture { work_us, delay_us } => {
+            check(proto == Protocol::Http, p("protocol"), || {
+                "the fixture server speaks `http`".into()
+            })?;
+            check(
+                *work_us <= 1_000_000 && *delay_us <= 10_000_000,
+                p("server"),
+                || "work_us <= 1 s and delay_us <= 10 s".into(),
+            )?;
+        }
+        Server::Grpc { work_us } => {
+            check(proto == Protocol::Grpc, p("protocol"), || {
+                "the gRPC fixture server speaks `grpc`".into()
+            })?;
+            check(*work_us <= 1_000_000, p("server"), || {
+                "work_us <= 1 s".into()
+            })?;
+        }
+        Server::Command { argv } => {
+            check(
+                !argv.is_empty(),
+                at(&[&"apps", &i, &"server", &"argv"]),
+                || "empty command".into(),
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// A best-effort app's batch job: no protocol, no load, no target.
+fn job(i: usize, a: &AppSpec, j: &JobSpec) -> Result<(), Fail> {
+    let p = |k: &'static str| at(&[&"apps", &i, &k]);
+    check(a.class == AppClass::Be, p("job"), || {
+        "a batch job is for best-effort apps (class: be)".into()
+    })?;
+    check(a.protocol.is_none(), p("protocol"), || {
+        "a batch job takes no requests: drop `protocol`".into()
+    })?;
+    check(a.load.peak() == 0.0, p("load"), || {
+        "a batch job takes no load: drop `load`".into()
+    })?;
+    let JobSpec::Hash { threads, op_kib } = j;
+    let jp = |k: &'static str| at(&[&"apps", &i, &"job", &k]);
+    check(
+        (1..=crate::batch::MAX_THREADS).contains(threads),
+        jp("threads"),
+        || format!("{threads}: must be in 1..={}", crate::batch::MAX_THREADS),
+    )?;
+    check(
+        (1..=crate::batch::MAX_OP_KIB).contains(op_kib),
+        jp("op_kib"),
+        || format!("{op_kib}: must be in 1..={}", crate::batch::MAX_OP_KIB),
+    )
 }
 
 fn shape(i: usize, s: &Shape) -> Result<(), Fail> {

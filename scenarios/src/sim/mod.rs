@@ -55,6 +55,7 @@ pub fn node_caps(node: &SimNode) -> NodeCaps {
             step_mhz: node.freq_step_mhz,
         }),
         mb: None,
+        quota: None,
     }
 }
 
@@ -73,6 +74,7 @@ pub fn initial_allocations(sc: &Scenario) -> Allocations {
                 nr_ways: share(sc.node.nr_ways, i),
                 freq_mhz: sc.node.freq_max_mhz,
                 mb_percent: 0,
+                cpu_quota_milli: 0,
             };
             (a.name.clone(), alloc)
         })
@@ -248,6 +250,8 @@ pub fn run(
                 llc_ways: (node.nr_ways > 0).then_some(a.nr_ways),
                 mb_percent: None,
                 power_w: Some(power),
+                cpu_quota_milli: None,
+                be_ops_per_s: None,
             });
             let util = st.busy_core_s / iv_s / st.model.servers(&a) as f64;
             let samples = std::mem::take(&mut st.samples);

@@ -1,6 +1,8 @@
 //! The service model of one app on the simulated node: an M/M/c queue whose
 //! servers are the app's cores (up to its parallelism) and whose service
-//! time depends on frequency and cache ways; plus a backlog that carries
+//! time depends on frequency, cache ways and CPU quota (a quota below the
+//! servers stretches every server's time, processor-sharing style, so that
+//! capacity scales with `min(cores, quota)`); plus a backlog that carries
 //! overload from one sample to the next, and a network term only the client
 //! sees (its queue follows the load with a lag, as in the paper's Fig. 11).
 
@@ -31,7 +33,11 @@ impl SimModel {
     pub fn of(app: &AppSpec) -> SimModel {
         // Defaults: memcached spends ~10 µs in the server and ~0.1 ms on the
         // network; vSwarm-like HTTP services ~0.75 ms (paper 000, §IV-A).
-        let base = match &app.server {
+        let Some(server) = &app.server else {
+            // A batch job takes no requests: the generic model, never fed.
+            return SimModel::generic().with(&app.sim);
+        };
+        let base = match server {
             Server::Memcached { threads, .. } => SimModel {
                 service_us: 12.0,
                 parallelism: *threads,
@@ -114,7 +120,7 @@ impl SimModel {
             let need = self.ways_needed.max(1) as f64;
             1.0 + self.cache_slowdown * (1.0 - (a.nr_ways as f64).min(need) / need)
         };
-        self.service_us * freq * cache
+        self.service_us * freq * cache * self.quota_stretch(a)
     }
 
     /// Servers of the queue: cores, up to the app's parallelism.
@@ -122,7 +128,30 @@ impl SimModel {
         a.nr_cores.min(self.parallelism).max(1)
     }
 
-    /// Throughput at which the app saturates under `a`, requests/s.
+    /// CPUs' worth of time the app can use: its servers, or its CPU quota
+    /// when that is lower (`cpu_quota_milli` 0 = no quota). The quota
+    /// bounds the CPU time of all threads together, so it caps cores and
+    /// parallelism alike.
+    pub fn effective_cpus(&self, a: &Share) -> f64 {
+        let c = self.servers(a) as f64;
+        if a.cpu_quota_milli == 0 {
+            c
+        } else {
+            c.min(a.cpu_quota_milli as f64 / qosd_core::quota::MILLI_PER_CPU as f64)
+        }
+    }
+
+    /// How much longer each request holds a server when a quota leaves
+    /// fewer CPUs than servers: the c servers share `effective_cpus` of
+    /// time. This is CFS bandwidth control averaged over its period; the
+    /// bursts it makes within a period (run at full speed, then throttled
+    /// until the next period) are not modelled.
+    fn quota_stretch(&self, a: &Share) -> f64 {
+        self.servers(a) as f64 / self.effective_cpus(a).max(1e-3)
+    }
+
+    /// Throughput at which the app saturates under `a`, requests/s:
+    /// `min(cores, parallelism, quota)` CPUs over the per-request CPU time.
     pub fn capacity_rps(&self, a: &Share, node: &SimNode) -> f64 {
         self.servers(a) as f64 * 1e6 / self.service_time_us(a, node)
     }
@@ -250,6 +279,76 @@ pub fn percentile(samples: &[Sample], p: f64, client: bool) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn node() -> SimNode {
+        serde_yaml_ng::from_str("{ nr_cores: 4, nr_ways: 0 }").unwrap()
+    }
+
+    fn share(cores: u32, quota_milli: u32) -> Share {
+        Share {
+            nr_cores: cores,
+            freq_mhz: node().freq_max_mhz,
+            cpu_quota_milli: quota_milli,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn capacity_scales_with_the_lesser_of_cores_and_quota() {
+        let m = SimModel {
+            parallelism: 8,
+            ..SimModel::generic()
+        };
+        let n = node();
+        let one = m.capacity_rps(&share(1, 0), &n);
+        assert!((one - 1e6 / m.service_us).abs() < 1e-6, "{one}");
+        // Quota below cores: capacity follows the quota.
+        for (cores, q, cpus) in [(1, 300, 0.3), (2, 1500, 1.5), (4, 2000, 2.0), (2, 500, 0.5)] {
+            let c = m.capacity_rps(&share(cores, q), &n);
+            assert!((c / one - cpus).abs() < 1e-9, "{cores} cores {q} m: {c}");
+            assert!((m.effective_cpus(&share(cores, q)) - cpus).abs() < 1e-12);
+        }
+        // Quota above cores buys nothing; 0 means no quota.
+        for q in [0, 2000, 3000] {
+            let c = m.capacity_rps(&share(2, q), &n);
+            assert!((c / one - 2.0).abs() < 1e-9, "quota {q}: {c}");
+        }
+        // Parallelism bounds it before the quota does.
+        let narrow = SimModel {
+            parallelism: 1,
+            ..SimModel::generic()
+        };
+        let c = narrow.capacity_rps(&share(4, 2500), &n);
+        assert!((c / one - 1.0).abs() < 1e-9, "{c}");
+    }
+
+    #[test]
+    fn a_lower_quota_raises_the_tail_at_the_same_load() {
+        let m = SimModel {
+            parallelism: 4,
+            ..SimModel::generic()
+        };
+        let n = node();
+        let lambda = 0.8 * m.capacity_rps(&share(1, 1000), &n) * 1e-6;
+        let p99 = |q: u32| {
+            let a = share(2, q);
+            let s = Sample {
+                queue: Queue::new(
+                    m.servers(&a),
+                    m.service_time_us(&a, &n),
+                    m.service_cv,
+                    lambda,
+                ),
+                shift_us: 0.0,
+                network_us: 0.0,
+                noise: 1.0,
+                weight: 1.0,
+            };
+            percentile(&[s], 99.0, false).unwrap()
+        };
+        let (full, q15, q11) = (p99(0), p99(1500), p99(1100));
+        assert!(full < q15 && q15 < q11, "{full} {q15} {q11}");
+    }
 
     #[test]
     fn mm1_matches_closed_form() {

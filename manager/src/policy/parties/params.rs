@@ -20,6 +20,9 @@ pub struct Steps {
     /// Memory-bandwidth percent per decision (resctrl's granularity is
     /// usually 10).
     pub mb_percent: u32,
+    /// CPU quota per decision, milli-CPUs; 0 (the default) takes the
+    /// node's unit (`actuators.cpu_quota_unit_milli`, 100 = 0.1 CPU).
+    pub cpu_quota_milli: u32,
 }
 
 impl Default for Steps {
@@ -29,17 +32,28 @@ impl Default for Steps {
             nr_ways: 1,
             freq_mhz: 100,
             mb_percent: 10,
+            cpu_quota_milli: 0,
         }
     }
 }
 
 impl Steps {
+    /// The step of `r` on `node`: the configured one, or for a quota
+    /// step of 0 the node's own unit.
+    pub fn on(&self, r: Resource, node: &qosd_core::NodeCaps) -> u32 {
+        match self.get(r) {
+            0 => node.granularity(r),
+            v => v,
+        }
+    }
+
     pub fn get(&self, r: Resource) -> u32 {
         match r {
             Resource::Cores => self.nr_cores,
             Resource::CacheWays => self.nr_ways,
             Resource::Frequency => self.freq_mhz,
             Resource::MemoryBandwidth => self.mb_percent,
+            Resource::CpuQuota => self.cpu_quota_milli,
         }
     }
 

@@ -1,0 +1,279 @@
+//! The CPU quota knob: how much CPU time an app may use per period, in
+//! thousandths of a CPU, through CFS bandwidth control. Backends: cgroup v2
+//! `cpu.max` ("QUOTA PERIOD") in the app's group `qosd-<app>` (the same
+//! group the cpuset backend uses), or cgroup v1 `cpu.cfs_quota_us` /
+//! `cpu.cfs_period_us` in a group of that name in the `cpu` hierarchy. The
+//! period is the group's own (the kernel's default 100 ms); only the quota
+//! is written, so restoring one file puts everything back.
+
+use std::path::{Path, PathBuf};
+
+use qosd_core::quota::MILLI_PER_CPU;
+use qosd_core::{Allocation, Resource};
+use serde::{Deserialize, Serialize};
+
+use crate::caps::{BackendProbe, KnobCaps};
+use crate::cores::{cgroup1_with, cgroup2_with};
+use crate::error::{Error, Result};
+use crate::root::{read_file, Root};
+use crate::{proc, Actuator, AppTarget, Ctx, Plan};
+
+const R: Resource = Resource::CpuQuota;
+
+/// The kernel's default CFS period, used when a group's file cannot be
+/// read (a group not made yet in a dry run).
+const DEFAULT_PERIOD_US: u64 = 100_000;
+/// The kernel refuses quotas under 1 ms.
+const MIN_QUOTA_US: u64 = 1_000;
+
+/// Which quota backend: `auto` is cgroup2, then cgroup1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum QuotaBackend {
+    #[default]
+    Auto,
+    Cgroup2,
+    Cgroup1,
+}
+
+/// The cgroup v2 mount with the `cpu` controller enabled for children.
+pub fn probe_cgroup2(root: &Root) -> std::result::Result<PathBuf, String> {
+    cgroup2_with(root, "cpu")
+}
+
+/// The cgroup v1 hierarchy with the `cpu` controller and CFS bandwidth
+/// (a kernel without CONFIG_CFS_BANDWIDTH has no `cpu.cfs_quota_us`).
+pub fn probe_cgroup1(root: &Root) -> std::result::Result<PathBuf, String> {
+    cgroup1_with(root, "cpu", "cpu.cfs_quota_us")
+}
+
+/// Probes both backends; returns the knob's caps and the chosen plugin.
+/// `nr_cpus`: online CPUs (the most quota any app may get).
+pub fn detect(
+    root: &Root,
+    pref: QuotaBackend,
+    nr_cpus: Option<u32>,
+) -> (KnobCaps, Option<QuotaActuator>) {
+    let probe = |name: &str, r: std::result::Result<PathBuf, String>, what: &str| match r {
+        Ok(m) => (
+            BackendProbe {
+                name: name.into(),
+                available: true,
+                reason: format!("{what} per app under {}", root.show(&m)),
+            },
+            Some(m),
+        ),
+        Err(reason) => (
+            BackendProbe {
+                name: name.into(),
+                available: false,
+                reason,
+            },
+            None,
+        ),
+    };
+    let (p2, m2) = probe("cgroup2", probe_cgroup2(root), "cpu.max in a cgroup");
+    let (p1, m1) = probe(
+        "cgroup1",
+        probe_cgroup1(root),
+        "cpu.cfs_quota_us in a cgroup v1 cpu group",
+    );
+    let allowed = |n: &str| match pref {
+        QuotaBackend::Auto => true,
+        QuotaBackend::Cgroup2 => n == "cgroup2",
+        QuotaBackend::Cgroup1 => n == "cgroup1",
+    };
+    let mut caps = KnobCaps::choose(vec![p2, p1], allowed);
+    let mount = match caps.backend.as_deref() {
+        Some("cgroup2") => m2.map(|m| (true, m)),
+        Some("cgroup1") => m1.map(|m| (false, m)),
+        _ => None,
+    };
+    match (mount, nr_cpus) {
+        (Some((v2, mount)), Some(n)) if n > 0 => (
+            caps,
+            Some(QuotaActuator {
+                v2,
+                mount,
+                nr_cpus: n,
+            }),
+        ),
+        (Some(_), _) => {
+            caps.available = false;
+            caps.backend = None;
+            caps.reason = "cannot read the online CPUs (/sys/devices/system/cpu/online)".into();
+            (caps, None)
+        }
+        (None, _) => (caps, None),
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct QuotaActuator {
+    /// cgroup v2 (`cpu.max`) or v1 (`cpu.cfs_quota_us`).
+    pub v2: bool,
+    /// The hierarchy's mount directory (prefixed).
+    pub mount: PathBuf,
+    /// Online CPUs: no app can use more, so no quota may exceed them.
+    pub nr_cpus: u32,
+}
+
+/// Parses a group's quota and period: v2 `cpu.max` ("max 100000" or
+/// "30000 100000"), v1 the two files' numbers. `None` quota = unlimited.
+fn parse_v2(s: &str) -> Option<(Option<u64>, u64)> {
+    let mut it = s.split_whitespace();
+    let q = it.next()?;
+    let period = it
+        .next()
+        .map_or(Some(DEFAULT_PERIOD_US), |p| p.parse().ok())?;
+    let quota = if q == "max" {
+        None
+    } else {
+        Some(q.parse().ok()?)
+    };
+    Some((quota, period))
+}
+
+impl QuotaActuator {
+    /// Quota (µs, `None` = unlimited) and period (µs) of a group dir.
+    fn group_quota(&self, group: &Path) -> Result<(Option<u64>, u64)> {
+        let bad = |f: &Path, s: &str| Error::Invalid(format!("{}: unexpected {s:?}", f.display()));
+        if self.v2 {
+            let f = group.join("cpu.max");
+            let s = read_file(&f)?;
+            parse_v2(&s).ok_or_else(|| bad(&f, &s))
+        } else {
+            let fq = group.join("cpu.cfs_quota_us");
+            let fp = group.join("cpu.cfs_period_us");
+            let (q, p) = (read_file(&fq)?, read_file(&fp)?);
+            let period: u64 = p.trim().parse().map_err(|_| bad(&fp, &p))?;
+            let quota: i64 = q.trim().parse().map_err(|_| bad(&fq, &q))?;
+            Ok(((quota >= 0).then_some(quota as u64), period))
+        }
+    }
+
+    fn controller(&self) -> Option<&'static str> {
+        (!self.v2).then_some("cpu")
+    }
+}
+
+/// Milli-CPUs to a quota in µs per `period_us`, and back (rounded to the
+/// nearest milli-CPU).
+pub fn quota_us(milli: u32, period_us: u64) -> u64 {
+    milli as u64 * period_us / MILLI_PER_CPU as u64
+}
+
+pub fn milli_of(quota_us: u64, period_us: u64) -> u32 {
+    ((quota_us * MILLI_PER_CPU as u64 + period_us / 2) / period_us.max(1)) as u32
+}
+
+impl Actuator for QuotaActuator {
+    fn resource(&self) -> Resource {
+        R
+    }
+
+    fn backend(&self) -> &'static str {
+        if self.v2 {
+            "cgroup2"
+        } else {
+            "cgroup1"
+        }
+    }
+
+    fn apply(&mut self, ctx: &mut Ctx, plan: &Plan<'_>) -> Result<()> {
+        let Some(milli) = plan.want.cpu_quota_milli else {
+            return Ok(());
+        };
+        let max = self.nr_cpus * MILLI_PER_CPU;
+        if milli == 0 || milli > max {
+            return Err(Error::Invalid(format!(
+                "CPU quota {:.3} CPU is not in (0, {}] (this machine's online CPUs)",
+                milli as f64 / MILLI_PER_CPU as f64,
+                self.nr_cpus
+            )));
+        }
+        let group = self.mount.join(plan.app.group_name());
+        ctx.mkdir(R, &group)?;
+        // The group's period (a group made in a dry run does not exist).
+        let period = self
+            .group_quota(&group)
+            .map(|(_, p)| p)
+            .unwrap_or(DEFAULT_PERIOD_US);
+        let q = quota_us(milli, period);
+        if q < MIN_QUOTA_US {
+            return Err(Error::Invalid(format!(
+                "CPU quota {:.3} CPU is {q} µs per {period} µs period; the kernel's minimum is {MIN_QUOTA_US} µs",
+                milli as f64 / MILLI_PER_CPU as f64
+            )));
+        }
+        if self.v2 {
+            ctx.write(R, &group.join("cpu.max"), &format!("{q} {period}"), false)?;
+        } else {
+            ctx.write(R, &group.join("cpu.cfs_quota_us"), &q.to_string(), false)?;
+        }
+        for &pid in &plan.app.pids {
+            let current = proc::cgroup_of(&ctx.root, pid, self.controller())?;
+            let from = self.mount.join(current.trim_start_matches('/'));
+            if from == group {
+                continue;
+            }
+            ctx.move_pid(
+                R,
+                pid,
+                &group.join("cgroup.procs"),
+                &from.join("cgroup.procs"),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// The quota of the group the app's first process is in (its own
+    /// `qosd-<app>` once applied); unlimited reads as `None`.
+    fn read(&self, ctx: &Ctx, app: &AppTarget) -> Result<Allocation> {
+        let pid = *app
+            .pids
+            .first()
+            .ok_or_else(|| Error::Invalid(format!("app {} has no pid", app.name)))?;
+        let current = proc::cgroup_of(&ctx.root, pid, self.controller())?;
+        let group = self.mount.join(current.trim_start_matches('/'));
+        let file = if self.v2 {
+            "cpu.max"
+        } else {
+            "cpu.cfs_quota_us"
+        };
+        // The v2 root group has no cpu.max: nothing limits it.
+        if !group.join(file).exists() {
+            return Ok(Allocation::default());
+        }
+        let (quota, period) = self.group_quota(&group)?;
+        Ok(Allocation {
+            cpu_quota_milli: quota.map(|q| milli_of(q, period)),
+            ..Default::default()
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_max_parses_both_forms() {
+        assert_eq!(parse_v2("max 100000\n"), Some((None, 100_000)));
+        assert_eq!(parse_v2("30000 50000"), Some((Some(30_000), 50_000)));
+        assert_eq!(parse_v2("max"), Some((None, DEFAULT_PERIOD_US)));
+        assert_eq!(parse_v2("x 1"), None);
+        assert_eq!(parse_v2(""), None);
+    }
+
+    #[test]
+    fn milli_cpus_convert_both_ways() {
+        assert_eq!(quota_us(300, 100_000), 30_000);
+        assert_eq!(quota_us(1500, 50_000), 75_000);
+        assert_eq!(milli_of(30_000, 100_000), 300);
+        assert_eq!(milli_of(33_333, 100_000), 333);
+        for m in [10, 100, 250, 999, 4000] {
+            assert_eq!(milli_of(quota_us(m, 100_000), 100_000), m);
+        }
+    }
+}
