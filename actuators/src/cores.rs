@@ -11,7 +11,7 @@ use qosd_core::{Allocation, Resource};
 use crate::error::{Error, Result};
 use crate::root::Root;
 use crate::topology::Topology;
-use crate::{cpulist, proc, Actuator, AppTarget, Ctx, Plan};
+use crate::{cpulist, proc, Actuator, AppTarget, Ctx, KnobPlan};
 
 const R: Resource = Resource::Cores;
 
@@ -189,7 +189,7 @@ impl Actuator for CoresActuator {
         }
     }
 
-    fn apply(&mut self, ctx: &mut Ctx, plan: &Plan<'_>) -> Result<()> {
+    fn apply(&mut self, ctx: &mut Ctx, plan: &KnobPlan<'_>) -> Result<()> {
         let Some(cpus) = &plan.want.cpus else {
             return Ok(());
         };

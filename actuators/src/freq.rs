@@ -8,7 +8,7 @@ use qosd_core::{Allocation, Resource};
 
 use crate::error::{Error, Result};
 use crate::root::Root;
-use crate::{cpulist, proc, Actuator, AppTarget, Ctx, Plan};
+use crate::{cpulist, proc, Actuator, AppTarget, Ctx, KnobPlan};
 
 const R: Resource = Resource::Frequency;
 
@@ -221,7 +221,7 @@ impl Actuator for FreqActuator {
         }
     }
 
-    fn apply(&mut self, ctx: &mut Ctx, plan: &Plan<'_>) -> Result<()> {
+    fn apply(&mut self, ctx: &mut Ctx, plan: &KnobPlan<'_>) -> Result<()> {
         let Some(mhz) = plan.want.freq_mhz else {
             return Ok(());
         };

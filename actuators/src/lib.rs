@@ -9,6 +9,7 @@
 //! one [`Root`]; every change is journalled first ([`journal`]) so that it
 //! can be undone on drop, on a signal, after a panic, or after a SIGKILL.
 
+pub mod capacities;
 pub mod caps;
 pub mod cores;
 pub mod cpulist;
@@ -17,13 +18,12 @@ pub mod error;
 pub mod freq;
 pub mod grouplock;
 pub mod journal;
-pub mod manage;
 pub mod pqos;
 pub mod proc;
 pub mod quota;
+pub mod registry;
 pub mod resctrl;
 pub mod root;
-pub mod set;
 pub mod signals;
 pub mod statefile;
 pub mod tool;
@@ -38,8 +38,8 @@ pub use error::{Error, Result};
 pub use journal::restore_state_file;
 pub use qosd_core::{Allocation, Resource};
 pub use quota::QuotaBackend;
+pub use registry::{Actuators, Config, CoresBackend, FreqBackend, WaysBackend};
 pub use root::Root;
-pub use set::{Actuators, Config, CoresBackend, FreqBackend, WaysBackend};
 pub use topology::{allocate_cores, Topology};
 pub use ways::WayAllocator;
 
@@ -130,8 +130,9 @@ impl std::fmt::Display for Change {
 /// the allocation being applied).
 pub type Apps = BTreeMap<String, (AppTarget, Allocation)>;
 
-/// What one `apply` asks of a plugin.
-pub struct Plan<'a> {
+/// What one `apply` asks of a plugin (one app's knob settings; not the
+/// policy's [`qosd_core::Plan`] of every app's share).
+pub struct KnobPlan<'a> {
     pub app: &'a AppTarget,
     /// The allocation wanted for `app` (only this plugin's field matters).
     pub want: &'a Allocation,
@@ -152,7 +153,7 @@ pub trait Actuator: Send {
 
     /// Puts `plan.want`'s field for this resource in force for `plan.app`.
     /// Every change goes through `ctx` (journal, dry-run, rollback).
-    fn apply(&mut self, ctx: &mut Ctx, plan: &Plan<'_>) -> Result<()>;
+    fn apply(&mut self, ctx: &mut Ctx, plan: &KnobPlan<'_>) -> Result<()>;
 
     /// What is in force for `app` (only this resource's field is set).
     fn read(&self, ctx: &Ctx, app: &AppTarget) -> Result<Allocation>;

@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::journal::Entry;
 use crate::root::Root;
 use crate::ways::WayAllocator;
-use crate::{cpulist, Actuator, AppTarget, Ctx, Plan};
+use crate::{cpulist, Actuator, AppTarget, Ctx, KnobPlan};
 
 const R: Resource = Resource::CacheWays;
 
@@ -112,7 +112,7 @@ impl Actuator for PqosWays {
         "pqos"
     }
 
-    fn apply(&mut self, ctx: &mut Ctx, plan: &Plan<'_>) -> Result<()> {
+    fn apply(&mut self, ctx: &mut Ctx, plan: &KnobPlan<'_>) -> Result<()> {
         let Some(ways) = plan.want.llc_ways else {
             return Ok(());
         };

@@ -16,7 +16,7 @@ use crate::caps::{BackendProbe, KnobCaps};
 use crate::cores::{cgroup1_with, cgroup2_with};
 use crate::error::{Error, Result};
 use crate::root::{read_file, Root};
-use crate::{proc, Actuator, AppTarget, Ctx, Plan};
+use crate::{proc, Actuator, AppTarget, Ctx, KnobPlan};
 
 const R: Resource = Resource::CpuQuota;
 
@@ -180,7 +180,7 @@ impl Actuator for QuotaActuator {
         }
     }
 
-    fn apply(&mut self, ctx: &mut Ctx, plan: &Plan<'_>) -> Result<()> {
+    fn apply(&mut self, ctx: &mut Ctx, plan: &KnobPlan<'_>) -> Result<()> {
         let Some(milli) = plan.want.cpu_quota_milli else {
             return Ok(());
         };

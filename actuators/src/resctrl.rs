@@ -11,7 +11,7 @@ use qosd_core::{Allocation, Resource};
 use crate::error::{Error, Result};
 use crate::root::{read_file, Root};
 use crate::ways::{parse_mask, WayAllocator};
-use crate::{proc, Actuator, AppTarget, Ctx, Plan};
+use crate::{proc, Actuator, AppTarget, Ctx, KnobPlan};
 
 pub const BASE: &str = "/sys/fs/resctrl";
 
@@ -176,7 +176,7 @@ pub struct ResctrlWays {
 impl ResctrlWays {
     /// Ways held by qosd groups this set does not manage (another qosd
     /// run, or `qosd set`): those stay out of the allocation.
-    fn foreign(&self, root: &Root, plan: &Plan<'_>) -> Result<u64> {
+    fn foreign(&self, root: &Root, plan: &KnobPlan<'_>) -> Result<u64> {
         let base = root.path(BASE);
         let ours: Vec<String> = plan.all.values().map(|(a, _)| a.group_name()).collect();
         let mut taken = 0;
@@ -204,7 +204,7 @@ impl Actuator for ResctrlWays {
         "resctrl"
     }
 
-    fn apply(&mut self, ctx: &mut Ctx, plan: &Plan<'_>) -> Result<()> {
+    fn apply(&mut self, ctx: &mut Ctx, plan: &KnobPlan<'_>) -> Result<()> {
         if plan.want.llc_ways.is_none() {
             return Ok(());
         }
@@ -286,7 +286,7 @@ impl Actuator for ResctrlMb {
         "resctrl"
     }
 
-    fn apply(&mut self, ctx: &mut Ctx, plan: &Plan<'_>) -> Result<()> {
+    fn apply(&mut self, ctx: &mut Ctx, plan: &KnobPlan<'_>) -> Result<()> {
         let Some(p) = plan.want.mb_percent else {
             return Ok(());
         };

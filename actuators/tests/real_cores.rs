@@ -180,7 +180,7 @@ fn real_cores_affinity_moves_every_memcached_thread() {
 #[test]
 fn real_cores_cpuset_cgroup_holds_new_threads() {
     let caps_cfg = config(Path::new("/nonexistent/s.json"), CoresBackend::Auto);
-    let (caps, _) = qosd_actuators::set::detect(&caps_cfg).unwrap();
+    let (caps, _) = qosd_actuators::registry::detect(&caps_cfg).unwrap();
     let backend = caps
         .cores
         .backends

@@ -1,10 +1,13 @@
 //! Types shared by every qosd crate: what a sensor measures, which
 //! resources exist and what an app is given of each, and the policy
-//! interface (snapshot → plan) that the daemon and the simulator both
+//! interface (snapshot → plan), the [`control::Node`] interface and the
+//! one control loop that the daemon, real replays and the simulator all
 //! drive, and the YAML file reader whose errors name `file:line:col` and
 //! the key (config, policies and scenarios alike). Kept small so that
 //! sensors and actuators stay independent.
 
+pub mod admit;
+pub mod control;
 pub mod measure;
 pub mod policy;
 pub mod power;
@@ -15,7 +18,7 @@ pub mod yamlfile;
 pub use measure::{Feedback, LatencyFrom, LatencySummary};
 pub use policy::{
     Allocations, AppClass, AppState, Decision, DecisionKind, FreqRange, Limits, MbRange, NodeCaps,
-    Plan, Policy, QosTarget, Share, Snapshot,
+    Plan, Policy, QosTarget, Share, Snapshot, Unmet,
 };
 pub use power::{AppPower, PowerSource};
 pub use quota::QuotaRange;

@@ -186,6 +186,13 @@ pub struct Snapshot {
     pub apps: Vec<AppState>,
     /// Node power in watts, if known (measured or estimated).
     pub node_power_w: Option<f64>,
+    /// The latency figures cover only samples taken after this instant
+    /// (ms, the driver's clock). A policy judging an action applied at `t`
+    /// counts a snapshot only when `since_ms >= t`: a window that still
+    /// holds samples from before the action says nothing about it.
+    /// `None`: the driver does not say (every snapshot counts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since_ms: Option<u64>,
 }
 
 impl Snapshot {
@@ -291,6 +298,9 @@ pub enum DecisionKind {
     Reclaim,
     /// Freed resources handed to a best-effort app.
     Grant,
+    /// Not a change: a violating app nothing could be given to (a
+    /// driver's decision log shows [`Unmet`] entries as this kind).
+    CannotMeet,
 }
 
 /// One change in a plan, with the reason a person can read.
@@ -329,6 +339,18 @@ impl fmt::Display for Decision {
 pub struct Plan {
     pub allocations: Allocations,
     pub decisions: Vec<Decision>,
+    /// Apps that violate their target and that nothing could be given to
+    /// (every resource at its limit, no victim): the node cannot meet
+    /// their QoS. Logged, counted and shown by every driver.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cannot_meet: Vec<Unmet>,
+}
+
+/// A violating app the policy could not give anything to, and why.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Unmet {
+    pub app: String,
+    pub reason: String,
 }
 
 impl Plan {
@@ -337,6 +359,7 @@ impl Plan {
         Plan {
             allocations: current.clone(),
             decisions: Vec::new(),
+            cannot_meet: Vec::new(),
         }
     }
 }
@@ -369,7 +392,48 @@ pub trait Policy {
     fn observe(&mut self, now_ms: u64, snapshot: &Snapshot) {
         let _ = (now_ms, snapshot);
     }
+
+    /// What the node put in force after `plan` (decided at `now_ms`): the
+    /// driver calls it after every apply. `in_force` differs from
+    /// `plan.allocations` where applying failed; a policy that remembers
+    /// its action (to judge it, to move its resource cycle on) must forget
+    /// an action that did not happen. The default ignores it.
+    fn applied(&mut self, now_ms: u64, plan: &Plan, in_force: &Allocations) {
+        let _ = (now_ms, plan, in_force);
+    }
+
+    /// True when the policy wants to decide at this monitoring tick,
+    /// between the decision intervals (PARTIES' code decides 0.1 s apart
+    /// while nothing is pending). The default: only at the interval.
+    fn wants_decision(&self, now_ms: u64) -> bool {
+        let _ = now_ms;
+        false
+    }
 }
+
+/// A borrowed or boxed policy is a policy (the loop takes either).
+macro_rules! forward_policy {
+    ($($t:ty),*) => {$(
+        impl<P: Policy + ?Sized> Policy for $t {
+            fn name(&self) -> &str {
+                (**self).name()
+            }
+            fn decide(&mut self, now_ms: u64, s: &Snapshot, c: &Allocations, n: &NodeCaps) -> Plan {
+                (**self).decide(now_ms, s, c, n)
+            }
+            fn observe(&mut self, now_ms: u64, s: &Snapshot) {
+                (**self).observe(now_ms, s)
+            }
+            fn applied(&mut self, now_ms: u64, plan: &Plan, in_force: &Allocations) {
+                (**self).applied(now_ms, plan, in_force)
+            }
+            fn wants_decision(&self, now_ms: u64) -> bool {
+                (**self).wants_decision(now_ms)
+            }
+        }
+    )*};
+}
+forward_policy!(&mut P, Box<P>);
 
 #[cfg(test)]
 mod tests {

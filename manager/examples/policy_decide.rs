@@ -54,6 +54,7 @@ fn snapshot(nr_apps: usize, t: u64) -> Snapshot {
     Snapshot {
         apps,
         node_power_w: Some(100.0),
+        since_ms: None,
     }
 }
 

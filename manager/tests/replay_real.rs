@@ -50,6 +50,21 @@ fn real_replay_of_a_reduced_ramp() {
     .unwrap();
     let cal = t.path().join("cal.json");
     calibrate(&sc, &cal);
+    // Calibration measured the server-side (eBPF) latency at the same knee
+    // load as the client's: the eBPF-side target, below the client's.
+    let c: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cal).unwrap()).unwrap();
+    let s = &c["apps"]["search"];
+    let (client, ebpf) = (
+        s["knee_latency_us"].as_f64().unwrap(),
+        s["ebpf_knee_latency_us"]
+            .as_f64()
+            .expect("eBPF latency at the knee"),
+    );
+    assert!(
+        ebpf > 0.0 && ebpf < client,
+        "eBPF {ebpf} µs, client {client} µs"
+    );
     let out = t.path().join("run");
     let o = qosd(&[
         "replay",
@@ -91,12 +106,17 @@ fn real_replay_of_a_reduced_ramp() {
     let cols: Vec<Vec<&str>> = rows.iter().map(|l| l.split(',').collect()).collect();
     assert_ebpf_p99_beside_client(&cols);
     assert!(out.join("timeline.png").is_file() && out.join("plans.jsonl").is_file());
-    // The plans were put in force on the cores knob this machine has, and
-    // everything was put back at the end.
+    // The start was put in force on the cores knob this machine has (the
+    // app's even share of the node: every CPU, as the only app; the
+    // static policy keeps it), and everything was put back at the end.
+    let nr_cpus = std::thread::available_parallelism()
+        .unwrap()
+        .get()
+        .to_string();
     assert!(
         rows.iter()
-            .all(|l| l.split(',').nth(8).is_some_and(|c| c == "1")),
-        "cores in every row: {rows:?}"
+            .all(|l| l.split(',').nth(8).is_some_and(|c| c == nr_cpus)),
+        "{nr_cpus} cores in every row: {rows:?}"
     );
     assert!(err.contains("knobs: cores"), "{err}");
     assert_eq!(
@@ -280,8 +300,9 @@ fn real_replay_beside_a_daemon_uses_its_own_state_file() {
 
 /// A real replay gives rule policies the app's CPU utilisation (its CPU
 /// time over the CPUs it holds): under cpu-util.yaml, with a target far
-/// away (so only the `busy` rule can grow it), a server kept busy on its one
-/// core is given the second.
+/// away (so only the utilisation rules move it), a server that starts on
+/// both cores (its even share) gives one back while quiet (`quiet`) and is
+/// given it again once kept busy on the one it has left (`busy`).
 #[test]
 fn real_replay_feeds_cpu_utilisation_to_rule_policies() {
     let _one_at_a_time = real_replay_lock();
@@ -289,10 +310,11 @@ fn real_replay_feeds_cpu_utilisation_to_rule_policies() {
     let sc = t.path().join("utilapp.yaml");
     std::fs::write(
         &sc,
-        "name: utilapp\nduration_s: 8\ninterval_ms: 500\nfeedback: client\napps:\n  \
+        "name: utilapp\nduration_s: 14\ninterval_ms: 500\nfeedback: client\napps:\n  \
          - name: utilapp\n    class: lc\n    server:\n      kind: fixture\n      work_us: 500\n    \
          protocol: http\n    connections: 4\n    target:\n      ms: 100000\n    load:\n      \
-         kind: constant\n      level: 0.7\n",
+         kind: steps\n      steps:\n        - { at_s: 0, level: 0.1 }\n        \
+         - { at_s: 6, level: 0.7 }\n",
     )
     .unwrap();
     let cal = t.path().join("cal.json");
@@ -314,9 +336,16 @@ fn real_replay_feeds_cpu_utilisation_to_rule_policies() {
         .skip(1)
         .map(|l| l.split(',').nth(8).unwrap().parse().unwrap())
         .collect();
-    assert_eq!(cores.first(), Some(&1), "starts on one core: {cores:?}");
+    let nr_cpus = std::thread::available_parallelism().unwrap().get() as u32;
+    assert_eq!(
+        cores.first(),
+        Some(&nr_cpus),
+        "starts on every core: {cores:?}"
+    );
+    let low = cores.iter().position(|&c| c < nr_cpus);
+    assert!(low.is_some(), "quiet, never gave a core back: {cores:?}");
     assert!(
-        cores.contains(&2),
-        "busy on one core, never given the second: {cores:?}"
+        cores[low.unwrap()..].contains(&nr_cpus),
+        "busy on fewer cores, never given one back: {cores:?}"
     );
 }

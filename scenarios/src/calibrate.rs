@@ -32,6 +32,10 @@ pub struct AppCalibration {
     pub knee_rps: f64,
     /// Client-side latency at the knee, µs.
     pub knee_latency_us: f64,
+    /// Server-side (eBPF) latency at the same knee load, µs, where the
+    /// calibration measured it: the target an eBPF-fed policy is held to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ebpf_knee_latency_us: Option<f64>,
     /// Client-side latency at the lowest load, µs.
     pub base_latency_us: f64,
     /// Percentile the latencies are at.
@@ -73,6 +77,19 @@ impl Calibration {
     }
 
     /// Offered rps of an app at scenario time `t_s`.
+    /// The eBPF-side target of `app`: its knee factor times the eBPF
+    /// latency at the knee load. `None` when the target is a fixed
+    /// latency or the calibration has no eBPF figure (the client's target
+    /// then stands for both).
+    pub fn ebpf_target_us(&self, app: &AppSpec) -> Option<f64> {
+        let t = app.target.as_ref()?;
+        if t.ms.is_some() {
+            return None;
+        }
+        let c = self.apps.get(&app.name)?;
+        Some(t.knee_factor.unwrap_or(1.0) * c.ebpf_knee_latency_us?)
+    }
+
     pub fn offered_rps(&self, app: &AppSpec, t_s: f64) -> f64 {
         self.apps
             .get(&app.name)
@@ -160,6 +177,7 @@ pub fn from_points(points: Vec<Point>, percentile: f64) -> Option<AppCalibration
         capacity_rps: capacity,
         knee_rps: k.offered_rps,
         knee_latency_us: k.latency_us,
+        ebpf_knee_latency_us: None,
         base_latency_us: base,
         percentile,
         nr_cpus: None,
@@ -196,31 +214,37 @@ pub fn sim(sc: &Scenario) -> Calibration {
         let cap = m.capacity_rps(&all, &sc.node);
         let s_us = m.service_time_us(&all, &sc.node);
         let pct = app.target.as_ref().map_or(99.0, |t| t.percentile);
+        // The steady-state sample at load `x` (fraction of capacity).
+        let at = |x: f64| {
+            let q = Queue::new(m.servers(&all), s_us, m.service_cv, x * cap * 1e-6);
+            let net = network_queue_ms(&m, x) * 1000.0 + m.network_ms * 1000.0;
+            Sample {
+                queue: q,
+                shift_us: m.fixed_us,
+                network_us: net,
+                noise: 1.0,
+                weight: 1.0,
+            }
+        };
         let points: Vec<Point> = (1..=98)
             .map(|i| {
                 let x = i as f64 / 100.0;
-                let lambda = x * cap;
-                let q = Queue::new(m.servers(&all), s_us, m.service_cv, lambda * 1e-6);
-                let net = network_queue_ms(&m, x) * 1000.0 + m.network_ms * 1000.0;
-                let s = Sample {
-                    queue: q,
-                    shift_us: m.fixed_us,
-                    network_us: net,
-                    noise: 1.0,
-                    weight: 1.0,
-                };
                 Point {
-                    offered_rps: lambda,
-                    achieved_rps: lambda,
-                    latency_us: percentile(&[s], pct, true).unwrap_or(0.0),
+                    offered_rps: x * cap,
+                    achieved_rps: x * cap,
+                    latency_us: percentile(&[at(x)], pct, true).unwrap_or(0.0),
                 }
             })
             .collect();
         if let Some(c) = from_points(points, pct) {
+            // The server-side latency at the same knee load: the target an
+            // eBPF-fed policy is held to.
+            let ebpf = percentile(&[at(c.knee_rps / cap)], pct, false);
             apps.insert(
                 app.name.clone(),
                 AppCalibration {
                     capacity_rps: cap,
+                    ebpf_knee_latency_us: ebpf,
                     ..c
                 },
             );

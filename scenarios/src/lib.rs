@@ -1,7 +1,8 @@
 //! qosd scenarios: the open-loop load generator ([`load`]), scenario files
 //! ([`scenario`]), calibration ([`calibrate`]), the simulated node that
 //! replays scenarios with the daemon's policy code ([`sim`]), and the
-//! outputs of a replay ([`timeline`]); best-effort batch jobs ([`batch`]).
+//! outputs of a replay ([`timeline`], [`record`]); best-effort batch jobs
+//! ([`batch`]).
 
 pub mod batch;
 pub mod calibrate;
@@ -9,7 +10,9 @@ pub mod fixture;
 pub mod load;
 pub mod output;
 pub mod plot;
+pub mod record;
 pub mod scenario;
+pub mod seeds;
 pub mod servers;
 pub mod sim;
 pub mod sweep;

@@ -38,7 +38,10 @@ pub fn write_run(
     };
     tl.write_csv(&files.timeline_csv)
         .with_context(|| format!("writing {}", files.timeline_csv.display()))?;
-    let summary = tl.summary();
+    let mut summary = tl.summary();
+    summary
+        .meta
+        .insert("calibration".into(), serde_json::to_value(cal)?);
     std::fs::write(
         &files.summary_json,
         serde_json::to_string_pretty(&summary)? + "\n",
@@ -60,8 +63,8 @@ pub fn summary_table(s: &Summary) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<12} {:>10} {:>10} {:>10} {:>10} {:>12}  recoveries (s)",
-        "app", "violation", "core·s", "mean cores", "energy J", "p99 max ms"
+        "{:<12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>12}  recoveries (s)",
+        "app", "violation", "fed viol.", "core·s", "mean cores", "energy J", "p99 max ms"
     );
     let fmt_row = |out: &mut String, name: &str, a: &crate::timeline::AppSummary| {
         let rec: Vec<String> = a
@@ -76,9 +79,10 @@ pub fn summary_table(s: &Summary) -> String {
             ""
         };
         let line = format!(
-            "{:<12} {:>9.1}% {:>10.0} {:>10.2} {:>10} {:>12}  {}{}",
+            "{:<12} {:>9.1}% {:>9.1}% {:>10.0} {:>10.2} {:>10} {:>12}  {}{}",
             name,
             a.violation_fraction * 100.0,
+            a.violation_fraction_fed * 100.0,
             a.core_seconds,
             a.mean_cores,
             a.energy_j.map_or("-".into(), |e| format!("{e:.0}")),
@@ -92,6 +96,10 @@ pub fn summary_table(s: &Summary) -> String {
         fmt_row(&mut out, name, a);
     }
     fmt_row(&mut out, "total", &s.total);
+    out.push_str(
+        "(violation: client latency vs the client-side target, what users see; fed viol.: the\n \
+         latency that fed the policy vs its own side's target)\n",
+    );
     if s.energy_is_estimate {
         out.push_str("(energy is a model estimate, not a measurement)\n");
     }
@@ -105,8 +113,8 @@ pub fn compare(dirs: &[PathBuf], out: &Path) -> anyhow::Result<String> {
     let mut table = String::new();
     let _ = writeln!(
         table,
-        "{:<28} {:<10} {:>10} {:>10} {:>10} {:>10} {:>12}",
-        "run", "app", "violation", "core·s", "mean cores", "energy J", "p99 max ms"
+        "{:<28} {:<10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>12}",
+        "run", "app", "violation", "fed viol.", "core·s", "mean cores", "energy J", "p99 max ms"
     );
     for d in dirs {
         let sp = d.join("summary.json");
@@ -119,10 +127,11 @@ pub fn compare(dirs: &[PathBuf], out: &Path) -> anyhow::Result<String> {
         let mut line = |app: &str, a: &crate::timeline::AppSummary| {
             let _ = writeln!(
                 table,
-                "{:<28} {:<10} {:>9.1}% {:>10.0} {:>10.2} {:>10} {:>12}",
+                "{:<28} {:<10} {:>9.1}% {:>9.1}% {:>10.0} {:>10.2} {:>10} {:>12}",
                 label,
                 app,
                 a.violation_fraction * 100.0,
+                a.violation_fraction_fed * 100.0,
                 a.core_seconds,
                 a.mean_cores,
                 a.energy_j.map_or("-".into(), |e| format!("{e:.0}")),
@@ -139,6 +148,10 @@ pub fn compare(dirs: &[PathBuf], out: &Path) -> anyhow::Result<String> {
             rows,
         ));
     }
+    table.push_str(
+        "(violation: client latency vs the client-side target, whatever fed the policy;\n \
+         fed viol.: the fed latency vs its own side's target)\n",
+    );
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     plot::compare_plot(&out.join("compare"), &runs)?;
     Ok(table)

@@ -113,12 +113,25 @@ fn run_panels(tl: &Timeline, capacity_rps: &BTreeMap<String, f64>) -> Vec<Panel>
                     points: series(rows, |r| r.ebpf_p99_ms),
                 },
                 Line {
-                    label: "target".into(),
+                    label: "client target".into(),
                     color: RGBColor(0, 0, 0),
                     dashed: true,
                     points: series(rows, |r| r.target_ms),
                 },
-            ],
+            ]
+            .into_iter()
+            // The eBPF-side target, where it differs from the client's.
+            .chain(
+                rows.iter()
+                    .any(|r| r.ebpf_target_ms.is_some() && r.ebpf_target_ms != r.target_ms)
+                    .then(|| Line {
+                        label: "eBPF target".into(),
+                        color: PALETTE[0],
+                        dashed: true,
+                        points: series(rows, |r| r.ebpf_target_ms),
+                    }),
+            )
+            .collect(),
         });
     }
     panels.push(per_app("cores", "cores", |r| r.cores.map(f64::from)));
@@ -364,6 +377,8 @@ mod tests {
             llc_ways: None,
             mb_percent: None,
             power_w: None,
+            ebpf_target_ms: None,
+            fed_violation: None,
             cpu_quota_milli: None,
             be_ops_per_s: None,
         }

@@ -10,7 +10,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 /// Columns of `timeline.csv`, in order.
-pub const COLUMNS: &str = "t_s,app,offered_rps,achieved_rps,client_p99_ms,ebpf_p99_ms,target_ms,violation,cores,freq_mhz,llc_ways,mb_percent,power_w,cpu_quota_milli,be_ops_per_s";
+pub const COLUMNS: &str = "t_s,app,offered_rps,achieved_rps,client_p99_ms,ebpf_p99_ms,target_ms,violation,cores,freq_mhz,llc_ways,mb_percent,power_w,ebpf_target_ms,fed_violation,cpu_quota_milli,be_ops_per_s";
 
 /// One app over one interval; `None` where a figure does not exist (no
 /// target, no such knob on this machine, no request seen).
@@ -23,8 +23,10 @@ pub struct Row {
     pub achieved_rps: f64,
     pub client_p99_ms: Option<f64>,
     pub ebpf_p99_ms: Option<f64>,
+    /// The client-side target (at the calibrated knee, or as written).
     pub target_ms: Option<f64>,
-    /// The latency the policy was fed exceeded the target.
+    /// The client's latency exceeded the client-side target: what users
+    /// see, whatever fed the policy (one yardstick for every run).
     pub violation: Option<bool>,
     pub cores: Option<u32>,
     pub freq_mhz: Option<u32>,
@@ -32,6 +34,12 @@ pub struct Row {
     pub mb_percent: Option<u32>,
     /// Power attributed to the app, W.
     pub power_w: Option<f64>,
+    /// The eBPF-side target (the server-side latency at the same knee
+    /// load); the client's where there is none.
+    pub ebpf_target_ms: Option<f64>,
+    /// The latency that fed the policy exceeded its own target (the
+    /// policy's view of the interval).
+    pub fed_violation: Option<bool>,
     /// CPU quota in force, milli-CPUs (none: no quota knob or no quota).
     pub cpu_quota_milli: Option<u32>,
     /// Throughput of a best-effort app's batch job over the interval,
@@ -50,7 +58,7 @@ fn u(v: Option<u32>) -> String {
 impl Row {
     pub fn csv(&self) -> String {
         format!(
-            "{:.3},{},{:.1},{:.1},{},{},{},{},{},{},{},{},{},{},{}",
+            "{:.3},{},{:.1},{:.1},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             self.t_s,
             self.app,
             self.offered_rps,
@@ -65,6 +73,9 @@ impl Row {
             u(self.llc_ways),
             u(self.mb_percent),
             f(self.power_w, 2),
+            f(self.ebpf_target_ms, 3),
+            self.fed_violation
+                .map_or(String::new(), |v| (v as u8).to_string()),
             u(self.cpu_quota_milli),
             f(self.be_ops_per_s, 1),
         )
@@ -73,7 +84,7 @@ impl Row {
     /// Parses a line written by [`Row::csv`].
     pub fn parse(line: &str) -> Option<Row> {
         let c: Vec<&str> = line.split(',').collect();
-        if c.len() != 15 {
+        if c.len() != 17 {
             return None;
         }
         let of = |s: &str| {
@@ -104,8 +115,10 @@ impl Row {
             llc_ways: ou(c[10]),
             mb_percent: ou(c[11]),
             power_w: of(c[12]),
-            cpu_quota_milli: ou(c[13]),
-            be_ops_per_s: of(c[14]),
+            ebpf_target_ms: of(c[13]),
+            fed_violation: ou(c[14]).map(|v| v != 0),
+            cpu_quota_milli: ou(c[15]),
+            be_ops_per_s: of(c[16]),
         })
     }
 }
@@ -127,8 +140,19 @@ pub struct Timeline {
     pub node_power_w: Vec<f64>,
     /// Power figures are a model, not a measurement.
     pub energy_is_estimate: bool,
-    /// Plans the driver had to reject (outside the node or the limits).
+    /// Plans the node put in force only in part or not at all.
     pub rejected_plans: u64,
+    /// Changes the policy reverted (a downsize that hurt).
+    #[serde(default)]
+    pub reverts: u64,
+    /// "Cannot meet QoS" events: a violating app nothing could be given to.
+    #[serde(default)]
+    pub cannot_meet: u64,
+    /// What the run was made with, for whoever reads its summary later:
+    /// `qosd_version`, `policy` (the parsed policy file, every parameter),
+    /// `calibration`, and on the simulated node `model` (each app's).
+    #[serde(default)]
+    pub meta: BTreeMap<String, serde_json::Value>,
 }
 
 impl Timeline {
@@ -173,18 +197,22 @@ impl Timeline {
         let mut total = app_summary(&all, dt, client);
         // Per interval, not per row: an interval is violated if any app is.
         let n = self.rows.len() / self.apps.len().max(1);
-        let violated = (0..n)
-            .filter(|&i| {
-                self.rows[i * self.apps.len()..(i + 1) * self.apps.len()]
-                    .iter()
-                    .any(|r| r.violation == Some(true))
-            })
-            .count();
-        total.violation_fraction = if n > 0 {
-            violated as f64 / n as f64
-        } else {
-            0.0
+        let violated = |get: fn(&Row) -> Option<bool>| {
+            let k = (0..n)
+                .filter(|&i| {
+                    self.rows[i * self.apps.len()..(i + 1) * self.apps.len()]
+                        .iter()
+                        .any(|r| get(r) == Some(true))
+                })
+                .count();
+            if n > 0 {
+                k as f64 / n as f64
+            } else {
+                0.0
+            }
         };
+        total.violation_fraction = violated(|r| r.violation);
+        total.violation_fraction_fed = violated(|r| r.fed_violation);
         total.mean_cores = if n > 0 {
             total.core_seconds / (n as f64 * dt)
         } else {
@@ -203,6 +231,9 @@ impl Timeline {
             duration_s: n as f64 * dt,
             energy_is_estimate: self.energy_is_estimate,
             rejected_plans: self.rejected_plans,
+            reverts: self.reverts,
+            cannot_meet: self.cannot_meet,
+            meta: self.meta.clone(),
             apps,
             total,
         }
@@ -212,9 +243,15 @@ impl Timeline {
 /// Figures of one app (or of the whole node in `total`).
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct AppSummary {
-    /// Intervals in violation / intervals with a target.
+    /// Intervals in violation / intervals with a target, scored on the
+    /// client's latency against the client-side target (what users see),
+    /// whatever fed the policy: the one yardstick every run is scored on.
     pub violation_fraction: f64,
-    /// Same, judged on each latency source (whatever the policy was fed).
+    /// Same, scored on the latency that fed the policy against its own
+    /// target (the policy's view).
+    #[serde(default)]
+    pub violation_fraction_fed: f64,
+    /// Scored on each latency source against its own side's target.
     pub violation_fraction_client: Option<f64>,
     pub violation_fraction_ebpf: Option<f64>,
     /// Σ cores × interval, core·s.
@@ -237,10 +274,10 @@ pub struct AppSummary {
 fn app_summary(rows: &[&Row], dt: f64, client: bool) -> AppSummary {
     let judged: Vec<&&Row> = rows.iter().filter(|r| r.violation.is_some()).collect();
     let frac = |n: usize, d: usize| if d > 0 { n as f64 / d as f64 } else { 0.0 };
-    let by = |get: fn(&Row) -> Option<f64>| {
+    let by = |get: fn(&Row) -> Option<f64>, target: fn(&Row) -> Option<f64>| {
         let with: Vec<(f64, f64)> = rows
             .iter()
-            .filter_map(|r| Some((get(r)?, r.target_ms?)))
+            .filter_map(|r| Some((get(r)?, target(r)?)))
             .collect();
         (!with.is_empty()).then(|| frac(with.iter().filter(|(l, t)| l > t).count(), with.len()))
     };
@@ -269,8 +306,12 @@ fn app_summary(rows: &[&Row], dt: f64, client: bool) -> AppSummary {
             judged.iter().filter(|r| r.violation == Some(true)).count(),
             judged.len(),
         ),
-        violation_fraction_client: by(|r| r.client_p99_ms),
-        violation_fraction_ebpf: by(|r| r.ebpf_p99_ms),
+        violation_fraction_fed: {
+            let fed: Vec<bool> = rows.iter().filter_map(|r| r.fed_violation).collect();
+            frac(fed.iter().filter(|v| **v).count(), fed.len())
+        },
+        violation_fraction_client: by(|r| r.client_p99_ms, |r| r.target_ms),
+        violation_fraction_ebpf: by(|r| r.ebpf_p99_ms, |r| r.ebpf_target_ms.or(r.target_ms)),
         core_seconds,
         mean_cores: if rows.is_empty() {
             0.0
@@ -312,6 +353,15 @@ pub struct Summary {
     pub duration_s: f64,
     pub energy_is_estimate: bool,
     pub rejected_plans: u64,
+    /// Changes reverted by the policy over the run.
+    #[serde(default)]
+    pub reverts: u64,
+    /// "Cannot meet QoS" events over the run (per app per decision).
+    #[serde(default)]
+    pub cannot_meet: u64,
+    /// What the run was made with (see [`Timeline::meta`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub meta: BTreeMap<String, serde_json::Value>,
     pub apps: BTreeMap<String, AppSummary>,
     pub total: AppSummary,
 }
@@ -329,12 +379,14 @@ mod tests {
             client_p99_ms: Some(lat + 1.0),
             ebpf_p99_ms: Some(lat),
             target_ms: Some(10.0),
-            violation: Some(lat > 10.0),
+            violation: Some(lat + 1.0 > 10.0),
             cores: Some(cores),
             freq_mhz: None,
             llc_ways: None,
             mb_percent: None,
             power_w: Some(2.0),
+            ebpf_target_ms: Some(10.0),
+            fed_violation: Some(lat > 10.0),
             cpu_quota_milli: None,
             be_ops_per_s: None,
         }
@@ -360,14 +412,21 @@ mod tests {
         };
         let s = tl.summary();
         let a = &s.apps["a"];
+        // a's client latency (lat + 1) is over in the same intervals.
         assert!((a.violation_fraction - 0.6).abs() < 1e-12);
+        assert!((a.violation_fraction_fed - 0.6).abs() < 1e-12);
         assert_eq!(a.time_to_recover_s, vec![1.0]);
         assert!((a.core_seconds - 5.0).abs() < 1e-12 && (a.mean_cores - 2.0).abs() < 1e-12);
         assert_eq!(a.p99_max_ms, Some(15.0));
         // b's client latency (10.5) is over the target, its eBPF one is not.
         assert_eq!(s.apps["b"].violation_fraction_client, Some(1.0));
         assert_eq!(s.apps["b"].violation_fraction_ebpf, Some(0.0));
-        assert!((s.total.violation_fraction - 0.6).abs() < 1e-12);
+        // One yardstick: b is violated as its users see it, not as its
+        // eBPF-fed policy saw it.
+        assert_eq!(s.apps["b"].violation_fraction, 1.0);
+        assert_eq!(s.apps["b"].violation_fraction_fed, 0.0);
+        assert!((s.total.violation_fraction - 1.0).abs() < 1e-12);
+        assert!((s.total.violation_fraction_fed - 0.6).abs() < 1e-12);
         assert!(
             (s.total.core_seconds - 7.5).abs() < 1e-12 && (s.total.mean_cores - 3.0).abs() < 1e-12
         );

@@ -10,6 +10,10 @@ use qosd_scenarios::calibrate::{self, Calibration};
 use qosd_scenarios::sweep::{self, SweepOptions};
 use qosd_scenarios::{load::LoadError, servers};
 
+use qosd_sensors::ebpf::{Mode, RequestTracer, TargetOptions, TracerOptions};
+
+use crate::node::latency::from_tracer;
+use crate::node::replay::server_pids;
 use crate::usage;
 
 #[derive(ClapArgs, Debug)]
@@ -64,8 +68,8 @@ pub fn real(
     if allowed.is_empty() {
         anyhow::bail!("sched_getaffinity: no CPU allowed");
     }
-    // A replay starts every app on one core and never takes an app below
-    // one, so the most one app can hold is what the others leave it: its
+    // A replay starts every app with its even share and never takes an app below
+    // one core, so the most one app can hold is what the others leave it: its
     // capacity is measured there (the last CPUs; the load generator keeps
     // the first). On a 2-CPU machine with two apps that is one CPU.
     let nr_cpus = allowed
@@ -81,18 +85,52 @@ pub fn real(
         ),
         ..Default::default()
     };
+    // The eBPF request sensor measures the server-side latency of each
+    // step beside the client's: the knee's eBPF figure is the target an
+    // eBPF-fed policy is held to (one knee load, two yardsticks).
+    let tracer = match RequestTracer::start(TracerOptions::default()) {
+        Ok(t) => Some(t),
+        Err(e) => {
+            eprintln!("eBPF: not available ({e}); no eBPF-side targets (the client's stand)");
+            None
+        }
+    };
     for app in sc.apps.iter().filter(|a| only.is_none_or(|n| n == a.name)) {
         let srv = servers::start_on(app, &fixture, Some(cpus))?;
         eprintln!(
             "calibrating {} ({}, pid {}, CPUs {cpus:?})",
             app.name, srv.addr, srv.pid
         );
+        let tree = server_pids(srv.pid);
+        if let Some(t) = &tracer {
+            for &pid in &tree {
+                let opts = TargetOptions {
+                    mode: Mode::Auto,
+                    ports: vec![srv.port],
+                    // Every pid of the tree is its own target, merged below.
+                    follow_children: false,
+                };
+                if let Err(e) = t.add_target(pid as u32, opts) {
+                    eprintln!("  eBPF: tracing pid {pid}: {e}");
+                }
+            }
+        }
+        let pct = app.target.as_ref().map_or(99.0, |t| t.percentile);
+        let mut ebpf: Vec<(f64, Option<f64>)> = Vec::new();
         let c = sweep::sweep(app, &srv.addr, o, &mut |p| {
+            // The server-side latencies of this step (the tracer's since
+            // the previous step), all of the server's pids merged.
+            let e = tracer.as_ref().and_then(|t| {
+                let (h, _) = from_tracer(t, &tree, crate::config::figure_of(app.latency));
+                h.percentile(pct).map(|v| v as f64 / 1e3)
+            });
+            ebpf.push((p.offered_rps, e));
             eprintln!(
-                "  offered {:>9.0} rps  achieved {:>9.0} rps  p99 {:>9.3} ms",
+                "  offered {:>9.0} rps  achieved {:>9.0} rps  p99 {:>9.3} ms  eBPF p99 {}",
                 p.offered_rps,
                 p.achieved_rps,
-                p.latency_us / 1000.0
+                p.latency_us / 1000.0,
+                e.map_or("-".into(), |v| format!("{:.3} ms", v / 1000.0))
             )
         })
         .map_err(|e| match e {
@@ -105,10 +143,29 @@ pub fn real(
             c.knee_rps,
             c.knee_latency_us / 1000.0
         );
+        if let Some(t) = &tracer {
+            for &pid in &tree {
+                let _ = t.remove_target(pid as u32);
+            }
+        }
+        // The step measured nearest the knee load.
+        let ebpf_knee = ebpf
+            .iter()
+            .filter(|(_, e)| e.is_some())
+            .min_by(|a, b| {
+                (a.0 - c.knee_rps)
+                    .abs()
+                    .total_cmp(&(b.0 - c.knee_rps).abs())
+            })
+            .and_then(|(_, e)| *e);
+        if let Some(e) = ebpf_knee {
+            eprintln!("  -> eBPF p99 at the knee {:.3} ms", e / 1000.0);
+        }
         cal.apps.insert(
             app.name.clone(),
             calibrate::AppCalibration {
                 nr_cpus: Some(nr_cpus),
+                ebpf_knee_latency_us: ebpf_knee,
                 ..c
             },
         );
@@ -142,16 +199,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         cal.apps.retain(|k, _| k == n);
     }
     println!(
-        "{:<12} {:>14} {:>12} {:>14} {:>14}",
-        "app", "capacity rps", "knee rps", "knee p99 ms", "base p99 ms"
+        "{:<12} {:>14} {:>12} {:>14} {:>14} {:>14}",
+        "app", "capacity rps", "knee rps", "knee p99 ms", "knee eBPF ms", "base p99 ms"
     );
     for (n, c) in &cal.apps {
         println!(
-            "{:<12} {:>14.0} {:>12.0} {:>14.3} {:>14.3}",
+            "{:<12} {:>14.0} {:>12.0} {:>14.3} {:>14} {:>14.3}",
             n,
             c.capacity_rps,
             c.knee_rps,
             c.knee_latency_us / 1000.0,
+            c.ebpf_knee_latency_us
+                .map_or("-".into(), |v| format!("{:.3}", v / 1000.0)),
             c.base_latency_us / 1000.0
         );
     }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args as ClapArgs;
-use qosd_actuators::set::detect;
+use qosd_actuators::registry::detect;
 use qosd_actuators::Config;
 
 #[derive(ClapArgs, Debug)]

@@ -14,7 +14,7 @@ use qosd_scenarios::sim::{self, SimOptions, StaticPolicy};
 
 use crate::usage;
 
-#[derive(ClapArgs, Debug)]
+#[derive(ClapArgs, Debug, Clone)]
 #[command(after_help = "Examples:\n  \
     qosd replay scenarios/ramp.yaml --sim              simulated 16-core node, PARTIES, eBPF\n  \
     qosd replay scenarios/ramp.yaml --sim --out out/ramp-ebpf\n  \
@@ -25,8 +25,8 @@ use crate::usage;
     qosd replay scenarios/ramp.yaml --out out/ramp             on this machine's real servers\n  \
     qosd restore --state-file out/ramp/state.json              undo a real replay that was killed\n\n\
     Outputs (in --out, default out/<scenario>/): timeline.csv,\n\
-    summary.json, calibration.json, timeline.svg and timeline.png (and plans.jsonl\n\
-    for a real replay).\n\
+    summary.json, calibration.json, timeline.svg, timeline.png and plans.jsonl\n\
+    (the decision log: one JSON line per decision, sim and real alike).\n\
     A real replay records the original of every knob it changes in its own state\n\
     file (--state-file, default <out>/state.json), not in the daemon's\n\
     /run/qosd/state.json: it runs beside a `qosd run` daemon on the same node, and\n\
@@ -71,6 +71,11 @@ pub struct Args {
     /// Print summary.json instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// Run N times (seeds --seed, --seed+1, ...: on --sim N seeds, on real
+    /// servers N repetitions) into <out>/seed-<S>/, and print each
+    /// figure's mean and 95 % confidence interval (also <out>/seeds.json).
+    #[arg(long, value_name = "N")]
+    pub seeds: Option<u32>,
 }
 
 fn parse_feedback(s: &str) -> Result<Feedback, String> {
@@ -104,11 +109,75 @@ pub fn load_policy(
     Ok(f.build(seed))
 }
 
+/// What summary.json records of the run's making: the qosd version and
+/// the policy with every parameter (as parsed, defaults filled in).
+pub fn run_meta(
+    scenario: &Scenario,
+    arg: Option<&str>,
+) -> std::collections::BTreeMap<String, serde_json::Value> {
+    let mut m = std::collections::BTreeMap::new();
+    m.insert("qosd_version".into(), env!("CARGO_PKG_VERSION").into());
+    let policy = match arg {
+        Some("static") => serde_json::json!("static"),
+        _ => arg
+            .map(PathBuf::from)
+            .or_else(|| scenario.policy_path())
+            .and_then(|p| {
+                let text = crate::yamlfile::read(&p).ok()?;
+                crate::policy::PolicyFile::parse(&p, &text).ok()
+            })
+            .and_then(|f| serde_json::to_value(f).ok())
+            .unwrap_or(serde_json::Value::Null),
+    };
+    m.insert("policy".into(), policy);
+    m
+}
+
 pub fn read_scenario(path: &Path) -> anyhow::Result<Scenario> {
     Scenario::from_file(path).map_err(|e| usage!("{e}"))
 }
 
+/// `--seeds N`: N runs, then the aggregate.
+fn run_seeds(args: Args, n: u32) -> anyhow::Result<()> {
+    if !(1..=1000).contains(&n) {
+        return Err(usage!("--seeds {n}: must be in 1..=1000"));
+    }
+    let sc = read_scenario(&args.scenario)?;
+    let base = args.seed.unwrap_or(sc.seed);
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(format!("out/{}", sc.name)));
+    let mut summaries = Vec::new();
+    for k in 0..u64::from(n) {
+        let seed = base.wrapping_add(k);
+        let dir = out.join(format!("seed-{seed}"));
+        eprintln!("== seed {seed} -> {}", dir.display());
+        let a = Args {
+            seed: Some(seed),
+            out: Some(dir.clone()),
+            seeds: None,
+            json: false,
+            ..args.clone()
+        };
+        run(a)?;
+        let text = std::fs::read_to_string(dir.join("summary.json"))
+            .with_context(|| format!("reading {}/summary.json", dir.display()))?;
+        summaries.push(serde_json::from_str(&text).context("parsing summary.json")?);
+    }
+    let agg = qosd_scenarios::seeds::aggregate(&summaries);
+    let path = out.join("seeds.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&agg)? + "\n")
+        .with_context(|| format!("writing {}", path.display()))?;
+    println!("\n{}", qosd_scenarios::seeds::table(&agg));
+    println!("wrote {}", path.display());
+    Ok(())
+}
+
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if let Some(n) = args.seeds {
+        return run_seeds(args, n);
+    }
     let sc = read_scenario(&args.scenario)?;
     // Batch jobs have a runner and a throughput reader
     // (qosd_scenarios::batch) but no place in the replay loop yet; say so
@@ -142,7 +211,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         seed,
         duration_s: args.duration,
     };
-    let tl = sim::run(&sc, &cal, policy.as_mut(), &opts);
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let plans = std::fs::File::create(out.join("plans.jsonl")).context("creating plans.jsonl")?;
+    let plans = Box::new(std::io::BufWriter::new(plans));
+    let mut tl = sim::run_with(&sc, &cal, policy.as_mut(), &opts, Some(plans));
+    tl.meta.extend(run_meta(&sc, args.policy.as_deref()));
     let wall = t0.elapsed().as_secs_f64();
     let (summary, files) =
         output::write_run(&out, &tl, &cal).context("writing the replay's outputs")?;
@@ -171,8 +244,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             tl.rejected_plans
         );
     }
+    if tl.cannot_meet > 0 {
+        println!(
+            "{} cannot-meet-QoS events (a violating app nothing could be given to): see plans.jsonl",
+            tl.cannot_meet
+        );
+    }
     println!("\nwrote {}", files.timeline_csv.display());
     println!("      {}", files.summary_json.display());
     println!("      {} and .png", files.plot_svg.display());
+    println!("      {}", out.join("plans.jsonl").display());
     Ok(())
 }

@@ -1,17 +1,18 @@
-//! Real-mode `qosd replay` (scaffolding): starts the scenario's servers on
-//! this machine, calibrates them (or reads `--calibration`), drives the
-//! open-loop load of every app along its shape, feeds the policy with the
-//! client latency each interval, and writes the same outputs as `--sim`.
+//! Real-mode `qosd replay`: starts the scenario's servers on this machine,
+//! calibrates them (or reads `--calibration`), drives the open-loop load
+//! of every app along its shape, and runs the one control loop
+//! ([`ControlLoop`]) on the real clock over a [`ReplayNode`]: the same
+//! observe-every-tick, decide, apply and decision log (`plans.jsonl`) as
+//! the daemon and `--sim`, and the same outputs as `--sim`.
 //!
-//! Server-side latency comes from the eBPF request sensor (each server's
-//! pid, its listening port), client latency from the load generator; the
-//! policy is fed the one `--feedback` names. Each app's power is its
-//! server processes' share from the power sensor (RAPL, or the model here:
-//! an estimate, flagged `energy_is_estimate` in summary.json).
+//! Server-side latency comes from the eBPF request sensor (every process
+//! of each server, its listening port), client latency from the load
+//! generator; the policy is fed the one `--feedback` names. Each app's
+//! power is its server processes' share from the power sensor (RAPL, or
+//! the model here: an estimate, flagged `energy_is_estimate`).
 //!
-//! The policy's plans are put in force through the daemon's actuation
-//! ([`crate::daemon::actuate::Actuation`]: the same code as `qosd run`),
-//! on the knobs this machine has; every plan also goes to `plans.jsonl`.
+//! Plans are put in force through the daemon's actuation
+//! ([`crate::node::actuate::Actuation`]), on the knobs this machine has.
 //! Everything is put back when the replay ends, is interrupted, or fails.
 //! The originals are journalled in the replay's own state file (default
 //! `<out>/state.json`), so that a replay runs beside a `qosd run` daemon
@@ -19,26 +20,26 @@
 //! `qosd restore --state-file <out>/state.json`.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use qosd_core::{
-    AppState, Feedback, Limits, Policy, PowerSource, QosTarget, Resource, Share, Snapshot,
-};
+use qosd_core::admit::{even_share, Peers};
+use qosd_core::control::{Cadence, ControlLoop, Tick};
+use qosd_core::{Feedback, Limits, Policy, Resource};
 use qosd_scenarios::calibrate::Calibration;
 use qosd_scenarios::load::{self, IntervalReport, Rate};
+use qosd_scenarios::record::RunRecorder;
 use qosd_scenarios::scenario::Scenario;
-use qosd_scenarios::timeline::{Row, Timeline};
+use qosd_scenarios::timeline::Timeline;
 use qosd_scenarios::{output, servers, sweep};
 use qosd_sensors::ebpf::{Mode, RequestTracer, TargetOptions, TracerOptions};
-use qosd_sensors::power::{PowerConfig, PowerSample, PowerSensor};
 
-use crate::daemon::actuate::Actuation;
-use crate::daemon::admit::Peers;
+use crate::node::actuate::Actuation;
+use crate::node::power::RunPower;
+use crate::node::replay::{server_pids, ReplayApp, ReplayNode};
 use crate::usage;
 
 pub fn run(
@@ -87,7 +88,7 @@ pub fn run(
     // with --feedback ebpf); without it (not root, no tracefs) the client
     // line alone is drawn, or the run stops if eBPF was to be the feedback.
     let tracer = match RequestTracer::start(TracerOptions::default()) {
-        Ok(t) => Some(t),
+        Ok(t) => Some(Arc::new(t)),
         Err(e) if feedback == Feedback::Ebpf => {
             return Err(
                 anyhow::Error::new(e).context("--feedback ebpf needs the eBPF request sensor")
@@ -98,7 +99,13 @@ pub fn run(
             None
         }
     };
+    // Every process of each server (nginx's workers are the master's
+    // children), traced and actuated, its latencies merged as the daemon
+    // merges an app's pids.
+    let trees: Vec<Vec<i32>> = running.iter().map(|s| server_pids(s.pid)).collect();
     if let Some(t) = &tracer {
+        // The server's pid with its descendants followed in the kernel
+        // (nginx's workers, respawned ones too): one target per server.
         for s in &running {
             let opts = TargetOptions {
                 mode: Mode::Auto,
@@ -125,32 +132,40 @@ pub fn run(
     let pids: BTreeMap<String, Vec<i32>> = sc
         .apps
         .iter()
-        .zip(&running)
-        .map(|(a, s)| (a.name.clone(), vec![s.pid as i32]))
+        .zip(&trees)
+        .map(|(a, t)| (a.name.clone(), t.clone()))
         .collect();
     admit_all(&mut act, sc, &pids)?;
     // Opened just before the load starts: its first sample covers the
     // first interval.
-    let mut power = RunPower::start();
+    let power = RunPower::start();
+    let energy_is_estimate = power.as_ref().is_some_and(RunPower::is_estimate);
     let stop = Arc::new(AtomicBool::new(false));
-    let mut rxs = Vec::new();
+    let mut apps = Vec::new();
     let mut handles = Vec::new();
-    for (i, (a, s)) in sc.apps.iter().zip(&running).enumerate() {
+    for (i, ((a, s), tree)) in sc.apps.iter().zip(&running).zip(&trees).enumerate() {
         let cap = cal.apps[&a.name].capacity_rps;
         let shape = a.load.clone();
         let rate = Rate::Profile(Arc::new(move |t| shape.level_at(t * scale) * cap));
         let mut spec = sweep::spec_for(a, &s.addr, 1.0, duration, seed.wrapping_add(i as u64))
             .map_err(|e| usage!("{}: {e}", a.name))?;
         spec.rate = rate;
-        spec.interval = Duration::from_millis(sc.interval_ms);
+        // One report per monitoring tick: the policy observes every tick.
+        spec.interval = Duration::from_millis(sc.monitor_ms);
         let (tx, rx) = mpsc::channel::<IntervalReport>();
         handles.push(load::spawn(spec, Some(tx), stop.clone()));
-        rxs.push(rx);
+        let target = cal.target_us(a);
+        apps.push(ReplayApp {
+            spec: a.clone(),
+            pids: tree.clone(),
+            reports: rx,
+            client_target_us: target,
+            ebpf_target_us: cal.ebpf_target_us(a).or(target),
+        });
     }
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
-    let mut plans =
-        std::fs::File::create(out.join("plans.jsonl")).context("creating plans.jsonl")?;
-    let mut tl = Timeline {
+    let plans = std::fs::File::create(out.join("plans.jsonl")).context("creating plans.jsonl")?;
+    let tl = Timeline {
         scenario: sc.name.clone(),
         mode: "real".into(),
         feedback: feedback.to_string(),
@@ -158,134 +173,35 @@ pub fn run(
         seed,
         interval_s: sc.interval_ms as f64 / 1000.0,
         apps: sc.apps.iter().map(|a| a.name.clone()).collect(),
-        energy_is_estimate: power.as_ref().is_some_and(RunPower::is_estimate),
+        energy_is_estimate,
         ..Default::default()
     };
-    let nr_iv = ((duration * 1000.0) / sc.interval_ms as f64).round() as usize;
-    let node = *act.node();
-    for iv in 0..nr_iv {
-        // One report per interval from each generator; a generator that
-        // ended (or a stop) ends the run.
-        let reports: Vec<IntervalReport> = rxs
-            .iter()
-            .map_while(|rx| {
-                rx.recv_timeout(Duration::from_millis(sc.interval_ms * 4 + 2000))
-                    .ok()
-            })
-            .collect();
-        if reports.len() < sc.apps.len() || crate::signals::stop_requested() {
-            break;
-        }
-        // Power over the interval the reports just closed.
-        let sample = power.as_mut().and_then(|p| p.sample());
-        let mut snap = Snapshot {
-            node_power_w: sample.as_ref().map(|s| s.node.total_w),
-            ..Default::default()
-        };
-        if let Some(s) = &sample {
-            tl.node_power_w.push(s.node.total_w);
-        }
-        for ((a, r), srv) in sc.apps.iter().zip(reports).zip(&running) {
-            let target_us = cal.target_us(a);
-            let p99 = r.latency.p99_us.map(|x| x / 1000.0);
-            let ebpf_us = tracer
-                .as_ref()
-                .and_then(|t| t.take_report(srv.pid))
-                .and_then(|t| match a.latency {
-                    qosd_core::LatencyFrom::Arrival => t.interval.p99_us,
-                    qosd_core::LatencyFrom::Service => t.service_interval.p99_us,
-                });
-            let ebpf = ebpf_us.map(|x| x / 1000.0);
-            let fed = if feedback == Feedback::Ebpf {
-                ebpf
-            } else {
-                p99
-            };
-            // The server's processes (nginx's workers are its children).
-            let app_power = sample
-                .as_ref()
-                .map(|s| s.app(&process_tree(srv.pid), Some(r.latency.rps)));
-            let power_w = app_power.as_ref().map(|p| p.power_w);
-            // CPU time over the interval ÷ the CPUs it holds, as the daemon
-            // computes it (rule policies such as cpu-util.yaml read it).
-            let cpu_util = app_power.map_or(0.0, |p| {
-                let held = act.cpus(&a.name).map_or(act.nr_online_cpus(), |c| c.len());
-                (p.cpus_used / held.max(1) as f64).clamp(0.0, 1.0)
-            });
-            tl.rows.push(Row {
-                t_s: r.t_s,
-                app: a.name.clone(),
-                offered_rps: r.offered_rps,
-                achieved_rps: r.latency.rps,
-                client_p99_ms: p99,
-                ebpf_p99_ms: ebpf,
-                target_ms: target_us.map(|t| t / 1000.0),
-                violation: target_us.and_then(|t| fed.map(|l| l * 1000.0 > t)),
-                cores: level(&act, &a.name, Resource::Cores),
-                freq_mhz: level(&act, &a.name, Resource::Frequency),
-                llc_ways: level(&act, &a.name, Resource::CacheWays),
-                mb_percent: level(&act, &a.name, Resource::MemoryBandwidth),
-                power_w,
-                cpu_quota_milli: None,
-                be_ops_per_s: None,
-            });
-            let pct = a.target.as_ref().map_or(99.0, |t| t.percentile);
-            snap.apps.push(AppState {
-                name: a.name.clone(),
-                class: a.class,
-                target: target_us.map(|v| QosTarget {
-                    percentile: pct,
-                    value_us: v,
-                }),
-                latency_us: fed.map(|ms| ms * 1000.0),
-                rps: r.latency.rps,
-                cpu_util,
-                power_w,
-                limits: Limits::default(),
-            });
-        }
-        snap.apps.sort_by(|x, y| x.name.cmp(&y.name));
-        let now_ms = ((iv + 1) as u64) * sc.interval_ms;
-        policy.observe(now_ms, &snap);
-        let current = act.current().clone();
-        let plan = policy.decide(now_ms, &snap, &current, &node);
-        writeln!(plans, "{}", serde_json::to_string(&plan)?)?;
-        if plan.allocations != current {
-            for a in act
-                .set(&plan.allocations, &pids, false)
-                .map_err(anyhow::Error::msg)?
-            {
-                if let Some(e) = a.error {
-                    eprintln!(
-                        "applying {}'s allocation failed (it keeps the previous one): {e}",
-                        a.app
-                    );
-                }
-            }
-        }
-        if iv % 10 == 9 {
-            let last: Vec<String> = tl.rows[tl.rows.len() - sc.apps.len()..]
-                .iter()
-                .map(|r| {
-                    format!(
-                        "{} {:.0} rps p99 {}",
-                        r.app,
-                        r.achieved_rps,
-                        r.client_p99_ms.map_or("-".into(), |v| format!("{v:.2} ms"))
-                    )
-                })
-                .collect();
-            eprintln!(
-                "[{:>5.0}/{duration:.0} s] {}",
-                (iv + 1) as f64 * tl.interval_s,
-                last.join(" | ")
-            );
-        }
+    let n_apps = sc.apps.len();
+    let mut rec = RunRecorder::new(tl, *act.node())
+        .with_plans(Box::new(std::io::BufWriter::new(plans)))
+        .on_interval(Box::new(move |tl| progress(tl, n_apps, duration)));
+    let cadence = Cadence {
+        monitor_ms: sc.monitor_ms,
+        interval_ms: sc.interval_ms,
+    };
+    let nr_slots = cadence.ticks_per_decision() as usize;
+    let mut node = ReplayNode::new(apps, act, tracer.clone(), power, feedback, nr_slots);
+    let mut ctl = ControlLoop::new(policy);
+    let nr_iv = ((duration * 1000.0) / sc.interval_ms as f64).round() as u64;
+    drive(&mut ctl, &mut node, &mut rec, cadence, nr_iv);
+    for n in node.notes.drain(..) {
+        eprintln!("{n}");
     }
+    rec.finish(ctl.counters());
+    let power_failed = node.power_failed();
+    let mut tl = std::mem::take(&mut rec.tl);
+    tl.meta
+        .extend(super::replay::run_meta(sc, args.policy.as_deref()));
     stop.store(true, Ordering::Relaxed);
     for h in handles {
         let _ = h.join();
     }
+    let mut act = node.into_actuation();
     match act.restore_all() {
         Ok(ch) if !ch.is_empty() => eprintln!("restored {} setting(s)", ch.len()),
         Ok(_) => {}
@@ -316,7 +232,7 @@ pub fn run(
                    // Keep whole intervals only (a stop may cut the last one short).
     tl.rows
         .truncate(tl.rows.len() / sc.apps.len() * sc.apps.len());
-    if power.as_ref().is_some_and(|p| p.failed) {
+    if power_failed {
         // Energy over part of the run would read as the run's: keep none.
         tl.rows.iter_mut().for_each(|r| r.power_w = None);
         tl.node_power_w.clear();
@@ -331,6 +247,61 @@ pub fn run(
         files.plot_svg.display()
     );
     Ok(())
+}
+
+/// The real replay's clock: the loop ticks on the monitoring grid of the
+/// real clock (a late tick is skipped, never bunched) until the run's
+/// intervals are done, a load generator ends, or a signal asks to stop.
+fn drive(
+    ctl: &mut ControlLoop<&mut dyn Policy>,
+    node: &mut ReplayNode,
+    rec: &mut RunRecorder,
+    cadence: Cadence,
+    nr_intervals: u64,
+) {
+    let per = cadence.ticks_per_decision();
+    let period = Duration::from_millis(cadence.monitor_ms);
+    let start = Instant::now();
+    let mut last = (0u64, start);
+    while last.0 < nr_intervals * per && !node.ended && !crate::signals::stop_requested() {
+        let due = start + period * (last.0 + 1) as u32;
+        if let Some(wait) = due.checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait);
+        }
+        let now = Instant::now();
+        let idx = ((now - start).as_nanos() / period.as_nanos()).max(1) as u64;
+        let tick = Tick {
+            now_ms: idx * cadence.monitor_ms,
+            dt_s: (now - last.1).as_secs_f64(),
+            decide: idx / per > last.0 / per,
+        };
+        last = (idx, now);
+        ctl.tick(node, rec, tick);
+    }
+}
+
+/// A progress line every 10 decision intervals.
+fn progress(tl: &Timeline, nr_apps: usize, duration: f64) {
+    let n = tl.rows.len() / nr_apps.max(1);
+    if n == 0 || !n.is_multiple_of(10) {
+        return;
+    }
+    let last: Vec<String> = tl.rows[tl.rows.len() - nr_apps..]
+        .iter()
+        .map(|r| {
+            format!(
+                "{} {:.0} rps p99 {}",
+                r.app,
+                r.achieved_rps,
+                r.client_p99_ms.map_or("-".into(), |v| format!("{v:.2} ms"))
+            )
+        })
+        .collect();
+    eprintln!(
+        "[{:>5.0}/{duration:.0} s] {}",
+        n as f64 * tl.interval_s,
+        last.join(" | ")
+    );
 }
 
 /// The actuators with their defaults but journalling to `state` (the
@@ -363,99 +334,18 @@ fn start_actuation(state: &Path) -> anyhow::Result<Actuation> {
     Ok(act)
 }
 
-/// The power sensor of a real replay: RAPL where the machine has it, else
-/// the model (every figure an estimate, flagged in summary.json). A sample
-/// that fails ends power for the run (`failed`).
-struct RunPower {
-    sensor: PowerSensor,
-    failed: bool,
-}
-
-impl RunPower {
-    /// `None` (said on stderr) where the sensor cannot run, e.g. not root:
-    /// the power column stays empty and energy_j null.
-    fn start() -> Option<RunPower> {
-        match PowerSensor::open(&PowerConfig::default(), Path::new("/")) {
-            Ok(sensor) => {
-                let c = sensor.caps();
-                eprintln!(
-                    "power: {} ({}), threads weighed by {}",
-                    c.backend,
-                    if c.source == PowerSource::Model {
-                        "an ESTIMATE from utilisation, no RAPL here"
-                    } else {
-                        "measured"
-                    },
-                    c.weight
-                );
-                Some(RunPower {
-                    sensor,
-                    failed: false,
-                })
-            }
-            Err(e) => {
-                eprintln!("power: not available ({e}); no power_w, energy_j null");
-                None
-            }
-        }
-    }
-
-    fn is_estimate(&self) -> bool {
-        self.sensor.caps().source == PowerSource::Model
-    }
-
-    /// Power since the previous sample.
-    fn sample(&mut self) -> Option<PowerSample> {
-        if self.failed {
-            return None;
-        }
-        match self.sensor.sample() {
-            Ok(s) => Some(s),
-            Err(e) => {
-                eprintln!("power: sampling failed ({e}); the run keeps no power figure");
-                self.failed = true;
-                None
-            }
-        }
-    }
-}
-
-/// `pid` and its descendants (from /proc/PID/task/TID/children): the
-/// processes whose power is the app's.
-fn process_tree(pid: u32) -> Vec<u32> {
-    let mut out = vec![pid];
-    let mut i = 0;
-    while i < out.len() && out.len() < 4096 {
-        let p = out[i];
-        i += 1;
-        let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else {
-            continue;
-        };
-        for t in tasks.flatten() {
-            let kids = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
-            out.extend(
-                kids.split_whitespace()
-                    .filter_map(|k| k.parse::<u32>().ok()),
-            );
-        }
-    }
-    out
-}
-
-/// Every app starts with one unit of each pooled knob and the rest shared
-/// out by the policy from there (the same admission as `qosd run`).
+/// Every app is admitted in scenario order with its even share of the
+/// node (`qosd_core::admit::even_share`), by the daemon's admission rule:
+/// the same start as the simulated node's.
 fn admit_all(
     act: &mut Actuation,
     sc: &Scenario,
     pids: &BTreeMap<String, Vec<i32>>,
 ) -> anyhow::Result<()> {
     let mut peers = Peers::new();
-    let initial = Share {
-        nr_cores: 1,
-        nr_ways: 1,
-        ..Default::default()
-    };
-    for a in &sc.apps {
+    let node = *act.node();
+    for (i, a) in sc.apps.iter().enumerate() {
+        let initial = even_share(&node, sc.apps.len(), i);
         let (plan, _) = act
             .admit(&a.name, initial, Limits::default(), &peers)
             .map_err(|e| anyhow::anyhow!("admitting {}: {e}", a.name))?;
@@ -475,12 +365,4 @@ fn admit_all(
         peers.insert(a.name.clone(), (a.class, Limits::default()));
     }
     Ok(())
-}
-
-/// The level of `r` in force for `app`, where the node has that knob.
-fn level(act: &Actuation, app: &str, r: Resource) -> Option<u32> {
-    if !act.node().has(r) {
-        return None;
-    }
-    act.current().get(app).map(|s| s.get(r))
 }

@@ -218,6 +218,8 @@ pub fn app_json(a: &AppLive, window_ms: u64, knobs: &[Resource]) -> Value {
         "requests_total": a.recent.requests_total(),
         "client_latencies_total": a.inbox.accepted_total,
         "apply_errors_total": a.apply_errors_total,
+        "cannot_meet": a.cannot_meet,
+        "cannot_meet_total": a.cannot_meet_total,
         "note": a.note,
     })
 }

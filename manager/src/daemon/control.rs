@@ -1,25 +1,28 @@
-//! The control loop's body, one call per tick: find the apps' processes,
-//! measure (latency from each app's feedback source, RPS, CPU
-//! utilisation), hand the snapshot to the policy, and on decision ticks
-//! put the policy's plan in force. Apps that appear are admitted with
-//! their initial share; apps whose processes all exit are released and
-//! their knobs restored.
+//! The daemon's node ([`DaemonNode`], a [`Node`] of the one control
+//! loop): on every tick it finds the apps' processes and measures them
+//! (latency from each app's feedback source merged over all its pids,
+//! RPS, CPU utilisation); applying a plan puts it in force through the
+//! actuation. Apps that appear are admitted with their initial share; apps
+//! whose processes all exit are released and their knobs restored.
+//! [`Controller`] is the node and the [`ControlLoop`] together, ticked by
+//! the daemon's timer.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use qosd_core::{AppState, Feedback, Limits, Policy, Snapshot};
+use qosd_core::control::{Applied as PlanApplied, ControlLoop, LoopCounters, Node, Sensed, Tick};
+use qosd_core::{Allocations, AppState, Feedback, Limits, NodeCaps, Plan, Policy, Snapshot};
 use qosd_sensors::ebpf::{RequestTracer, TargetOptions};
 use qosd_sensors::power::PowerSensor;
 use qosd_sensors::procfs::{CpuMeter, NodeCpu, Procfs};
 use qosd_sensors::stats::LogHistogram;
 
-use super::actuate::Actuation;
-use super::admit::Peers;
 use super::discover::Finder;
-use super::latency::from_tracer;
 use super::state::SharedState;
 use crate::config::AppConfig;
+use crate::node::actuate::Actuation;
+use crate::node::latency::{from_tracer, Recent};
+use qosd_core::admit::Peers;
 
 /// One configured app and what the loop keeps about it.
 struct AppRt {
@@ -34,14 +37,23 @@ struct AppRt {
     cpu_span_s: f64,
     /// Share of its CPUs it used over the last decision interval.
     cpu_util: f64,
+    /// Its latencies as the policy sees them: the last decision
+    /// interval's ticks, started again whenever a plan is applied.
+    window: Recent,
 }
 
 /// Something worth a line on stdout.
 pub type Events = Vec<String>;
 
+/// The daemon: its node and the loop that drives it.
 pub struct Controller {
+    node: DaemonNode,
+    ctl: ControlLoop<Box<dyn Policy + Send>>,
+}
+
+/// The node `qosd run` manages.
+pub struct DaemonNode {
     apps: Vec<AppRt>,
-    policy: Box<dyn Policy + Send>,
     act: Actuation,
     tracer: Option<Arc<RequestTracer>>,
     power: Option<PowerSensor>,
@@ -50,6 +62,10 @@ pub struct Controller {
     procfs: Procfs,
     node_cpu: Option<NodeCpu>,
     dry_run: bool,
+    /// The next `sense` scans /proc for new processes.
+    scan: bool,
+    /// Log lines of the current tick.
+    events: Events,
 }
 
 mod report;
@@ -67,9 +83,14 @@ impl Controller {
         root: &std::path::Path,
         dry_run: bool,
     ) -> Self {
+        let nr_slots = {
+            let i = &shared.lock().info;
+            (i.decide_interval_ms / i.monitor_interval_ms.max(1)).max(1) as usize
+        };
         let apps = apps
             .iter()
             .map(|a| AppRt {
+                window: Recent::new(nr_slots),
                 feedback: feedback_override.unwrap_or(a.feedback),
                 limits: a.limits(),
                 cfg: a.clone(),
@@ -80,9 +101,8 @@ impl Controller {
                 cpu_util: 0.0,
             })
             .collect();
-        Controller {
+        let node = DaemonNode {
             apps,
-            policy,
             act,
             tracer,
             power: None,
@@ -91,57 +111,132 @@ impl Controller {
             procfs: Procfs::new(root),
             node_cpu: None,
             dry_run,
+            scan: true,
+            events: Events::new(),
+        };
+        Controller {
+            node,
+            ctl: ControlLoop::new(policy),
         }
     }
 
     /// Samples `power` on every decision tick from now on.
     pub fn set_power(&mut self, power: PowerSensor) {
-        self.power = Some(power);
+        self.node.power = Some(power);
     }
 
     pub fn actuation(&self) -> &Actuation {
-        &self.act
+        &self.node.act
     }
 
     pub fn actuation_mut(&mut self) -> &mut Actuation {
-        &mut self.act
+        &mut self.node.act
     }
 
     /// The configured feedback of app `i` after the CLI override.
     pub fn feedback(&self, name: &str) -> Option<Feedback> {
-        self.apps
+        self.node
+            .apps
             .iter()
             .find(|a| a.cfg.name == name)
             .map(|a| a.feedback)
     }
 
-    /// One tick. `scan`: look for new processes (a pass over /proc);
-    /// otherwise only check that known ones live. `decide`: ask the policy
-    /// for a plan and apply it.
+    /// "1 core (CPU 0)", ...: see [`DaemonNode::describe`].
+    pub fn describe(&self, app: &str) -> String {
+        self.node.describe(app)
+    }
+
+    /// One tick of the loop. `scan`: look for new processes (a pass over
+    /// /proc); otherwise only check that known ones live. `decide`: ask
+    /// the policy for a plan and apply it.
     pub fn tick(&mut self, now_ms: u64, dt_s: f64, scan: bool, decide: bool) -> Events {
-        let mut ev = self.discover(now_ms, scan);
-        if decide {
+        self.node.scan = scan;
+        let tick = Tick {
+            now_ms,
+            dt_s,
+            decide,
+        };
+        let (sensed, entry) =
+            self.ctl
+                .tick(&mut self.node, &mut qosd_core::control::NoRecorder, tick);
+        let mut ev = std::mem::take(&mut self.node.events);
+        ev.extend(sensed.events);
+        if let Some(e) = entry {
+            if e.applied.is_none() {
+                // Nothing changed: apply the allocation again anyway, which
+                // catches threads that reset their own affinity.
+                self.node.reassert(now_ms);
+                ev.append(&mut self.node.events);
+            }
+            ev.extend(self.node.cannot_meet(now_ms, &e.plan));
+        }
+        self.node.publish(decide, self.ctl.counters());
+        ev
+    }
+}
+
+impl Node for DaemonNode {
+    fn caps(&self) -> NodeCaps {
+        *self.act.node()
+    }
+
+    fn current(&self) -> &Allocations {
+        self.act.current()
+    }
+
+    fn sense(&mut self, tick: &Tick) -> Sensed {
+        let events = self.discover(tick.now_ms, self.scan);
+        if tick.decide {
             self.sample_power();
         }
-        let snap = self.measure(dt_s, decide);
-        self.policy.observe(now_ms, &snap);
-        if decide {
-            let plan = self
-                .policy
-                .decide(now_ms, &snap, self.act.current(), self.act.node());
-            let pids = self.managed_pids();
-            match self.act.set(&plan.allocations, &pids, true) {
-                Ok(applied) => {
-                    ev.extend(self.record(now_ms, &plan.decisions, &applied, None));
-                }
-                Err(e) => {
-                    let e = format!("policy {}: plan not applied: {e}", self.policy.name());
-                    ev.extend(self.record(now_ms, &plan.decisions, &[], Some(&e)));
-                }
-            }
+        let snapshot = self.measure(tick.now_ms, tick.dt_s, tick.decide);
+        Sensed {
+            snapshot,
+            interval: Vec::new(),
+            events,
         }
-        self.publish(decide);
-        ev
+    }
+
+    fn apply(&mut self, tick: &Tick, plan: &Plan) -> PlanApplied {
+        let pids = self.managed_pids();
+        let mut errors = Vec::new();
+        let ev = match self.act.set(&plan.allocations, &pids, true) {
+            Ok(applied) => {
+                errors.extend(
+                    applied
+                        .iter()
+                        .filter_map(|a| a.error.as_ref().map(|e| format!("{}: {e}", a.app))),
+                );
+                self.record(tick.now_ms, &plan.decisions, &applied, None)
+            }
+            Err(e) => {
+                let e = format!("plan not applied: {e}");
+                errors.push(e.clone());
+                self.record(tick.now_ms, &plan.decisions, &[], Some(&e))
+            }
+        };
+        self.events.extend(ev);
+        // What the policy sees next was measured under the new plan.
+        for a in &mut self.apps {
+            a.window.restart();
+        }
+        PlanApplied {
+            in_force: self.act.current().clone(),
+            errors,
+        }
+    }
+}
+
+impl DaemonNode {
+    /// Applies the allocation in force again (see [`Controller::tick`]).
+    fn reassert(&mut self, now_ms: u64) {
+        let pids = self.managed_pids();
+        let current = self.act.current().clone();
+        if let Ok(applied) = self.act.set(&current, &pids, true) {
+            let ev = self.record(now_ms, &[], &applied, None);
+            self.events.extend(ev);
+        }
     }
 
     /// Pids of the managed apps.
@@ -299,7 +394,7 @@ impl Controller {
     /// Feeds each app's latencies of this tick in and builds the snapshot
     /// of the managed apps. CPU time is read on decision ticks only: the
     /// kernel counts it in 10 ms ticks, too coarse for 100 ms anyway.
-    fn measure(&mut self, dt_s: f64, decide: bool) -> Snapshot {
+    fn measure(&mut self, now_ms: u64, dt_s: f64, decide: bool) -> Snapshot {
         let mut ticks: Vec<(LogHistogram, Option<u64>)> = Vec::with_capacity(self.apps.len());
         for a in &self.apps {
             ticks.push(match (a.feedback, &self.tracer) {
@@ -326,7 +421,7 @@ impl Controller {
         }
         let mut snap = Snapshot::default();
         let mut sh = self.shared.lock();
-        for (a, (hist, latest)) in self.apps.iter().zip(ticks) {
+        for (a, (hist, latest)) in self.apps.iter_mut().zip(ticks) {
             let util = a.cpu_util;
             let Some(live) = sh.apps.get_mut(&a.cfg.name) else {
                 continue;
@@ -335,15 +430,19 @@ impl Controller {
                 Feedback::Client => live.inbox.take(),
                 Feedback::Ebpf => (hist, latest),
             };
+            // The policy's window (restarted when a plan is applied) and
+            // the API's (always the last decision interval).
+            a.window.push(hist.clone(), dt_s, latest);
             live.recent.push(hist, dt_s, latest);
             live.cpu_util = util;
             if self.act.current().contains_key(&a.cfg.name) {
+                let pct = live.target.map_or(99.0, |t| t.percentile);
                 snap.apps.push(AppState {
                     name: a.cfg.name.clone(),
                     class: a.cfg.class,
                     target: live.target,
-                    latency_us: live.target_latency_us(),
-                    rps: live.recent.rps(),
+                    latency_us: a.window.percentile_us(pct),
+                    rps: a.window.rps(),
                     cpu_util: util,
                     power_w: live.power_w,
                     limits: a.limits,
@@ -351,11 +450,19 @@ impl Controller {
             }
         }
         snap.node_power_w = sh.node_power_w;
+        // The windows restart when a plan is applied: the oldest tick any
+        // app's figure holds.
+        let span_s = self
+            .apps
+            .iter()
+            .map(|a| a.window.span_s())
+            .fold(0.0, f64::max);
+        snap.since_ms = Some(now_ms.saturating_sub((span_s * 1000.0).round() as u64));
         snap
     }
 
     /// Copies allocations, processes and node figures to the shared state.
-    fn publish(&mut self, decided: bool) {
+    fn publish(&mut self, decided: bool, counters: LoopCounters) {
         let node = decided.then(|| self.procfs.node_cpu().ok()).flatten();
         let mut sh = self.shared.lock();
         if let Some(n) = node {
@@ -363,6 +470,7 @@ impl Controller {
                 sh.node_cpu_util = Some(n.utilisation_since(&before));
             }
         }
+        sh.loop_counters = counters;
         sh.monitor_ticks_total += 1;
         if decided {
             sh.decide_ticks_total += 1;

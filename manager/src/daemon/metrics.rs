@@ -407,6 +407,24 @@ pub fn render(sh: &Shared, dropped: Option<u64>) -> String {
         );
         o.sample("qosd_node_cpu_utilization_ratio", &[], u);
     }
+    o.family(
+        "qosd_cannot_meet_total",
+        "counter",
+        "Decisions at which a violating app could be given nothing (QoS cannot be met).",
+    );
+    for a in sh.apps.values() {
+        o.sample(
+            "qosd_cannot_meet_total",
+            &[("app", a.name.as_str())],
+            a.cannot_meet_total as f64,
+        );
+    }
+    o.family(
+        "qosd_reverts_total",
+        "counter",
+        "Changes the policy reverted (a downsize that hurt an app).",
+    );
+    o.sample("qosd_reverts_total", &[], sh.loop_counters.reverts as f64);
     o.family("qosd_ticks_total", "counter", "Control-loop ticks by kind.");
     o.sample(
         "qosd_ticks_total",

@@ -7,14 +7,10 @@
 //! once: the API's clients get [`SHUTDOWN_GRACE`] to finish, whatever
 //! they are doing.
 
-pub mod actuate;
-pub mod admit;
 pub mod api;
 pub mod auth;
 pub mod control;
-pub mod coremap;
 pub mod discover;
-pub mod latency;
 pub mod metrics;
 pub mod server;
 pub mod state;
@@ -35,10 +31,10 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio::time::MissedTickBehavior;
 
 use crate::config::Config;
+use crate::node::actuate::Actuation;
 use crate::policy::PolicyFile;
 use crate::usage;
 use crate::yamlfile;
-use actuate::Actuation;
 use control::{describe_target, live_entry, Controller};
 use state::{unix_ms, KnobInfo, RunInfo, Shared, SharedState};
 

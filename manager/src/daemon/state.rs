@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use qosd_core::{AppClass, DecisionKind, Feedback, QosTarget, Resource, Share};
 use serde::Serialize;
 
-use super::latency::{Inbox, Recent};
+use crate::node::latency::{Inbox, Recent};
 
 /// How many decisions `/v1/decisions` can go back.
 pub const DECISIONS_KEPT: usize = 512;
@@ -37,6 +37,11 @@ pub struct AppLive {
     /// Why it is not managed, or the last failure to apply its allocation.
     pub note: Option<String>,
     pub apply_errors_total: u64,
+    /// Why the node cannot meet its QoS, as of the last decision (it
+    /// violates its target and nothing could be given to it).
+    pub cannot_meet: Option<String>,
+    /// Decisions at which it was in that state.
+    pub cannot_meet_total: u64,
 }
 
 impl AppLive {
@@ -62,7 +67,9 @@ pub struct DecisionRecord {
     /// Wall-clock time, ms since the Unix epoch.
     pub unix_ms: u64,
     pub app: String,
-    pub resource: Resource,
+    /// `None` for a `cannot_meet` event (no resource could grow).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resource: Option<Resource>,
     pub kind: DecisionKind,
     pub from: u32,
     pub to: u32,
@@ -117,6 +124,8 @@ pub struct Shared {
     pub decide_ticks_total: u64,
     /// Ticks that came late (the previous one overran): skipped, not burst.
     pub missed_ticks_total: u64,
+    /// The control loop's totals (reverts, failed plans, cannot-meet).
+    pub loop_counters: qosd_core::control::LoopCounters,
     pub node_cpu_util: Option<f64>,
     pub node_power_w: Option<f64>,
     /// Why the last power sample failed, if it did.
@@ -133,6 +142,7 @@ impl Shared {
             monitor_ticks_total: 0,
             decide_ticks_total: 0,
             missed_ticks_total: 0,
+            loop_counters: Default::default(),
             node_cpu_util: None,
             node_power_w: None,
             power_error: None,
@@ -140,10 +150,12 @@ impl Shared {
     }
 
     pub fn record(&mut self, d: DecisionRecord) {
-        *self
-            .decisions_total
-            .entry((d.app.clone(), d.resource, d.kind))
-            .or_default() += 1;
+        if let Some(r) = d.resource {
+            *self
+                .decisions_total
+                .entry((d.app.clone(), r, d.kind))
+                .or_default() += 1;
+        }
         if self.decisions.len() == DECISIONS_KEPT {
             self.decisions.pop_front();
         }

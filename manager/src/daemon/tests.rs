@@ -8,10 +8,10 @@ use std::path::Path;
 use qosd_actuators::Actuators;
 use qosd_core::{Feedback, Resource};
 
-use super::actuate::Actuation;
 use super::control::{live_entry, Controller};
 use super::state::{KnobInfo, RunInfo, Shared, SharedState};
 use crate::config::Config;
+use crate::node::actuate::Actuation;
 use crate::policy::{Parties, PartiesParams};
 
 fn put(root: &Path, abs: &str, text: &str) {

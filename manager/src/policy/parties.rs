@@ -8,13 +8,14 @@ use std::collections::BTreeMap;
 
 use qosd_core::{
     Allocations, AppClass, Decision, DecisionKind, NodeCaps, Plan, Policy, Resource, Snapshot,
+    Unmet,
 };
 
 use super::alloc::{fmt_us, Editor, Moves};
 
 mod params;
 pub(crate) use params::{slack_in_range, validate_victims};
-pub use params::{PartiesParams, Steps};
+pub use params::{PartiesParams, RevertVote, Steps};
 
 /// Per-app memory of the controller.
 #[derive(Debug, Clone)]
@@ -23,6 +24,10 @@ struct AppMem {
     cursor: usize,
     /// Downsizes of this app are barred until then.
     no_downsize_until_ms: u64,
+    /// Its last slacks (for `average_samples`), newest last.
+    slacks: std::collections::VecDeque<f64>,
+    /// Direction of its last action (true: upsize), for `restart_wheel_on_turn`.
+    last_up: Option<bool>,
 }
 
 #[derive(Debug, Clone)]
@@ -33,8 +38,13 @@ enum Judged {
         fell: u32,
         counted: u32,
     },
-    /// Downsize: the first app seen below the upsize threshold, if any.
-    Down { hurt: Option<(String, f64)> },
+    /// Downsize: the first app seen below the upsize threshold, if any,
+    /// and how many of the samples since had an app below it.
+    Down {
+        hurt: Option<(String, f64)>,
+        below: u32,
+        counted: u32,
+    },
 }
 
 enum Verdict {
@@ -62,6 +72,13 @@ pub struct Parties {
     apps: BTreeMap<String, AppMem>,
     pending: Option<Pending>,
     last_sample_ms: Option<u64>,
+    /// Time of the last decision (for `idle_decide_ms`).
+    last_decide_ms: Option<u64>,
+    /// Wheel restarts drawn so far (each draw differs, all seeded).
+    turns: u64,
+    /// The state before the last decision, put back if its plan was not
+    /// applied (the controller only learns from what happened).
+    before: Option<(BTreeMap<String, AppMem>, Option<Pending>)>,
 }
 
 impl Parties {
@@ -75,6 +92,9 @@ impl Parties {
             apps: BTreeMap::new(),
             pending: None,
             last_sample_ms: None,
+            last_decide_ms: None,
+            turns: 0,
+            before: None,
         }
     }
 
@@ -90,6 +110,8 @@ impl Parties {
         self.apps.entry(app.to_owned()).or_insert_with(|| AppMem {
             cursor: (mix(seed, app) % n as u64) as usize,
             no_downsize_until_ms: 0,
+            slacks: std::collections::VecDeque::new(),
+            last_up: None,
         })
     }
 
@@ -102,6 +124,26 @@ impl Parties {
     /// Slack of an LC app, with `idle_slack` standing in when it served
     /// nothing; `None` for BE apps and LC apps without a usable figure.
     fn slack(&self, snap: &Snapshot, app: &str) -> Option<f64> {
+        let a = snap.app(app)?;
+        if a.class != AppClass::Lc || a.target.is_none() {
+            return None;
+        }
+        let now = a.slack().or(if a.latency_us.is_none() {
+            self.p.idle_slack
+        } else {
+            None
+        })?;
+        // Beside the moving average of its last samples, the lower counts
+        // (`average_samples`: PARTIES' code checks both).
+        let avg = self.apps.get(app).and_then(|m| {
+            (self.p.average_samples > 0 && !m.slacks.is_empty())
+                .then(|| m.slacks.iter().sum::<f64>() / m.slacks.len() as f64)
+        });
+        Some(avg.map_or(now, |v| v.min(now)))
+    }
+
+    /// The slack of this sample alone (no average), for the average.
+    fn sample_slack(&self, snap: &Snapshot, app: &str) -> Option<f64> {
         let a = snap.app(app)?;
         if a.class != AppClass::Lc || a.target.is_none() {
             return None;
@@ -141,7 +183,9 @@ impl Parties {
         match pend.judged {
             Judged::Down {
                 hurt: Some((victim, s)),
-            } => {
+                below,
+                counted,
+            } if self.p.revert_vote == RevertVote::First || 2 * below > counted => {
                 let until = now_ms + self.p.downsize_cooldown_ms;
                 self.mem(&pend.app).no_downsize_until_ms = until;
                 self.advance(&pend.app);
@@ -165,7 +209,7 @@ impl Parties {
                 }
                 Verdict::Reverted
             }
-            Judged::Down { hurt: None } => Verdict::None,
+            Judged::Down { .. } => Verdict::None,
             Judged::Up {
                 before_us,
                 fell,
@@ -198,9 +242,24 @@ impl Parties {
 
     /// Upsizes `app` on the first resource of its cycle (from its cursor)
     /// that can grow.
+    /// Where `app`'s wheel starts for an action in direction `up`: its
+    /// cursor, or a seeded random position when it turns
+    /// (`restart_wheel_on_turn`, as PARTIES' code does).
+    fn start(&mut self, app: &str, up: bool) -> usize {
+        let n = self.p.cycle.len() as u64;
+        let restart = self.p.restart_wheel_on_turn;
+        self.turns += 1;
+        let draw = mix(self.seed ^ self.turns, app);
+        let m = self.mem(app);
+        if restart && m.last_up == Some(!up) {
+            m.cursor = (draw % n) as usize;
+        }
+        m.cursor
+    }
+
     fn upsize(&mut self, ed: &mut Editor<'_>, app: &str, why: String) -> bool {
         let n = self.p.cycle.len();
-        let start = self.mem(app).cursor;
+        let start = self.start(app, true);
         let before_us = ed
             .snap
             .app(app)
@@ -230,6 +289,7 @@ impl Parties {
                 }
             }
             self.mem(app).cursor = idx;
+            self.mem(app).last_up = Some(true);
             self.pending = Some(Pending {
                 app: app.to_owned(),
                 resource: r,
@@ -249,7 +309,7 @@ impl Parties {
     /// Downsizes `app` on the first resource of its cycle that can shrink.
     fn downsize(&mut self, ed: &mut Editor<'_>, app: &str, why: String) -> bool {
         let n = self.p.cycle.len();
-        let start = self.mem(app).cursor;
+        let start = self.start(app, false);
         let reason = format!("{why}; most slack > {}", self.p.downsize_above_slack);
         for k in 0..n {
             let idx = (start + k) % n;
@@ -259,12 +319,17 @@ impl Parties {
                 continue;
             }
             self.mem(app).cursor = idx;
+            self.mem(app).last_up = Some(false);
             self.pending = Some(Pending {
                 app: app.to_owned(),
                 resource: r,
                 at_ms: 0,
                 changes: ed.plan.decisions.clone(),
-                judged: Judged::Down { hurt: None },
+                judged: Judged::Down {
+                    hurt: None,
+                    below: 0,
+                    counted: 0,
+                },
             });
             return true;
         }
@@ -279,10 +344,24 @@ impl Policy for Parties {
 
     fn observe(&mut self, now_ms: u64, snap: &Snapshot) {
         self.last_sample_ms = Some(now_ms);
+        let keep = self.p.average_samples as usize;
+        if keep > 0 {
+            for a in &snap.apps {
+                if let Some(s) = self.sample_slack(snap, &a.name) {
+                    let m = self.mem(&a.name);
+                    m.slacks.push_back(s);
+                    while m.slacks.len() > keep {
+                        m.slacks.pop_front();
+                    }
+                }
+            }
+        }
         let Some(pend) = self.pending.as_ref() else {
             return;
         };
-        if now_ms <= pend.at_ms {
+        // Only samples taken after the action count: a window that still
+        // holds latencies from before it says nothing about it.
+        if now_ms <= pend.at_ms || snap.since_ms.is_some_and(|s| s < pend.at_ms) {
             return;
         }
         let (app, below) = (pend.app.clone(), self.p.upsize_below_slack);
@@ -309,7 +388,13 @@ impl Policy for Parties {
                     }
                 }
             }
-            Judged::Down { hurt } => {
+            Judged::Down {
+                hurt,
+                below,
+                counted,
+            } => {
+                *counted += 1;
+                *below += u32::from(first_hurt.is_some());
                 if hurt.is_none() {
                     *hurt = first_hurt;
                 }
@@ -328,6 +413,8 @@ impl Policy for Parties {
         if self.last_sample_ms != Some(now_ms) {
             self.observe(now_ms, snap);
         }
+        self.before = Some((self.apps.clone(), self.pending.clone()));
+        self.last_decide_ms = Some(now_ms);
         let mut ed = Editor::new(node, snap, current);
         let note = match self.judge(now_ms, &mut ed) {
             Verdict::Reverted => return ed.finish(),
@@ -339,28 +426,46 @@ impl Policy for Parties {
             .keys()
             .filter_map(|n| self.slack(snap, n).map(|s| (n.clone(), s)))
             .collect();
-        let least = slacks.iter().fold(None::<&(String, f64)>, |b, x| match b {
-            Some(b) if b.1 <= x.1 => Some(b),
-            _ => Some(x),
-        });
-        if let Some((app, _)) = least.filter(|l| l.1 < self.p.upsize_below_slack) {
-            let why = format!("{note}{}", self.describe(snap, app));
-            self.upsize(&mut ed, &app.clone(), why);
-        } else {
-            let most = slacks
-                .iter()
-                .filter(|(n, _)| {
-                    self.apps
-                        .get(n)
-                        .is_none_or(|m| now_ms >= m.no_downsize_until_ms)
-                })
-                .fold(None::<&(String, f64)>, |b, x| match b {
-                    Some(b) if b.1 >= x.1 => Some(b),
-                    _ => Some(x),
-                });
-            if let Some((app, _)) = most.filter(|m| m.1 > self.p.downsize_above_slack) {
+        // Violating apps, least slack first: the first one that can be
+        // given a unit is upsized; those before it cannot be helped.
+        let mut short: Vec<&(String, f64)> = slacks
+            .iter()
+            .filter(|(_, s)| *s < self.p.upsize_below_slack)
+            .collect();
+        short.sort_by(|a, b| a.1.total_cmp(&b.1));
+        if !short.is_empty() {
+            let mut unmet = Vec::new();
+            for (app, _) in short {
                 let why = format!("{note}{}", self.describe(snap, app));
-                self.downsize(&mut ed, &app.clone(), why);
+                if self.upsize(&mut ed, app, why.clone()) {
+                    break;
+                }
+                unmet.push(Unmet {
+                    app: app.clone(),
+                    reason: format!("{why}; no resource can grow (limits, node, no victim)"),
+                });
+            }
+            ed.plan.cannot_meet = unmet;
+        } else {
+            // Apps with slack to spare and not cooling down, most slack
+            // first: the first that can give a unit is downsized (one at
+            // its floor must not hold the others' downsizes back).
+            let mut spare: Vec<&(String, f64)> = slacks
+                .iter()
+                .filter(|(n, s)| {
+                    *s > self.p.downsize_above_slack
+                        && self
+                            .apps
+                            .get(n)
+                            .is_none_or(|m| now_ms >= m.no_downsize_until_ms)
+                })
+                .collect();
+            spare.sort_by(|a, b| b.1.total_cmp(&a.1));
+            for (app, _) in spare {
+                let why = format!("{note}{}", self.describe(snap, app));
+                if self.downsize(&mut ed, app, why) {
+                    break;
+                }
             }
         }
         // judge() took the old pending action: any pending one is new.
@@ -368,6 +473,31 @@ impl Policy for Parties {
             p.at_ms = now_ms;
         }
         ed.finish()
+    }
+
+    fn wants_decision(&self, now_ms: u64) -> bool {
+        let every = self.p.idle_decide_ms;
+        every > 0
+            && self.pending.is_none()
+            && self.last_decide_ms.is_some_and(|t| now_ms >= t + every)
+    }
+
+    fn applied(&mut self, _now_ms: u64, plan: &Plan, in_force: &Allocations) {
+        let Some((apps, pending)) = self.before.take() else {
+            return;
+        };
+        // Every change of the plan in force? Then the plan happened.
+        let done = plan.decisions.iter().all(|d| {
+            in_force
+                .get(&d.app)
+                .is_some_and(|s| s.get(d.resource) == d.to)
+        });
+        if !done {
+            // It did not (or only in part): forget it, as if this decision
+            // had not been made; the old action is judged again next time.
+            self.apps = apps;
+            self.pending = pending;
+        }
     }
 }
 
@@ -386,3 +516,6 @@ fn mix(seed: u64, name: &str) -> u64 {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod fixes_tests;

@@ -63,6 +63,7 @@ pub fn snap(apps: Vec<AppState>) -> Snapshot {
     Snapshot {
         apps,
         node_power_w: None,
+        since_ms: None,
     }
 }
 

@@ -246,7 +246,7 @@ impl LoadSpec {
 
 /// Client-side view of one interval: what the daemon's client sensor gets.
 /// Latencies are of the replies that *completed* in the interval.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct IntervalReport {
     /// End of the interval, seconds since the start of the run.
     pub t_s: f64,
@@ -262,6 +262,10 @@ pub struct IntervalReport {
     pub errors: u64,
     /// Completed replies: `rps` = completed per second, latencies in µs.
     pub latency: LatencySummary,
+    /// The same replies' latencies, ns: a driver that gets several reports
+    /// per decision interval merges them for the interval's percentiles.
+    #[serde(skip)]
+    pub histogram: qosd_sensors::stats::LogHistogram,
 }
 
 /// Failures by kind (each a number of requests).

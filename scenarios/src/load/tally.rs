@@ -97,8 +97,8 @@ impl Tally {
                 p95_us: us(self.iv.percentile(95.0)),
                 p99_us: us(self.iv.percentile(99.0)),
             },
+            histogram: std::mem::take(&mut self.iv),
         };
-        self.iv.clear();
         (self.iv_sched, self.iv_sent, self.iv_done, self.iv_err) = (0, 0, 0, 0);
         on_interval(&rep);
     }

@@ -4,12 +4,12 @@
 
 use qosd_core::{AppClass, Decision, Feedback, QosTarget, Share};
 
-use super::super::actuate::Applied;
 use super::super::state::{unix_ms, DecisionRecord};
-use super::{Controller, Events};
+use super::{DaemonNode, Events};
 use crate::config::AppConfig;
+use crate::node::actuate::Applied;
 
-impl Controller {
+impl DaemonNode {
     /// Power of every app and the node over the last decision interval.
     pub(super) fn sample_power(&mut self) {
         let Some(p) = self.power.as_mut() else { return };
@@ -127,7 +127,7 @@ impl Controller {
                 t_ms: now_ms,
                 unix_ms: unix_ms(),
                 app: d.app.clone(),
-                resource: d.resource,
+                resource: Some(d.resource),
                 kind: d.kind,
                 from: d.from,
                 to: d.to,
@@ -135,6 +135,47 @@ impl Controller {
                 reason: d.reason.clone(),
                 applied: ok && !self.dry_run,
                 error,
+            });
+        }
+        ev
+    }
+}
+
+impl DaemonNode {
+    /// The plan's "cannot meet QoS" events: each app's state for the API,
+    /// its counter, a record in the decision log and a log line when the
+    /// app enters that state.
+    pub(super) fn cannot_meet(&mut self, now_ms: u64, plan: &qosd_core::Plan) -> Events {
+        let mut ev = Events::new();
+        let mut sh = self.shared.lock();
+        for live in sh.apps.values_mut() {
+            let why = plan.cannot_meet.iter().find(|u| u.app == live.name);
+            let entering = why.is_some() && live.cannot_meet.is_none();
+            live.cannot_meet = why.map(|u| u.reason.clone());
+            if why.is_some() {
+                live.cannot_meet_total += 1;
+            }
+            if entering {
+                ev.push(format!(
+                    "app {}: CANNOT MEET QoS: {}",
+                    live.name,
+                    live.cannot_meet.as_deref().unwrap_or("")
+                ));
+            }
+        }
+        for u in &plan.cannot_meet {
+            sh.record(DecisionRecord {
+                t_ms: now_ms,
+                unix_ms: unix_ms(),
+                app: u.app.clone(),
+                resource: None,
+                kind: qosd_core::DecisionKind::CannotMeet,
+                from: 0,
+                to: 0,
+                unit: "",
+                reason: u.reason.clone(),
+                applied: false,
+                error: None,
             });
         }
         ev
@@ -155,13 +196,15 @@ pub fn live_entry(
         pids: Vec::new(),
         share: None::<Share>,
         cpus: None,
-        recent: crate::daemon::latency::Recent::new(nr_slots),
+        recent: crate::node::latency::Recent::new(nr_slots),
         inbox: Default::default(),
         cpu_util: 0.0,
         power_w: None,
         power: None,
         note: Some("not running".into()),
         apply_errors_total: 0,
+        cannot_meet: None,
+        cannot_meet_total: 0,
     }
 }
 

@@ -78,10 +78,12 @@ impl Steps {
 #[serde(deny_unknown_fields, default)]
 pub struct PartiesParams {
     /// Upsize the least-slack latency-critical app when its slack is below
-    /// this (PARTIES: 0.05). Slack = (target − latency) / target.
+    /// this (PARTIES: 0.05); if nothing can be given to it, the next
+    /// violating app. Slack = (target − latency) / target.
     pub upsize_below_slack: f64,
     /// Otherwise downsize the most-slack app (not in cool-down) when its
-    /// slack is above this (PARTIES: 0.20). Between the two: no change.
+    /// slack is above this (PARTIES: 0.20); if it cannot give anything (at
+    /// its floor), the next most-slack one. Between the two: no change.
     pub downsize_above_slack: f64,
     /// Order in which each app tries resources; those the node lacks are
     /// skipped. Each app starts at a seeded position in this cycle.
@@ -102,11 +104,40 @@ pub struct PartiesParams {
     pub idle_slack: Option<f64>,
     /// Where an upsize of cores or ways takes the unit from, in order.
     pub victims: Vec<Victim>,
-    /// A latency-critical app is a victim only while its slack is above this.
+    /// A latency-critical app is a victim only while its slack is above
+    /// this. Default: the downsize threshold (0.20), so that a victim is an
+    /// app that would be downsized anyway and does not take the unit back
+    /// at the next decision (PARTIES' code uses its downsize threshold).
     pub victim_min_slack: f64,
     /// Freed cores/ways go to the best-effort app holding the fewest
     /// (true), or back to the free pool (false).
     pub freed_to_best_effort: bool,
+    /// Slack is the lower of the current one and its moving average over
+    /// this many monitoring samples (0: the current one only; PARTIES'
+    /// code checks both).
+    pub average_samples: u32,
+    /// A downsize is reverted when the `first` sample after it finds an app
+    /// below `upsize_below_slack`, or only when the `majority` do (PARTIES'
+    /// code: a majority vote).
+    pub revert_vote: RevertVote,
+    /// When an app turns (upsize after downsize, or back), its resource
+    /// wheel restarts at a seeded random position (PARTIES' code), instead
+    /// of where it was.
+    pub restart_wheel_on_turn: bool,
+    /// While no action waits to be judged, decide this often, ms, at
+    /// monitoring ticks between the decision intervals (0: only at the
+    /// decision interval; PARTIES' code: 100).
+    pub idle_decide_ms: u64,
+}
+
+/// How a downsize is found harmful.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RevertVote {
+    /// The first sample with an app below the upsize threshold.
+    First,
+    /// More than half of the samples since the downsize.
+    Majority,
 }
 
 impl Default for PartiesParams {
@@ -120,8 +151,12 @@ impl Default for PartiesParams {
             downsize_cooldown_ms: 30_000,
             idle_slack: Some(1.0),
             victims: vec![Victim::FreePool, Victim::BestEffort, Victim::MostSlackLc],
-            victim_min_slack: 0.05,
+            victim_min_slack: 0.20,
             freed_to_best_effort: true,
+            average_samples: 0,
+            revert_vote: RevertVote::First,
+            restart_wheel_on_turn: false,
+            idle_decide_ms: 0,
         }
     }
 }
@@ -164,6 +199,18 @@ impl PartiesParams {
         }
         if let Some(s) = self.idle_slack {
             slack_in_range(&at.key("idle_slack"), s)?;
+        }
+        if self.average_samples > 1000 {
+            return Err(Invalid::new(
+                at.key("average_samples"),
+                "must be at most 1000",
+            ));
+        }
+        if self.idle_decide_ms > 3_600_000 {
+            return Err(Invalid::new(
+                at.key("idle_decide_ms"),
+                "must be at most 3600000 (an hour)",
+            ));
         }
         validate_victims(&self.victims, &at.key("victims"))?;
         Ok(())

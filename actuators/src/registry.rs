@@ -1,4 +1,4 @@
-//! [`Actuators`]: the set of knob plugins the manager holds, built from a
+//! The actuator registry: [`Actuators`], the knob plugins the manager holds, built from a
 //! [`Config`] after probing the machine. `apply` changes an app's
 //! allocation whole or not at all; everything is restored on
 //! `restore_all`, on drop (which also runs when a panic unwinds), and from
@@ -17,7 +17,7 @@ use crate::pqos::PqosWays;
 use crate::quota::QuotaBackend;
 use crate::resctrl::{probe_l3, probe_mb, ResctrlMb, ResctrlWays};
 use crate::topology::Topology;
-use crate::{proc, Actuator, Allocation, AppTarget, Apps, Change, Ctx, Plan, Resource, Root};
+use crate::{proc, Actuator, Allocation, AppTarget, Apps, Change, Ctx, KnobPlan, Resource, Root};
 
 /// Which cores backend to use. `auto` takes the first available of
 /// cgroup2, cgroup1, affinity.
@@ -314,7 +314,7 @@ impl Actuators {
             None => None,
         };
         let root = Root::new(&cfg.root);
-        let node = crate::manage::node_caps(&root, &caps, cfg);
+        let node = crate::capacities::node_caps(&root, &caps, cfg);
         let journal = Journal::open(root.clone(), Some(cfg.state_path()), cfg.dry_run)?;
         Ok(Actuators {
             ctx: Ctx::new(root, cfg.dry_run, journal),
@@ -426,7 +426,7 @@ impl Actuators {
                 Resource::CpuQuota if alloc.cpu_quota_milli.is_some() => &merged,
                 _ => continue,
             };
-            let plan = Plan {
+            let plan = KnobPlan {
                 app,
                 want,
                 cpus: &cpus,

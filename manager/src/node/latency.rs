@@ -66,6 +66,13 @@ impl Recent {
         }
     }
 
+    /// Forgets the kept ticks (not the totals): after a plan is applied,
+    /// the figures cover only what was measured under it.
+    pub fn restart(&mut self) {
+        self.slots.clear();
+        self.merged.clear();
+    }
+
     /// Requests in the kept ticks.
     pub fn requests(&self) -> u64 {
         self.merged.len()

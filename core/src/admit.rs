@@ -10,7 +10,8 @@
 
 use std::collections::BTreeMap;
 
-use qosd_core::{Allocations, AppClass, Decision, DecisionKind, Limits, NodeCaps, Resource, Share};
+use crate::policy::{Allocations, AppClass, Decision, DecisionKind, Limits, NodeCaps, Share};
+use crate::resources::Resource;
 
 /// Class and limits of the apps already managed, by name.
 pub type Peers = BTreeMap<String, (AppClass, Limits)>;
@@ -80,11 +81,28 @@ pub fn admit(
         }
         share.set(r, want.min(free));
     }
-    if let Some(c) = qosd_core::quota::ceiling_milli(&share, node) {
+    if let Some(c) = crate::quota::ceiling_milli(&share, node) {
         share.cpu_quota_milli = share.cpu_quota_milli.min(c);
     }
     *current = next;
     Ok((share, taken))
+}
+
+/// The starting share replays ask for (real and simulated alike): app
+/// `i` of `n` gets its even part of each pooled resource (the first
+/// `total % n` apps one more), the highest frequency, and memory bandwidth
+/// as found. [`admit`] then fits it beside the apps admitted before it.
+pub fn even_share(node: &NodeCaps, n: usize, i: usize) -> Share {
+    let n = n.max(1) as u32;
+    let i = i as u32;
+    let part = |total: u32| total / n + u32::from(i < total % n);
+    Share {
+        nr_cores: part(node.nr_cores),
+        nr_ways: part(node.nr_ways),
+        freq_mhz: node.range(Resource::Frequency).map_or(0, |(_, hi)| hi),
+        mb_percent: 0,
+        cpu_quota_milli: 0,
+    }
 }
 
 #[cfg(test)]
@@ -167,7 +185,7 @@ mod tests {
     #[test]
     fn initial_quota_is_a_level_kept_within_the_cores_held() {
         let mut n = node(2);
-        n.quota = Some(qosd_core::QuotaRange {
+        n.quota = Some(crate::QuotaRange {
             step_milli: 100,
             max_milli: 2000,
         });

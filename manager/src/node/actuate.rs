@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 use qosd_actuators::{Actuators, AppTarget, Caps, Change, Error, Topology};
 use qosd_core::{Allocation, Allocations, Decision, Limits, NodeCaps, Resource, Share};
 
-use super::admit::{admit, Peers};
 use super::coremap::CoreMap;
+use qosd_core::admit::{admit, Peers};
 
 /// The outcome of applying one app's allocation.
 #[derive(Debug, Clone, PartialEq)]

@@ -1,0 +1,87 @@
+//! The power sensor as a replay node uses it: RAPL where the machine has
+//! it, else the model (an estimate, flagged in summary.json), and the
+//! processes whose power is an app's.
+
+use std::path::Path;
+
+use qosd_core::PowerSource;
+use qosd_sensors::power::{PowerConfig, PowerSample, PowerSensor};
+
+/// The power sensor of a real replay: RAPL where the machine has it, else
+/// the model (every figure an estimate, flagged in summary.json). A sample
+/// that fails ends power for the run (`failed`).
+pub struct RunPower {
+    sensor: PowerSensor,
+    pub failed: bool,
+}
+
+impl RunPower {
+    /// `None` (said on stderr) where the sensor cannot run, e.g. not root:
+    /// the power column stays empty and energy_j null.
+    pub fn start() -> Option<RunPower> {
+        match PowerSensor::open(&PowerConfig::default(), Path::new("/")) {
+            Ok(sensor) => {
+                let c = sensor.caps();
+                eprintln!(
+                    "power: {} ({}), threads weighed by {}",
+                    c.backend,
+                    if c.source == PowerSource::Model {
+                        "an ESTIMATE from utilisation, no RAPL here"
+                    } else {
+                        "measured"
+                    },
+                    c.weight
+                );
+                Some(RunPower {
+                    sensor,
+                    failed: false,
+                })
+            }
+            Err(e) => {
+                eprintln!("power: not available ({e}); no power_w, energy_j null");
+                None
+            }
+        }
+    }
+
+    pub fn is_estimate(&self) -> bool {
+        self.sensor.caps().source == PowerSource::Model
+    }
+
+    /// Power since the previous sample.
+    pub fn sample(&mut self) -> Option<PowerSample> {
+        if self.failed {
+            return None;
+        }
+        match self.sensor.sample() {
+            Ok(s) => Some(s),
+            Err(e) => {
+                eprintln!("power: sampling failed ({e}); the run keeps no power figure");
+                self.failed = true;
+                None
+            }
+        }
+    }
+}
+
+/// `pid` and its descendants (from /proc/PID/task/TID/children): the
+/// processes whose power is the app's.
+pub fn process_tree(pid: u32) -> Vec<u32> {
+    let mut out = vec![pid];
+    let mut i = 0;
+    while i < out.len() && out.len() < 4096 {
+        let p = out[i];
+        i += 1;
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else {
+            continue;
+        };
+        for t in tasks.flatten() {
+            let kids = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+            out.extend(
+                kids.split_whitespace()
+                    .filter_map(|k| k.parse::<u32>().ok()),
+            );
+        }
+    }
+    out
+}

@@ -1,0 +1,260 @@
+//! A real replay's node: the scenario's servers on this machine, driven by
+//! our load generators, measured by the eBPF request sensor (every pid of
+//! each server merged, as the daemon does) and the client's reports, and
+//! actuated by the daemon's [`Actuation`]. Latency windows are the
+//! daemon's ([`Recent`]: the last decision interval's worth of monitoring
+//! ticks), started again whenever a plan is applied so that what the
+//! policy sees after an action was measured after it.
+
+use std::collections::BTreeMap;
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::Arc;
+
+use qosd_core::control::{AppInterval, Applied, Node, Sensed, Tick};
+use qosd_core::{Allocations, AppState, Feedback, Limits, NodeCaps, Plan, QosTarget};
+use qosd_scenarios::load::IntervalReport;
+use qosd_scenarios::scenario::AppSpec;
+use qosd_sensors::ebpf::RequestTracer;
+use qosd_sensors::stats::LogHistogram;
+
+use super::actuate::Actuation;
+use super::latency::{from_tracer, Recent};
+use super::power::{process_tree, RunPower};
+
+/// One app of the replay.
+pub struct ReplayApp {
+    pub spec: AppSpec,
+    /// Every process of the app's server (its pid and descendants).
+    pub pids: Vec<i32>,
+    /// Its load generator's reports (one per monitoring tick).
+    pub reports: Receiver<IntervalReport>,
+    /// Targets the client and the eBPF latency are scored against, µs.
+    pub client_target_us: Option<f64>,
+    pub ebpf_target_us: Option<f64>,
+}
+
+struct Meter {
+    client: Recent,
+    ebpf: Recent,
+    /// The decision interval so far: client and eBPF latencies, ns.
+    iv_client: LogHistogram,
+    iv_ebpf: LogHistogram,
+    offered_rps: f64,
+    completed: u64,
+}
+
+/// The real replay's node. Build it once the servers run, the targets are
+/// traced and every app is admitted.
+pub struct ReplayNode {
+    apps: Vec<ReplayApp>,
+    meters: Vec<Meter>,
+    act: Actuation,
+    tracer: Option<Arc<RequestTracer>>,
+    power: Option<RunPower>,
+    feedback: Feedback,
+    interval_start_ms: u64,
+    window_start_ms: u64,
+    /// A load generator ended (its channel closed): the run is over.
+    pub ended: bool,
+    /// Lines for stderr (failed applies).
+    pub notes: Vec<String>,
+}
+
+impl ReplayNode {
+    /// `nr_slots`: monitoring ticks per decision interval (the window).
+    pub fn new(
+        apps: Vec<ReplayApp>,
+        act: Actuation,
+        tracer: Option<Arc<RequestTracer>>,
+        power: Option<RunPower>,
+        feedback: Feedback,
+        nr_slots: usize,
+    ) -> Self {
+        let meters = apps
+            .iter()
+            .map(|_| Meter {
+                client: Recent::new(nr_slots),
+                ebpf: Recent::new(nr_slots),
+                iv_client: LogHistogram::new(),
+                iv_ebpf: LogHistogram::new(),
+                offered_rps: 0.0,
+                completed: 0,
+            })
+            .collect();
+        ReplayNode {
+            apps,
+            meters,
+            act,
+            tracer,
+            power,
+            feedback,
+            interval_start_ms: 0,
+            window_start_ms: 0,
+            ended: false,
+            notes: Vec::new(),
+        }
+    }
+
+    /// The actuation back, to restore the knobs at the end.
+    pub fn into_actuation(self) -> Actuation {
+        self.act
+    }
+
+    /// The power sensor failed during the run (its figures are dropped).
+    pub fn power_failed(&self) -> bool {
+        self.power.as_ref().is_some_and(|p| p.failed)
+    }
+
+    fn pids(&self) -> BTreeMap<String, Vec<i32>> {
+        self.apps
+            .iter()
+            .map(|a| (a.spec.name.clone(), a.pids.clone()))
+            .collect()
+    }
+
+    /// The latency the policy is fed for app `i`, µs: the one place that
+    /// chooses between the client's and the eBPF figure.
+    fn fed_latency_us(&self, i: usize, pct: f64) -> Option<f64> {
+        let m = &self.meters[i];
+        match self.feedback {
+            Feedback::Client => m.client.percentile_us(pct),
+            Feedback::Ebpf => m.ebpf.percentile_us(pct),
+        }
+    }
+
+    fn fed_target_us(&self, i: usize) -> Option<f64> {
+        match self.feedback {
+            Feedback::Client => self.apps[i].client_target_us,
+            Feedback::Ebpf => self.apps[i].ebpf_target_us,
+        }
+    }
+}
+
+impl Node for ReplayNode {
+    fn caps(&self) -> NodeCaps {
+        *self.act.node()
+    }
+
+    fn current(&self) -> &Allocations {
+        self.act.current()
+    }
+
+    fn sense(&mut self, tick: &Tick) -> Sensed {
+        for (a, m) in self.apps.iter().zip(&mut self.meters) {
+            let mut hist = LogHistogram::new();
+            loop {
+                match a.reports.try_recv() {
+                    Ok(r) => {
+                        hist.merge(&r.histogram);
+                        m.offered_rps = r.offered_rps;
+                        m.completed += r.completed;
+                    }
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
+                        self.ended = true;
+                        break;
+                    }
+                }
+            }
+            m.iv_client.merge(&hist);
+            m.client.push(hist, tick.dt_s, None);
+            let (eh, latest) = match &self.tracer {
+                Some(t) => from_tracer(t, &a.pids, crate::config::figure_of(a.spec.latency)),
+                None => (LogHistogram::new(), None),
+            };
+            m.iv_ebpf.merge(&eh);
+            m.ebpf.push(eh, tick.dt_s, latest);
+        }
+        let mut sensed = Sensed::default();
+        sensed.snapshot.since_ms = Some(self.window_start_ms);
+        let sample = if tick.decide {
+            self.power.as_mut().and_then(RunPower::sample)
+        } else {
+            None
+        };
+        sensed.snapshot.node_power_w = sample.as_ref().map(|s| s.node.total_w);
+        let iv_s = (tick.now_ms.saturating_sub(self.interval_start_ms) as f64 / 1000.0).max(1e-9);
+        for i in 0..self.apps.len() {
+            let a = &self.apps[i];
+            let pct = a.spec.target.as_ref().map_or(99.0, |t| t.percentile);
+            let rps = self.meters[i].client.rps();
+            let tree: Vec<u32> = a.pids.iter().map(|&p| p as u32).collect();
+            let app_power = sample.as_ref().map(|s| s.app(&tree, Some(rps)));
+            let power_w = app_power.as_ref().map(|p| p.power_w);
+            // CPU time over the interval ÷ the CPUs it holds, as the daemon
+            // computes it (rule policies such as cpu-util.yaml read it).
+            let cpu_util = app_power.as_ref().map_or(0.0, |p| {
+                let held = self
+                    .act
+                    .cpus(&a.spec.name)
+                    .map_or(self.act.nr_online_cpus(), |c| c.len());
+                (p.cpus_used / held.max(1) as f64).clamp(0.0, 1.0)
+            });
+            sensed.snapshot.apps.push(AppState {
+                name: a.spec.name.clone(),
+                class: a.spec.class,
+                target: self.fed_target_us(i).map(|v| QosTarget {
+                    percentile: pct,
+                    value_us: v,
+                }),
+                latency_us: self.fed_latency_us(i, pct),
+                rps,
+                cpu_util,
+                power_w,
+                limits: Limits::default(),
+            });
+            if tick.decide {
+                let m = &mut self.meters[i];
+                let ns = |h: &LogHistogram| h.percentile(pct).map(|v| v as f64 / 1e3);
+                sensed.interval.push(AppInterval {
+                    app: a.spec.name.clone(),
+                    offered_rps: Some(m.offered_rps),
+                    achieved_rps: m.completed as f64 / iv_s,
+                    client_us: ns(&m.iv_client),
+                    ebpf_us: ns(&m.iv_ebpf),
+                    client_target_us: a.client_target_us,
+                    ebpf_target_us: a.ebpf_target_us,
+                    power_w,
+                });
+                m.iv_client.clear();
+                m.iv_ebpf.clear();
+                m.completed = 0;
+            }
+        }
+        if tick.decide {
+            self.interval_start_ms = tick.now_ms;
+        }
+        sensed.snapshot.apps.sort_by(|x, y| x.name.cmp(&y.name));
+        sensed
+    }
+
+    fn apply(&mut self, tick: &Tick, plan: &Plan) -> Applied {
+        let pids = self.pids();
+        let errors = match self.act.set(&plan.allocations, &pids, false) {
+            Ok(out) => out
+                .into_iter()
+                .filter_map(|a| a.error.map(|e| format!("{}: {e}", a.app)))
+                .collect(),
+            Err(e) => vec![format!("plan not applied: {e}")],
+        };
+        for e in &errors {
+            self.notes
+                .push(format!("applying {e} (it keeps the previous allocation)"));
+        }
+        // What the policy sees next was measured under the new plan.
+        for m in &mut self.meters {
+            m.client.restart();
+            m.ebpf.restart();
+        }
+        self.window_start_ms = tick.now_ms;
+        Applied {
+            in_force: self.act.current().clone(),
+            errors,
+        }
+    }
+}
+
+/// The pids of a server: it and its descendants, as `i32`.
+pub fn server_pids(pid: u32) -> Vec<i32> {
+    process_tree(pid).into_iter().map(|p| p as i32).collect()
+}

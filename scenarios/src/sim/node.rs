@@ -1,0 +1,303 @@
+//! The simulated node as a [`Node`]: each app's queueing model
+//! ([`super::model`]) advanced one monitoring tick per `sense`, plans put
+//! in force at once by `apply` when they fit the node. Time is the loop's:
+//! the node never looks at a clock.
+
+use qosd_core::admit::{admit, even_share, Peers};
+use qosd_core::control::{AppInterval, Applied, Node, Sensed, Tick};
+use qosd_core::{Allocations, AppState, Limits, NodeCaps, Plan, QosTarget};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use super::model::{percentile, Queue, Sample, SimModel};
+use super::{node_caps, MAX_BACKLOG_S};
+use crate::calibrate::{network_queue_ms, Calibration};
+use crate::scenario::{AppSpec, Scenario, SimNode};
+
+struct AppSim {
+    spec: AppSpec,
+    model: SimModel,
+    target_us: Option<f64>,
+    /// The eBPF-side target (at the same knee load); the client's if none.
+    ebpf_target_us: Option<f64>,
+    percentile: f64,
+    capacity_rps: f64,
+    backlog: f64,
+    net_q_ms: f64,
+    rng: ChaCha8Rng,
+    samples: Vec<Sample>,
+    offered: f64,
+    served: f64,
+    busy_core_s: f64,
+    energy_j: f64,
+}
+
+/// A scenario's apps on the simulated node.
+pub struct SimulatedNode {
+    node: SimNode,
+    caps: NodeCaps,
+    apps: Vec<AppSim>,
+    allocs: Allocations,
+    client_feedback: bool,
+    /// Scenario seconds per run second (`--duration` stretches the axis).
+    scale: f64,
+    /// Node energy since the interval began, J.
+    node_energy_j: f64,
+    /// Start of the current interval, ms.
+    interval_start_ms: u64,
+}
+
+/// A standard normal sample (Box–Muller), from the app's own stream.
+fn normal(rng: &mut ChaCha8Rng) -> f64 {
+    let u1: f64 = 1.0 - rng.gen::<f64>();
+    let u2: f64 = rng.gen::<f64>();
+    (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+}
+
+/// The starting allocation of a replay, real or simulated: every app
+/// admitted in scenario order with its even share, by the daemon's rule.
+pub fn start_allocations(sc: &Scenario, caps: &NodeCaps) -> Allocations {
+    let mut current = Allocations::new();
+    let mut peers = Peers::new();
+    for (i, a) in sc.apps.iter().enumerate() {
+        let want = even_share(caps, sc.apps.len(), i);
+        // An even share always fits beside earlier even shares; a node too
+        // small for one core each leaves the app out of the plan.
+        if let Ok((share, _)) = admit(caps, &mut current, &peers, &a.name, want, Limits::default())
+        {
+            current.insert(a.name.clone(), share);
+            peers.insert(a.name.clone(), (a.class, Limits::default()));
+        }
+    }
+    current
+}
+
+impl SimulatedNode {
+    pub fn new(
+        sc: &Scenario,
+        cal: &Calibration,
+        client_feedback: bool,
+        seed: u64,
+        scale: f64,
+    ) -> Self {
+        let caps = node_caps(&sc.node);
+        let apps = sc
+            .apps
+            .iter()
+            .enumerate()
+            .map(|(i, a)| AppSim {
+                spec: a.clone(),
+                model: SimModel::of(a),
+                target_us: cal.target_us(a),
+                ebpf_target_us: cal.ebpf_target_us(a).or(cal.target_us(a)),
+                percentile: a.target.as_ref().map_or(99.0, |t| t.percentile),
+                capacity_rps: cal.apps.get(&a.name).map_or(1.0, |c| c.capacity_rps),
+                backlog: 0.0,
+                net_q_ms: 0.0,
+                rng: ChaCha8Rng::seed_from_u64(
+                    seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (i as u64 + 1),
+                ),
+                samples: Vec::new(),
+                offered: 0.0,
+                served: 0.0,
+                busy_core_s: 0.0,
+                energy_j: 0.0,
+            })
+            .collect();
+        SimulatedNode {
+            node: sc.node.clone(),
+            allocs: start_allocations(sc, &caps),
+            caps,
+            apps,
+            client_feedback,
+            scale,
+            node_energy_j: 0.0,
+            interval_start_ms: 0,
+        }
+    }
+
+    /// Whether a plan stays within the node.
+    fn fits(&self, plan: &Plan) -> bool {
+        let (a, node) = (&plan.allocations, &self.node);
+        let same_apps =
+            a.len() == self.allocs.len() && self.allocs.keys().all(|k| a.contains_key(k));
+        let cores: u32 = a.values().map(|x| x.nr_cores).sum();
+        let ways: u32 = a.values().map(|x| x.nr_ways).sum();
+        same_apps
+            && cores <= node.nr_cores
+            && a.values().all(|x| x.nr_cores >= 1)
+            && (node.nr_ways == 0 || (ways <= node.nr_ways && a.values().all(|x| x.nr_ways >= 1)))
+            && a.values()
+                .all(|x| (node.freq_min_mhz..=node.freq_max_mhz).contains(&x.freq_mhz))
+    }
+
+    /// Advances every app by one tick; returns each app's state.
+    fn step(&mut self, tick: &Tick) -> Vec<AppState> {
+        let node = &self.node;
+        let dt = tick.dt_s;
+        let t0 = tick.now_ms as f64 / 1000.0 - dt;
+        let fmax = node.freq_max_mhz as f64;
+        self.node_energy_j += node.idle_w * dt;
+        let mut states = Vec::with_capacity(self.apps.len());
+        for st in &mut self.apps {
+            let Some(&a) = self.allocs.get(&st.spec.name) else {
+                continue;
+            };
+            let lambda = st.spec.load.level_at((t0 + dt / 2.0) * self.scale) * st.capacity_rps;
+            let s_us = st.model.service_time_us(&a, node);
+            let c = st.model.servers(&a);
+            let cap = c as f64 * 1e6 / s_us;
+            let before = st.backlog;
+            let served = (st.backlog + lambda * dt).min(cap * dt);
+            // Clients give up on requests older than MAX_BACKLOG_S: the
+            // backlog (and so the modelled wait) is bounded like a real
+            // server's queue, and the excess is lost, not served late.
+            st.backlog = (st.backlog + lambda * dt - served).min(cap * MAX_BACKLOG_S);
+            let wait_us = 0.5 * (before + st.backlog) / cap * 1e6;
+            let target_net = network_queue_ms(&st.model, lambda / st.capacity_rps);
+            let tau = st.model.network_tau_s.max(1e-6);
+            st.net_q_ms += (target_net - st.net_q_ms) * (1.0 - (-dt / tau).exp());
+            let sigma = st.model.noise;
+            let noise = (sigma * normal(&mut st.rng) - sigma * sigma / 2.0).exp();
+            let sample = Sample {
+                queue: Queue::new(c, s_us, st.model.service_cv, lambda.min(cap) * 1e-6),
+                shift_us: st.model.fixed_us + wait_us,
+                network_us: (st.model.network_ms + st.net_q_ms) * 1000.0,
+                noise,
+                weight: served.max(1e-9),
+            };
+            st.samples.push(sample);
+            st.offered += lambda * dt;
+            st.served += served;
+            let busy = (served / dt) * s_us * 1e-6; // cores busy
+            st.busy_core_s += busy * dt;
+            let fr = a.freq_mhz as f64 / fmax;
+            let p = a.nr_cores as f64 * node.core_idle_w * fr
+                + busy.min(c as f64) * node.core_busy_w * fr.powi(3);
+            st.energy_j += p * dt;
+            self.node_energy_j += p * dt;
+            states.push(state(
+                st,
+                &[sample],
+                self.client_feedback,
+                served / dt,
+                busy / c as f64,
+                p,
+            ));
+        }
+        states
+    }
+
+    /// The interval that ends at this decision tick: rows and the
+    /// snapshot over the whole interval; the accumulators start again.
+    fn close_interval(&mut self, tick: &Tick) -> (Vec<AppInterval>, Vec<AppState>, f64) {
+        let iv_s = (tick.now_ms - self.interval_start_ms) as f64 / 1000.0;
+        let iv_s = iv_s.max(1e-9);
+        let mut rows = Vec::with_capacity(self.apps.len());
+        let mut states = Vec::with_capacity(self.apps.len());
+        for st in &mut self.apps {
+            let Some(&a) = self.allocs.get(&st.spec.name) else {
+                continue;
+            };
+            let power = st.energy_j / iv_s;
+            rows.push(AppInterval {
+                app: st.spec.name.clone(),
+                offered_rps: Some(st.offered / iv_s),
+                achieved_rps: st.served / iv_s,
+                client_us: percentile(&st.samples, st.percentile, true),
+                ebpf_us: percentile(&st.samples, st.percentile, false),
+                client_target_us: st.target_us,
+                ebpf_target_us: st.ebpf_target_us,
+                power_w: Some(power),
+            });
+            let util = st.busy_core_s / iv_s / st.model.servers(&a) as f64;
+            let samples = std::mem::take(&mut st.samples);
+            states.push(state(
+                st,
+                &samples,
+                self.client_feedback,
+                st.served / iv_s,
+                util,
+                power,
+            ));
+            (st.offered, st.served, st.busy_core_s, st.energy_j) = (0.0, 0.0, 0.0, 0.0);
+        }
+        let node_w = self.node_energy_j / iv_s;
+        self.node_energy_j = 0.0;
+        self.interval_start_ms = tick.now_ms;
+        (rows, states, node_w)
+    }
+}
+
+impl Node for SimulatedNode {
+    fn caps(&self) -> NodeCaps {
+        self.caps
+    }
+
+    fn current(&self) -> &Allocations {
+        &self.allocs
+    }
+
+    fn sense(&mut self, tick: &Tick) -> Sensed {
+        let since_ms = tick.now_ms - (tick.dt_s * 1000.0).round() as u64;
+        let mut states = self.step(tick);
+        let mut sensed = Sensed::default();
+        sensed.snapshot.since_ms = Some(since_ms);
+        if tick.decide {
+            // The decision sees the whole interval: every sample since the
+            // last decision (and so since the last plan was applied).
+            sensed.snapshot.since_ms = Some(self.interval_start_ms);
+            let (rows, iv_states, node_w) = self.close_interval(tick);
+            sensed.interval = rows;
+            states = iv_states;
+            sensed.snapshot.node_power_w = Some(node_w);
+        }
+        states.sort_by(|x, y| x.name.cmp(&y.name));
+        sensed.snapshot.apps = states;
+        sensed
+    }
+
+    fn apply(&mut self, _tick: &Tick, plan: &Plan) -> Applied {
+        if self.fits(plan) {
+            self.allocs = plan.allocations.clone();
+            Applied {
+                in_force: self.allocs.clone(),
+                errors: Vec::new(),
+            }
+        } else {
+            Applied {
+                in_force: self.allocs.clone(),
+                errors: vec!["plan outside the simulated node: not applied".into()],
+            }
+        }
+    }
+}
+
+fn state(
+    st: &AppSim,
+    samples: &[Sample],
+    client: bool,
+    rps: f64,
+    util: f64,
+    power_w: f64,
+) -> AppState {
+    AppState {
+        name: st.spec.name.clone(),
+        class: st.spec.class,
+        // The target on the same side as the latency the policy is fed.
+        target: if client {
+            st.target_us
+        } else {
+            st.ebpf_target_us
+        }
+        .map(|v| QosTarget {
+            percentile: st.percentile,
+            value_us: v,
+        }),
+        latency_us: percentile(samples, st.percentile, client),
+        rps,
+        cpu_util: util.clamp(0.0, 1.0),
+        power_w: Some(power_w),
+        limits: Limits::default(),
+    }
+}
