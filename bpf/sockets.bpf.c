@@ -22,7 +22,8 @@
  *                             read/write by a traced tgid). Leaving
  *                             ESTABLISHED/CLOSE_WAIT by the server's close
  *                             (FIN_WAIT1, LAST_ACK) or any move to CLOSE
- *                             ends it.
+ *                             ends it (a reset's move to CLOSE comes with
+ *                             skc_num already zeroed: see state_port()).
  *   sock:sk_data_ready        request bytes queued on the socket (softirq).
  *   sock:sock_recv_length     a read by the task (every read path).
  *   sock:sock_send_length     a write by the task (every write path,
@@ -41,6 +42,7 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_core_read.h>
 #include <bpf/bpf_tracing.h>
+#include <bpf/bpf_endian.h>
 #include "requests.h"
 #include "emit.h"
 #include "preface.h"
@@ -135,11 +137,31 @@ static __always_inline void finish(__u64 key, struct sock_state *ss)
 	bpf_map_delete_elem(&socks, &key);
 }
 
+/*
+ * The local port of sk at a state change. A move to CLOSE from ESTABLISHED
+ * or CLOSE_WAIT (a reset from the peer, or the server's abortive close with
+ * unread data) unbinds the socket before the tracepoint fires:
+ * tcp_set_state() -> inet_put_port() zeroes skc_num first. Testing that
+ * against the port bitmap lost exactly those closes (their connections
+ * never ended, and a later socket at the same address overwrote them).
+ * inet_sport (network order) still holds the port then.
+ */
+static __always_inline __u16 state_port(const struct sock *sk)
+{
+	__u16 port = sk->__sk_common.skc_num;
+	if (port)
+		return port;
+	__be16 sport = 0;
+	bpf_probe_read_kernel(&sport, sizeof(sport),
+			      &((struct inet_sock *)sk)->inet_sport);
+	return bpf_ntohs(sport);
+}
+
 SEC("tp_btf/inet_sock_set_state")
 int BPF_PROG(qosd_set_state, const struct sock *sk, const int oldstate,
 	     const int newstate)
 {
-	__u16 port = sk->__sk_common.skc_num;
+	__u16 port = state_port(sk);
 	if (!port_traced(port) || sk->sk_protocol != IPPROTO_TCP)
 		return 0;
 	__u64 key = (__u64)sk;

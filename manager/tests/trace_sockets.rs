@@ -125,9 +125,11 @@ fn nginx_sendfile_replies_are_counted() {
 #[test]
 fn fallback_to_syscalls_when_tracepoints_are_missing() {
     let srv = memcached(2);
-    std::env::set_var("QOSD_PRETEND_MISSING_TRACEPOINTS", "sock/sk_data_ready");
-    let trace = Trace::start(&[srv.pid()], &[]);
-    std::env::remove_var("QOSD_PRETEND_MISSING_TRACEPOINTS");
+    let trace = Trace::start_env(
+        &[srv.pid()],
+        &[],
+        &[("QOSD_PRETEND_MISSING_TRACEPOINTS", "sock/sk_data_ready")],
+    );
     assert_eq!(trace.banner["hooks"], "syscalls", "{}", trace.banner);
     let banner = trace.banner["banner"].as_str().unwrap().to_owned();
     assert!(banner.contains("sock/sk_data_ready"), "{banner}");

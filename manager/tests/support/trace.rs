@@ -21,7 +21,15 @@ impl Trace {
     /// Starts tracing and returns once the first interval line is out (the
     /// programs are attached by then).
     pub fn start(pids: &[u32], extra: &[&str]) -> Trace {
+        Trace::start_env(pids, extra, &[])
+    }
+
+    /// `start` with environment variables for qosd alone (never
+    /// `std::env::set_var`: the process-wide environment leaks into the
+    /// qosd of every test running alongside).
+    pub fn start_env(pids: &[u32], extra: &[&str], env: &[(&str, &str)]) -> Trace {
         let mut cmd = Command::new(QOSD);
+        cmd.envs(env.iter().copied());
         cmd.args(["trace", "--json", "--interval", "0.2"]);
         for p in pids {
             cmd.args(["--pid", &p.to_string()]);
