@@ -41,13 +41,15 @@ static __always_inline void count(__u32 idx)
  */
 static __always_inline void emit_record(__u8 kind, __u32 tgid, __u32 fd,
 					__u64 conn_id, __u32 turns,
-					__u64 start, __u64 end, __u64 wake_at)
+					__u64 arrive, __u64 start, __u64 end,
+					__u64 wake_at)
 {
 	struct req_record *r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);
 	if (!r) {
 		count(QOSD_CNT_LOST);
 		return;
 	}
+	r->arrive_ns = arrive;
 	r->start_ns = start;
 	r->end_ns = end;
 	r->conn_id = conn_id;

@@ -87,7 +87,7 @@ static __always_inline void call_end(__u64 stream)
 	 * cost: Go fixture, one call in flight, 2-CPU VM, client p50 +95 us
 	 * over no tracing with a wakeup per record, +35 us without (as much as
 	 * the syscall tracepoints of `turn` mode alone). */
-	emit_record(QOSD_REC_GRPC, k.tgid, 0, stream, 0, start_ns,
+	emit_record(QOSD_REC_GRPC, k.tgid, 0, stream, 0, start_ns, start_ns,
 		    bpf_ktime_get_ns(), QOSD_NEVER_WAKE);
 }
 

@@ -46,6 +46,8 @@
 #include <bpf/bpf_tracing.h>
 #include "requests.h"
 #include "emit.h"
+#include "preface.h"
+#include "targets.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -64,69 +66,20 @@ struct target_cfg _cfg_type = {};
 struct port_key _port_type = {};
 
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 1024);
-	__type(key, __u32); /* tgid */
-	__type(value, struct target_cfg);
-} targets SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 4096);
-	__type(key, struct port_key);
-	__type(value, __u8);
-} ports SEC(".maps");
-
-struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 65536);
 	__type(key, struct conn_key);
 	__type(value, struct conn_state);
 } conns SEC(".maps");
 
-/* How an inbound syscall passes its buffer (args[1]). */
-#define BUF_NONE 0
-#define BUF_FLAT 1 /* read, recvfrom: the buffer */
-#define BUF_IOV 2  /* readv: struct iovec[] */
-#define BUF_MSG 3  /* recvmsg: struct user_msghdr */
-
-/* Traced tgids, one bit each: bit (tgid & 63) of word (tgid >> 6). Exact:
- * pid_max is at most PID_MAX_LIMIT (2^22 on 64-bit), so every tgid has its
- * bit. Set and cleared by userspace with the `targets` entry. */
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, QOSD_TGID_WORDS);
-	__type(key, __u32);
-	__type(value, __u64);
-} traced SEC(".maps");
-
-/* x86-64 syscall numbers (arch/x86/entry/syscalls/syscall_64.tbl). */
-#define NR_read 0
-#define NR_write 1
-#define NR_readv 19
-#define NR_writev 20
-#define NR_sendfile 40
-#define NR_accept 43
-#define NR_sendto 44
-#define NR_recvfrom 45
-#define NR_sendmsg 46
-#define NR_recvmsg 47
-#define NR_accept4 288
-
 /* arch/x86/include/asm/thread_info.h: the task is in a 32-bit syscall. */
 #define TS_COMPAT 0x0002
-
-static __always_inline bool is_traced(__u32 tgid)
-{
-	__u32 word = tgid >> 6;
-	__u64 *bits = bpf_map_lookup_elem(&traced, &word);
-	return bits && (*bits >> (tgid & 63)) & 1;
-}
 
 static __always_inline void emit(__u32 tgid, __u32 fd, struct conn_state *cs,
 				 __u8 kind, __u64 start, __u64 end)
 {
-	emit_record(kind, tgid, fd, cs->conn_id, cs->turns, start, end,
+	/* No arrival time on this path: latency == service. */
+	emit_record(kind, tgid, fd, cs->conn_id, cs->turns, start, start, end,
 		    wakeup_bytes);
 }
 
@@ -171,36 +124,6 @@ static __always_inline void on_accept_exit(__u32 tgid, long ret)
 		.emit = cfg->emit,
 	};
 	bpf_map_update_elem(&conns, &key, &cs, BPF_ANY);
-}
-
-/* The user address where the first inbound bytes landed (0: unknown or
- * too small a first piece to hold the preface). */
-static __always_inline __u64 first_buf(__u64 arg, int kind)
-{
-	struct iovec iov = {};
-	if (kind == BUF_FLAT)
-		return arg;
-	if (kind == BUF_MSG) {
-		struct user_msghdr m = {};
-		if (bpf_probe_read_user(&m, sizeof(m), (void *)arg))
-			return 0;
-		arg = (__u64)m.msg_iov;
-	}
-	if (kind == BUF_NONE || bpf_probe_read_user(&iov, sizeof(iov), (void *)arg))
-		return 0;
-	return iov.iov_len < QOSD_H2_PREFACE_LEN ? 0 : (__u64)iov.iov_base;
-}
-
-/* Whether the bytes at buf open with the HTTP/2 client preface. */
-static __always_inline bool is_h2_preface(__u64 buf)
-{
-	/* "PRI * HTTP/2.0\r\n" as two little-endian words. */
-	const __u64 want0 = 0x5448202a20495250ULL; /* "PRI * HT" */
-	const __u64 want1 = 0x0a0d302e322f5054ULL; /* "TP/2.0\r\n" */
-	__u64 got[2] = {};
-	if (bpf_probe_read_user(got, sizeof(got), (void *)buf))
-		return false;
-	return got[0] == want0 && got[1] == want1;
 }
 
 /* Bytes moved on fd (args of the syscall: fd, arg1) by a traced process. */

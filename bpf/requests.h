@@ -38,16 +38,21 @@
 
 /* One finished request, sent through the ring buffer. GRPC records carry
  * the stream object's address in conn_id and fd 0; H2 records have
- * start_ns == end_ns (the preface read). */
+ * start_ns == end_ns (the preface read). Two figures per request:
+ * end - arrive ("latency": the request's bytes reached the server's socket,
+ * what the node adds to what a client sees) and end - start ("service":
+ * from the server's first read). Where the arrival is not known (the
+ * syscall path, gRPC uprobes) arrive_ns == start_ns. */
 struct req_record {
 	__u64 start_ns; /* bpf_ktime_get_ns() (CLOCK_MONOTONIC) */
 	__u64 end_ns;
 	__u64 conn_id; /* unique per accepted connection */
-	__u32 tgid;
-	__u32 fd;
-	__u32 turns; /* TURN: 1-based turn index; CONN: turns seen on it */
-	__u8 kind;   /* QOSD_REC_* */
+	__u32 tgid;    /* the traced root process (sockets.bpf.c) or the caller */
+	__u32 fd;      /* 0 on the socket path (no fd there) */
+	__u32 turns;   /* TURN: 1-based turn index; CONN: turns seen on it */
+	__u8 kind;     /* QOSD_REC_* */
 	__u8 pad[3];
+	__u64 arrive_ns; /* <= start_ns */
 };
 
 /* Key of every per-connection entry: the process and the accepted fd. */
@@ -78,9 +83,33 @@ struct grpc_key {
 /* Per traced process. */
 struct target_cfg {
 	__u8 emit;        /* QOSD_EMIT_* bits */
-	__u8 port_filter; /* 1: only ports in the ports map for this tgid */
-	__u8 pad[6];
+	__u8 port_filter; /* 1: only ports in the ports map for the root tgid */
+	__u8 follow;      /* 1: children forked later are traced too (sockets) */
+	__u8 pad;
+	__u32 root; /* the tgid records are counted under (itself, or the
+		     * traced ancestor it descends from) */
 };
+
+/* Per accepted connection on the socket path (sockets.bpf.c), keyed by the
+ * struct sock's address. */
+struct sock_state {
+	__u64 conn_id;
+	__u64 accept_ns;     /* handshake completed; 0: open before tracing */
+	__u64 first_read_ns; /* CONN records' service start */
+	__u64 req_start_ns;  /* first read of the request in flight */
+	__u64 req_arrive_ns; /* its arrival */
+	__u64 arrive_ns;     /* first data_ready since the last send; 0: none */
+	__u64 last_out_ns;
+	__u32 tgid; /* root tgid of the traced owner; 0: not claimed yet */
+	__u32 turns;
+	__u16 port;  /* local port, host order */
+	__u8 state;  /* QOSD_ST_* */
+	__u8 emit;   /* QOSD_EMIT_* bits, copied from the target at claim */
+	__u8 pad[4];
+};
+
+/* Words of the traced-local-port bitmap: one bit per TCP port. */
+#define QOSD_PORT_WORDS 1024
 
 /* (tgid, port) pairs a port-filtered target serves. */
 struct port_key {
@@ -89,7 +118,9 @@ struct port_key {
 	__u16 pad;
 };
 
-_Static_assert(sizeof(struct req_record) == 40, "req_record layout");
+_Static_assert(sizeof(struct req_record) == 48, "req_record layout");
+_Static_assert(__builtin_offsetof(struct req_record, arrive_ns) == 40, "req_record layout");
+_Static_assert(sizeof(struct sock_state) == 72, "sock_state layout");
 _Static_assert(sizeof(struct conn_key) == 8, "conn_key layout");
 _Static_assert(sizeof(struct conn_state) == 40, "conn_state layout");
 _Static_assert(sizeof(struct target_cfg) == 8, "target_cfg layout");

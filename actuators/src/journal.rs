@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::root::{read_file, write_file, Root};
-use crate::{proc, Change};
+use crate::{proc, statefile, Change};
 
 /// One thing qosd changed, with what puts it back.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -78,6 +78,7 @@ impl Entry {
 
     /// Puts this entry's original back. `dry_run` logs instead.
     pub fn undo(&self, root: &Root, dry_run: bool) -> Result<Vec<Change>> {
+        statefile::check_entry(root, self)?;
         let mut out = Vec::new();
         match self {
             Entry::File {
@@ -257,9 +258,11 @@ impl Journal {
             return Ok(j);
         };
         if !dry_run {
+            statefile::check_dir(&path)?;
             j._lock = Some(lock(&path)?);
         }
         if path.exists() {
+            statefile::check_trusted(&path)?;
             let sf = load(&path)?;
             if sf.root != j.root.dir() {
                 return Err(Error::State {
@@ -330,13 +333,8 @@ impl Journal {
             path: path.clone(),
             message: e.to_string(),
         })?;
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| Error::io("creating", dir, e))?;
-        }
         // Write then rename: a crash mid-write never leaves half a file.
-        let tmp = path.with_extension("json.tmp");
-        std::fs::write(&tmp, text + "\n").map_err(|e| Error::io("writing", &tmp, e))?;
-        std::fs::rename(&tmp, path).map_err(|e| Error::io("renaming to", path, e))
+        statefile::write_atomic(path, &(text + "\n"))
     }
 
     /// Restores entries matching `which`, newest first; removes them from
@@ -375,16 +373,7 @@ impl Journal {
 }
 
 fn lock(state: &Path) -> Result<Flock<File>> {
-    if let Some(dir) = state.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| Error::io("creating", dir, e))?;
-    }
-    let lp = state.with_extension("lock");
-    let f = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lp)
-        .map_err(|e| Error::io("opening", &lp, e))?;
+    let f = statefile::open_lock(&state.with_extension("lock"))?;
     Flock::lock(f, FlockArg::LockExclusiveNonblock).map_err(|(_, errno)| Error::State {
         path: state.to_owned(),
         message: format!(
@@ -405,9 +394,10 @@ fn load(path: &Path) -> Result<StateFile> {
 /// it. Missing file: nothing to do. What could not be restored stays in
 /// the file and is returned as the error.
 pub fn restore_state_file(path: &Path, dry_run: bool) -> Result<Vec<Change>> {
-    if !path.exists() {
+    if std::fs::symlink_metadata(path).is_err() {
         return Ok(Vec::new());
     }
+    statefile::check_trusted(path)?;
     let sf = load(path)?;
     let mut j = Journal::open(Root::new(sf.root), Some(path.to_owned()), dry_run)?;
     let (changes, mut errors) = j.restore_where(|_| true);

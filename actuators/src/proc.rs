@@ -50,12 +50,39 @@ pub fn same_process(root: &Root, pid: i32, start: u64) -> bool {
     start_time(root, pid).is_ok_and(|s| s == start)
 }
 
-/// Fails with `NoSuchPid` unless the process exists.
+/// Fails with `NoSuchPid` unless the process exists, and with `Invalid`
+/// for a kernel thread (see [`kernel_thread`]): qosd manages user
+/// processes only. Every command and the daemon go through here.
 pub fn check_pid(root: &Root, pid: i32) -> Result<()> {
     if pid <= 0 {
         return Err(Error::Invalid(format!("pid {pid} is not a process id")));
     }
-    start_time(root, pid).map(|_| ())
+    let p = root.path(format!("/proc/{pid}/stat"));
+    let s = std::fs::read_to_string(&p).map_err(|e| pid_err(pid, "reading", &p, e))?;
+    if let Some(name) = kernel_thread(&s) {
+        return Err(Error::Invalid(format!(
+            "pid {pid} ({name}) is a kernel thread: qosd manages user processes only"
+        )));
+    }
+    Ok(())
+}
+
+/// PF_KTHREAD, in the flags field of `/proc/PID/stat` (include/linux/sched.h).
+const PF_KTHREAD: u64 = 0x0020_0000;
+
+/// The command name when a `/proc/PID/stat` line is a kernel thread's: the
+/// PF_KTHREAD flag, or kthreadd (pid 2) and its children where the flag is
+/// absent (a fake tree). Changing their affinity or cgroup breaks the
+/// kernel's own work (kthreadd's affinity is inherited by new kthreads).
+pub fn kernel_thread(stat: &str) -> Option<&str> {
+    let (head, rest) = stat.rsplit_once(')')?;
+    let (pid, name) = head.split_once(" (")?;
+    let mut f = rest.split_whitespace();
+    // Fields 3.. after the name: state, ppid, pgrp, session, tty, tpgid, flags.
+    let ppid = f.nth(1)?;
+    let flags: u64 = f.nth(4).and_then(|x| x.parse().ok()).unwrap_or(0);
+    let kthread = flags & PF_KTHREAD != 0 || pid.trim() == "2" || ppid == "2";
+    kthread.then_some(name)
 }
 
 /// `Cpus_allowed_list` of a thread or process, from `/proc/PID/status`.
@@ -141,6 +168,22 @@ pub fn on_kernel_fs(p: &Path) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn kernel_threads_are_told_apart_from_user_processes() {
+        use super::kernel_thread;
+        let me = std::fs::read_to_string("/proc/self/stat").unwrap();
+        assert_eq!(kernel_thread(&me), None);
+        let init = std::fs::read_to_string("/proc/1/stat").unwrap();
+        assert_eq!(kernel_thread(&init), None);
+        let kthreadd = std::fs::read_to_string("/proc/2/stat").unwrap();
+        assert_eq!(kernel_thread(&kthreadd), Some("kthreadd"));
+        // The flag alone, whatever the parent; a name with ") (" in it.
+        let flagged = "77 (odd) (name) S 1 0 0 0 -1 2129984 0 0";
+        assert_eq!(kernel_thread(flagged), Some("odd) (name"));
+        assert_eq!(kernel_thread("77 (user) S 1 0 0 0 -1 4194560 0 0"), None);
+        assert_eq!(kernel_thread("garbage"), None);
+    }
+
     use super::*;
 
     #[test]

@@ -15,7 +15,7 @@ pub mod quota;
 pub mod resources;
 pub mod yamlfile;
 
-pub use measure::{Feedback, LatencySummary};
+pub use measure::{Feedback, LatencyFrom, LatencySummary};
 pub use policy::{
     Allocations, AppClass, AppState, Decision, DecisionKind, FreqRange, Limits, MbRange, NodeCaps,
     Plan, Policy, QosTarget, Share, Snapshot, Unmet,

@@ -23,6 +23,18 @@ impl std::fmt::Display for Feedback {
     }
 }
 
+/// Where an eBPF request's latency starts: at its `arrival` in the server's
+/// socket (the default: waiting for the CPU included, what clients feel)
+/// or at the server's first read (`service`). Per app in the daemon's
+/// config and in scenarios.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum LatencyFrom {
+    #[default]
+    Arrival,
+    Service,
+}
+
 /// Latency and throughput of one target over a window, in microseconds.
 /// `None` where no request has been seen.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]

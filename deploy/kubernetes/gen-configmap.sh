@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Regenerates configmap.yaml from the repo's config.yaml and policies/.
 # The only change: the API listens on all of the pod's addresses, so that
-# Prometheus can scrape it (127.0.0.1 is the default outside Kubernetes).
+# Prometheus can scrape it (127.0.0.1 is the default outside Kubernetes),
+# which needs api.allow_remote. Writes still need the token in
+# /run/qosd/api.token: the node's own /run/qosd (hostPath), root only, so
+# no other pod can steer the node.
 # A test (manager/tests/deploy_kubernetes.rs) fails when this is stale.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -18,7 +21,8 @@ indent() { sed 's/^/    /; s/^    $//'; }
   echo "    app.kubernetes.io/name: qosd"
   echo "data:"
   echo "  config.yaml: |"
-  sed 's|^  listen: 127\.0\.0\.1:9477$|  listen: 0.0.0.0:9477|' config.yaml | indent
+  sed 's|^  listen: 127\.0\.0\.1:9477$|  listen: 0.0.0.0:9477|; s|^  allow_remote: false$|  allow_remote: true|' \
+    config.yaml | indent
   for p in policies/*.yaml; do
     echo "  $(basename "$p"): |"
     indent < "$p"
@@ -26,4 +30,6 @@ indent() { sed 's/^/    /; s/^    $//'; }
 } > deploy/kubernetes/configmap.yaml
 grep -q '^      listen: 0.0.0.0:9477$' deploy/kubernetes/configmap.yaml \
   || { echo "gen-configmap.sh: config.yaml has no 'listen: 127.0.0.1:9477' line to rewrite" >&2; exit 1; }
+grep -q '^      allow_remote: true$' deploy/kubernetes/configmap.yaml \
+  || { echo "gen-configmap.sh: config.yaml has no 'allow_remote: false' line to rewrite" >&2; exit 1; }
 echo "wrote deploy/kubernetes/configmap.yaml"

@@ -351,8 +351,8 @@ fn bpf_stats(
     let req = run.requests.max(1) as f64;
     let mut s = format!(
         "BPF run time with kernel.bpf_stats_enabled (one traced run of {secs} s, {} requests; \
-         the statistics' own clock reads add to the figures; every process's syscalls run the \
-         programs, the client's too):\n\n| program | runs | ns per run | runs per request | ns per request |\n|---|---|---|---|---|\n",
+         the statistics' own clock reads add to the figures; the client's socket events (or, on the \
+         syscall hooks, syscalls) run the programs too):\n\n| program | runs | ns per run | runs per request | ns per request |\n|---|---|---|---|---|\n",
         run.requests
     );
     let (mut tc, mut tn) = (0, 0);

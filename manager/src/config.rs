@@ -5,10 +5,10 @@
 //! (`deny_unknown_fields`), then checked by [`Config::validate`]; every
 //! error names `file:line:col` and the key.
 
+pub mod api;
 pub mod units;
 
 use std::collections::BTreeSet;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use qosd_actuators::{CoresBackend, FreqBackend, QuotaBackend, WaysBackend};
@@ -17,10 +17,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::policy::PolicyFile;
 use crate::yamlfile::{self, FileError, Invalid, KeyPath};
+pub use api::{ApiConfig, DEFAULT_API_ADDR};
 pub use units::Target;
-
-/// Where the HTTP API and `/metrics` listen unless the config says otherwise.
-pub const DEFAULT_API_ADDR: &str = "127.0.0.1:9477";
 
 /// The whole file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -96,9 +94,25 @@ pub struct AppConfig {
     /// accepted connections).
     #[serde(default)]
     pub ports: Vec<u16>,
+    /// Which eBPF figure the policy gets: `arrival` (default: from each
+    /// request's arrival in the server's socket, waiting for the CPU
+    /// included) or `service` (from the server's first read). The same on
+    /// the syscall fallback, which knows no arrival.
+    #[serde(default)]
+    pub latency: LatencyFrom,
     /// What the app starts with and the range the policy keeps it in.
     #[serde(default)]
     pub resources: Resources,
+}
+
+pub use qosd_core::LatencyFrom;
+
+/// The tracer's figure for an app's `latency:` setting.
+pub fn figure_of(l: LatencyFrom) -> qosd_sensors::ebpf::Figure {
+    match l {
+        LatencyFrom::Arrival => qosd_sensors::ebpf::Figure::Latency,
+        LatencyFrom::Service => qosd_sensors::ebpf::Figure::Service,
+    }
 }
 
 /// How to find an app. Exactly one field.
@@ -174,30 +188,6 @@ pub struct Resources {
     /// Never more (default: what the node has).
     #[serde(default)]
     pub max: Amounts,
-}
-
-/// The HTTP API.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ApiConfig {
-    /// Address and port, default `127.0.0.1:9477` (loopback only).
-    #[serde(default = "default_listen")]
-    pub listen: SocketAddr,
-}
-
-fn default_listen() -> SocketAddr {
-    // The constant is a valid literal; the test below keeps it so.
-    DEFAULT_API_ADDR
-        .parse()
-        .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 9477)))
-}
-
-impl Default for ApiConfig {
-    fn default() -> Self {
-        ApiConfig {
-            listen: default_listen(),
-        }
-    }
 }
 
 /// Which knobs qosd may turn. Knobs the machine lacks are detected at
@@ -362,8 +352,7 @@ impl Config {
             let msg = format!("no policy file at {}", ppath.display());
             return Err(yamlfile::invalid(path, &text, Invalid::new(key, msg)));
         }
-        let ptext = yamlfile::read(&ppath)?;
-        let policy = PolicyFile::parse(&ppath, &ptext)?;
+        let policy = PolicyFile::load_for(&ppath, &c.app_names())?;
         Ok((c, policy))
     }
 

@@ -23,7 +23,16 @@ pub fn config_candidates() -> Vec<PathBuf> {
 pub fn resolve_config(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
     match explicit {
         Some(p) if p.is_file() => Ok(p.to_owned()),
-        Some(p) => Err(crate::usage!("--config {}: no such file", p.display())),
+        Some(p) => Err(match std::fs::metadata(p) {
+            Ok(m) if m.is_dir() => {
+                crate::usage!("--config {}: a directory, not a config file", p.display())
+            }
+            Ok(_) => crate::usage!("--config {}: not a regular file", p.display()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                crate::usage!("--config {}: no such file", p.display())
+            }
+            Err(e) => crate::usage!("--config {}: {e}", p.display()),
+        }),
         None => find_config_in(&config_candidates()),
     }
 }

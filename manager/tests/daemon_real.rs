@@ -50,7 +50,7 @@ fn closed_loop(feedback: &str) {
     assert_eq!(app["allocation"]["cores"], 1, "{app}");
     assert_eq!(app["feedback"], feedback);
 
-    let report = (feedback == "client").then(|| (port, name.clone()));
+    let report = (feedback == "client").then(|| (port, name.clone(), d.token()));
     let load = Load::start(mc.port, 8, Duration::from_secs(60), report);
     let upsized = wait_for(Duration::from_secs(40), || {
         thread_cpus(pid).iter().all(|c| count_cpus(c) == 2)

@@ -131,8 +131,8 @@ fn str_of<'a>(v: &'a Value, path: &str) -> &'a str {
         .unwrap_or_else(|| panic!("{path} is not a string: {:?}", s(v, path)))
 }
 
-/// What gen-configmap.sh writes: config.yaml with the API on 0.0.0.0, and
-/// every policy, byte for byte.
+/// What gen-configmap.sh writes: config.yaml with the API on 0.0.0.0 (and
+/// the opt-in that needs), and every policy, byte for byte.
 #[test]
 fn configmap_is_the_repo_config_and_policies() {
     let cm = load("configmap.yaml");
@@ -140,9 +140,11 @@ fn configmap_is_the_repo_config_and_policies() {
     let mut want = BTreeMap::new();
     let conf = std::fs::read_to_string(repo().join("config.yaml")).unwrap();
     assert!(conf.contains("\n  listen: 127.0.0.1:9477\n"));
+    assert!(conf.contains("\n  allow_remote: false\n"));
     want.insert(
         "config.yaml".to_owned(),
-        conf.replace("\n  listen: 127.0.0.1:9477\n", "\n  listen: 0.0.0.0:9477\n"),
+        conf.replace("\n  listen: 127.0.0.1:9477\n", "\n  listen: 0.0.0.0:9477\n")
+            .replace("\n  allow_remote: false\n", "\n  allow_remote: true\n"),
     );
     for e in std::fs::read_dir(repo().join("policies")).unwrap() {
         let p = e.unwrap().path();
@@ -246,6 +248,21 @@ fn daemonset_config_volume_passes_qosd_check() {
         host_path_of(pod, c, state.parent().unwrap()).as_deref(),
         Some(state.parent().unwrap())
     );
+    // Listening beyond loopback is opted into, and writes need the token,
+    // which lives on the node (a hostPath only root reads), not in the
+    // pod's image or the ConfigMap another pod could read.
+    assert_eq!(s(&conf, "api.allow_remote"), &Value::Bool(true));
+    let token = Path::new(str_of(&conf, "api.token_file"));
+    assert_eq!(
+        host_path_of(pod, c, token.parent().unwrap()).as_deref(),
+        Some(token.parent().unwrap()),
+        "the API token is on the node"
+    );
+    assert!(!cm["data"]
+        .as_mapping()
+        .unwrap()
+        .keys()
+        .any(|k| k.as_str().is_some_and(|k| k.contains("token"))));
 }
 
 /// The hostPath a container path comes from, if it is mounted from one.

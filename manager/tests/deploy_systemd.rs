@@ -338,6 +338,23 @@ fn unit_exec_start_runs_the_daemon_with_only_the_unit_caps() {
             status["ebpf_dropped_records"].is_u64(),
             "the eBPF tracer runs: {status}"
         );
+        // The unit's LimitNOFILE is in force and leaves the API its
+        // configured connections (qosd caps them at half the limit).
+        let nofile: u64 = s["LimitNOFILE"].last().unwrap().parse().unwrap();
+        assert!(
+            nofile / 2 >= 256,
+            "LimitNOFILE={nofile} caps the API below 256"
+        );
+        let limits = std::fs::read_to_string(format!("/proc/{}/limits", daemon.id())).unwrap();
+        let line = limits
+            .lines()
+            .find(|l| l.starts_with("Max open files"))
+            .unwrap();
+        assert_eq!(
+            line.split_whitespace().nth(3),
+            Some(nofile.to_string().as_str()),
+            "{line}"
+        );
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(daemon.id() as i32), kill).unwrap();
         let st = daemon.wait().unwrap();
         let post = ns.command(&exec_argv(&s, "ExecStopPost")).output().unwrap();

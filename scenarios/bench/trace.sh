@@ -16,12 +16,23 @@ awk '/^(ingest|query)\//{name=$0} /time:/{t=$4" "$5} /thrpt:/{th=$4" "$5} /time:
 echo
 echo "Goals: >= 20 M records/s ingested on one core; <= 1 µs for any percentile of a 100k window."
 echo
-cargo run -q --release -p qosd-manager --example trace_overhead -- 10 3 8
+# The saturated-memcached A/B and bpf_stats, on each kernel path (the
+# socket tracepoints, the default; the syscall fallback, the "before").
+for hooks in sockets syscalls; do
+  echo "### Saturated memcached, \`--hooks $hooks\`"
+  echo
+  QOSD_HOOKS=$hooks cargo run -q --release -p qosd-manager --example trace_overhead -- 10 3 8
+done
+
+# eBPF p99 (arrival, service) against the client's at 50/80/95 % of
+# capacity and beside a CPU hog; BPF cost on untraced sockets.
+cargo run -q --release -p qosd-manager --example trace_accuracy -- 3 sockets
 
 # What tracing one process costs every other process: CPU time per syscall
-# of dd (1-byte read + write, untraced) without / with `qosd trace` attached
-# to an idle pid, alternating. Syscall tracepoints put every task on the
-# kernel's syscall slow path, whatever the programs do.
+# of dd (1-byte read + write, untraced) with nothing attached / `qosd trace`
+# on the socket hooks / on the syscall hooks, attached to an idle pid,
+# interleaved. Syscall tracepoints put every task on the kernel's syscall
+# slow path, whatever the programs do; socket tracepoints only cost sockets.
 QOSD=${QOSD:-target/release/qosd}
 sleep 600 & idle=$!
 dd_ns() {
@@ -29,18 +40,25 @@ dd_ns() {
   { time dd if=/dev/zero of=/dev/null bs=1 count=1000000 2>/dev/null; } 2>&1 |
     awk '{ printf "%.0f\n", ($1 + $2) * 1e9 / 2e6 }'
 }
-a=() b=()
-for _ in 1 2 3 4 5; do
-  a+=("$(dd_ns)")
-  "$QOSD" trace --pid "$idle" --interval 1 --json >/dev/null 2>&1 &
-  t=$!
+traced_dd() {
+  "$QOSD" trace --hooks "$1" --pid "$idle" --interval 1 --json >/dev/null 2>&1 &
+  local t=$!
   sleep 1.5
-  b+=("$(dd_ns)")
+  dd_ns
   kill "$t"; wait "$t" 2>/dev/null || true
+}
+a=() b=() c=()
+for _ in 1 2 3 4 5 6 7; do
+  a+=("$(dd_ns)")
+  b+=("$(traced_dd sockets)")
+  c+=("$(traced_dd syscalls)")
 done
 kill "$idle"
 med() { printf '%s\n' "$@" | sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
-echo "Untraced processes: \`dd bs=1\` (read + write of one byte), CPU ns per syscall, median of 5"
-echo "alternating runs without / with \`qosd trace\` attached to an idle pid: $(med "${a[@]}") -> $(med "${b[@]}") ns"
-echo "(+$(( $(med "${b[@]}") - $(med "${a[@]}") )) ns per syscall of every process on the node while tracing)."
+ma=$(med "${a[@]}") mb=$(med "${b[@]}") mc=$(med "${c[@]}")
+echo "Untraced processes: \`dd bs=1\` (read + write of one byte), CPU ns per syscall, median of 7"
+echo "interleaved runs with nothing attached / \`qosd trace\` on an idle pid with the socket hooks /"
+echo "with the syscall hooks: $ma / $mb / $mc ns per syscall"
+echo "(sockets $(awk -v a="$ma" -v b="$mb" 'BEGIN { printf "%+.1f %%", 100 * (b - a) / a }'),"
+echo "syscalls $(awk -v a="$ma" -v c="$mc" 'BEGIN { printf "%+.1f %%", 100 * (c - a) / a }'); goal <= +2 %)."
 echo

@@ -3,19 +3,27 @@
 //! the last N requests built on it (the paper's four calls).
 //!
 //! Values are quantised into buckets whose width is at most 1/128 of their
-//! value (exact below 256 ns), so every percentile is the nearest-rank answer
-//! to within 0.4 % relative error, whatever the percentile asked for. A
-//! percentile query walks 68 block sums and at most 64 buckets, independent
-//! of the window size, so any percentile costs the same as p99.
+//! value (exact below 256 ns), so every percentile up to [`MAX_EXACT_NS`]
+//! (about 73 minutes) is the nearest-rank answer to within 0.4 % relative
+//! error, whatever the percentile asked for; larger values share one last
+//! bucket and a percentile that falls there is reported as that bucket's
+//! floor ([`MAX_EXACT_NS`], a lower bound), never as a made-up midpoint.
+//! The sum behind the mean is a u128, so it cannot wrap. A percentile query
+//! walks 73 block sums and at most 64 buckets, independent of the window
+//! size, so any percentile costs the same as p99.
 
 /// Sub-bucket bits per power of two: bucket width <= value / 2^PRECISION.
 const PRECISION: u32 = 7;
 const SUB: u64 = 1 << PRECISION;
-/// Largest value kept apart (2^40 ns, about 18 minutes); larger ones share
-/// the last bucket.
-const MAX_BITS: u32 = 40;
-/// Number of buckets: exact region [0, 2^(P+1)) then 2^P per octave.
-pub const NR_BUCKETS: usize = ((MAX_BITS - PRECISION + 1) as usize) * SUB as usize;
+/// Values below 2^MAX_BITS ns (about 73 minutes, above the API's one-hour
+/// limit on reported latencies) keep their 0.4 % precision; larger ones
+/// share the last bucket.
+const MAX_BITS: u32 = 42;
+/// The floor of the last bucket: every value at or above it is reported as it.
+pub const MAX_EXACT_NS: u64 = 1 << MAX_BITS;
+/// Number of buckets: exact region [0, 2^(P+1)), then 2^P per octave up
+/// to 2^MAX_BITS, then one open-ended bucket from MAX_EXACT_NS up.
+pub const NR_BUCKETS: usize = ((MAX_BITS - PRECISION + 1) as usize) * SUB as usize + 1;
 const BLOCK: usize = 64;
 const NR_BLOCKS: usize = NR_BUCKETS.div_ceil(BLOCK);
 
@@ -43,14 +51,14 @@ pub fn bucket_low(i: usize) -> u64 {
     mantissa << octave
 }
 
-/// The value reported for bucket `i`: its midpoint (exact for width 1).
+/// The value reported for bucket `i`: its midpoint (exact for width 1);
+/// the last bucket is open-ended, so its floor (a lower bound).
 pub fn bucket_value(i: usize) -> u64 {
     let lo = bucket_low(i);
-    let hi = if i + 1 < NR_BUCKETS {
-        bucket_low(i + 1)
-    } else {
-        lo * 2
-    };
+    if i + 1 >= NR_BUCKETS {
+        return lo;
+    }
+    let hi = bucket_low(i + 1);
     lo + (hi - lo - 1) / 2
 }
 
@@ -61,7 +69,8 @@ pub struct LogHistogram {
     counts: Box<[u32]>,
     blocks: Box<[u32]>,
     total: u64,
-    sum: u64, // wrapping: exact while the true sum fits in u64
+    /// Exact: u64::MAX values of u64::MAX each still fit.
+    sum: u128,
 }
 
 impl Default for LogHistogram {
@@ -94,7 +103,7 @@ impl LogHistogram {
         self.counts[b] += 1;
         self.blocks[b / BLOCK] += 1;
         self.total += 1;
-        self.sum = self.sum.wrapping_add(v);
+        self.sum += u128::from(v);
     }
 
     /// Removes one occurrence of `v`, which must have been recorded.
@@ -105,7 +114,7 @@ impl LogHistogram {
         self.counts[b] -= 1;
         self.blocks[b / BLOCK] -= 1;
         self.total -= 1;
-        self.sum = self.sum.wrapping_sub(v);
+        self.sum -= u128::from(v);
     }
 
     /// Adds every value of `other` to this histogram.
@@ -117,7 +126,7 @@ impl LogHistogram {
             *a += b;
         }
         self.total += other.total;
-        self.sum = self.sum.wrapping_add(other.sum);
+        self.sum += other.sum;
     }
 
     pub fn clear(&mut self) {
@@ -286,6 +295,35 @@ mod tests {
             );
         }
         assert_eq!(bucket_of(u64::MAX), NR_BUCKETS - 1);
+        assert_eq!(bucket_of(MAX_EXACT_NS - 1), NR_BUCKETS - 2);
+        assert_eq!(bucket_low(NR_BUCKETS - 1), MAX_EXACT_NS);
+    }
+
+    /// The reproduction: two latencies of 1e16 µs (1e19 ns) made
+    /// the mean 7.77e14 µs (a u64 sum wrapped) and p99 1.64e9 µs (the
+    /// midpoint of a last bucket that starts at 2^40 ns).
+    #[test]
+    fn huge_values_never_wrap_the_mean_nor_invent_a_percentile() {
+        let mut h = LogHistogram::new();
+        h.record(10_000_000_000_000_000_000);
+        h.record(10_000_000_000_000_000_000);
+        assert_eq!(h.mean(), Some(1e19));
+        assert_eq!(h.percentile(99.0), Some(MAX_EXACT_NS));
+        let mut h = LogHistogram::new();
+        for _ in 0..4 {
+            h.record(u64::MAX);
+        }
+        h.remove(u64::MAX);
+        assert_eq!(h.mean(), Some(u64::MAX as f64));
+        // An hour, the API's limit, keeps its precision.
+        let hour_ns = 3_600_000_000_000u64;
+        let mut h = LogHistogram::new();
+        h.record(hour_ns);
+        let p = h.percentile(50.0).unwrap();
+        assert!(
+            (p as f64 - hour_ns as f64).abs() <= hour_ns as f64 / 256.0,
+            "{p}"
+        );
     }
 
     #[test]
@@ -336,6 +374,32 @@ mod tests {
             prop_assert!((got as f64 - want as f64).abs() <= want as f64 / 256.0 + 0.5);
             let mean = values.iter().map(|&v| v as f64).sum::<f64>() / values.len() as f64;
             prop_assert!((h.mean().unwrap() - mean).abs() <= 1e-6 * mean.max(1.0));
+        }
+
+        /// Any u64 values: the mean is the exact (f64) mean, whatever the
+        /// magnitude, and a percentile is within one bucket of the oracle
+        /// (below MAX_EXACT_NS) or reported as MAX_EXACT_NS (above it).
+        #[test]
+        fn mean_and_percentiles_of_any_u64_values(
+            values in prop::collection::vec(any::<u64>(), 1..300),
+            p in 0.0f64..=100.0,
+        ) {
+            let mut h = LogHistogram::new();
+            for &v in &values { h.record(v); }
+            let sum: u128 = values.iter().map(|&v| u128::from(v)).sum();
+            let mean = sum as f64 / values.len() as f64;
+            prop_assert!((h.mean().unwrap() - mean).abs() <= 1e-9 * mean.max(1.0));
+            let want = oracle(&values, p).unwrap();
+            let got = h.percentile(p).unwrap();
+            if want >= MAX_EXACT_NS {
+                prop_assert_eq!(got, MAX_EXACT_NS);
+            } else {
+                prop_assert_eq!(bucket_of(got), bucket_of(want));
+            }
+            // Removing every value brings the sum back to zero exactly.
+            for &v in &values { h.remove(v); }
+            prop_assert_eq!(h.mean(), None);
+            prop_assert_eq!(h.sum, 0);
         }
 
         #[test]

@@ -107,6 +107,8 @@ pub fn real(
                 let opts = TargetOptions {
                     mode: Mode::Auto,
                     ports: vec![srv.port],
+                    // Every pid of the tree is its own target, merged below.
+                    follow_children: false,
                 };
                 if let Err(e) = t.add_target(pid as u32, opts) {
                     eprintln!("  eBPF: tracing pid {pid}: {e}");
@@ -119,7 +121,7 @@ pub fn real(
             // The server-side latencies of this step (the tracer's since
             // the previous step), all of the server's pids merged.
             let e = tracer.as_ref().and_then(|t| {
-                let (h, _) = from_tracer(t, &tree);
+                let (h, _) = from_tracer(t, &tree, crate::config::figure_of(app.latency));
                 h.percentile(pct).map(|v| v as f64 / 1e3)
             });
             ebpf.push((p.offered_rps, e));
@@ -181,9 +183,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             ));
         }
     }
-    if !(args.step_s > 0.0 && args.step_s <= 60.0) {
-        return Err(usage!("--step-s {}: must be in (0, 60]", args.step_s));
-    }
+    crate::cmd::secs::secs("--step-s", args.step_s, 0.0, 60.0)?;
     let mut cal = if args.sim {
         calibrate::sim(&sc)
     } else {

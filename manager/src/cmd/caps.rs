@@ -23,6 +23,26 @@ pub struct Args {
     pub root: PathBuf,
 }
 
+/// Which kernel path the eBPF request sensor takes here, found by loading
+/// it (as `qosd trace` would), and why; "none" with the reason when it
+/// cannot load at all (not root, no BTF...).
+fn request_sensor() -> (&'static str, String) {
+    use qosd_sensors::ebpf::{Hooks, RequestTracer, TracerOptions};
+    match RequestTracer::start(TracerOptions::default()) {
+        Ok(t) => match (t.hooks(), t.fallback_reason()) {
+            (Hooks::Sockets, _) => (
+                "sockets",
+                "socket tracepoints loaded: latency from arrival and service".into(),
+            ),
+            (h, why) => (
+                h.as_str(),
+                format!("fallback: {}", why.unwrap_or("asked for")),
+            ),
+        },
+        Err(e) => ("none", e.to_string()),
+    }
+}
+
 pub fn run(args: Args) -> anyhow::Result<()> {
     let cfg = Config {
         root: args.root.clone(),
@@ -30,13 +50,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     cfg.validate().map_err(super::set::to_anyhow)?;
     let (caps, _) = detect(&cfg).map_err(super::set::to_anyhow)?;
+    let (hooks, why) = request_sensor();
     if args.json {
+        let mut v = serde_json::to_value(&caps).context("encoding caps as JSON")?;
+        if let Some(o) = v.as_object_mut() {
+            o.insert(
+                "request_sensor".into(),
+                serde_json::json!({ "hooks": hooks, "reason": why }),
+            );
+        }
         println!(
             "{}",
-            serde_json::to_string_pretty(&caps).context("encoding caps as JSON")?
+            serde_json::to_string_pretty(&v).context("encoding caps as JSON")?
         );
     } else {
         print!("{caps}");
+        println!("request sensor: {hooks} hooks ({why})");
     }
     Ok(())
 }

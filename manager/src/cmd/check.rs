@@ -83,14 +83,20 @@ pub fn check_file(path: &Path, kind: Kind) -> Result<String, FileError> {
         // Auto falls back to config: its errors are the most telling.
         Kind::Config | Kind::Auto => {
             let (c, policy) = Config::load(path)?;
-            let apps: Vec<String> = c
+            // A few names, not a line the size of the file.
+            const SHOWN: usize = 8;
+            let mut apps: Vec<String> = c
                 .apps
                 .iter()
+                .take(SHOWN)
                 .map(|a| match &a.target {
                     Some(t) => format!("{} ({t})", a.name),
                     None => format!("{} (best-effort)", a.name),
                 })
                 .collect();
+            if c.apps.len() > SHOWN {
+                apps.push(format!("and {} more", c.apps.len() - SHOWN));
+            }
             Ok(format!(
                 "config: {} app(s): {}; policy `{}` from {}",
                 c.apps.len(),
@@ -104,6 +110,10 @@ pub fn check_file(path: &Path, kind: Kind) -> Result<String, FileError> {
 
 /// The kind of a file from its top-level keys.
 fn guess(text: &str) -> Kind {
+    // Hostile shapes (deep nesting) are refused by the kind's own parse.
+    if yamlfile::precheck(Path::new(""), text).is_err() {
+        return Kind::Auto;
+    }
     let Ok(serde_yaml_ng::Value::Mapping(m)) = serde_yaml_ng::from_str(text) else {
         return Kind::Auto;
     };
@@ -128,8 +138,26 @@ fn check_scenario(path: &Path, text: &str) -> Result<String, FileError> {
         key: e.key,
         msg: e.msg,
     })?;
+    // The policy it names, as `replay` would load it.
+    let policy = match s.policy_path() {
+        Some(p) if !p.is_file() => {
+            let key = yamlfile::KeyPath::root().key("policy");
+            let msg = format!("no policy file at {}", p.display());
+            return Err(yamlfile::invalid(
+                path,
+                text,
+                yamlfile::Invalid::new(key, msg),
+            ));
+        }
+        Some(p) => {
+            let names = s.apps.iter().map(|a| a.name.as_str()).collect();
+            let f = PolicyFile::load_for(&p, &names)?;
+            format!("policy `{}`", f.name)
+        }
+        None => "no policy (replay needs --policy)".to_owned(),
+    };
     Ok(format!(
-        "scenario `{}` ({} app(s), {} s)",
+        "scenario `{}` ({} app(s), {} s), {policy}",
         s.name,
         s.apps.len(),
         s.duration_s

@@ -8,6 +8,7 @@ use qosd_scenarios::load::{
     self, Arrival, IntervalReport, LoadError, LoadReport, LoadSpec, Protocol, Rate,
 };
 
+use crate::cmd::secs::secs;
 use crate::usage;
 
 #[derive(ClapArgs, Debug)]
@@ -88,20 +89,18 @@ pub struct Args {
     pub json: bool,
 }
 
+/// The longest `--interval-ms`: an hour.
+const MAX_INTERVAL_MS: u64 = 3_600_000;
+
 pub fn spec_from(a: &Args) -> anyhow::Result<LoadSpec> {
-    if !(a.duration > 0.0 && a.duration <= load::MAX_DURATION.as_secs_f64()) {
-        return Err(usage!(
-            "--duration {}: must be in (0, 86400] seconds",
-            a.duration
-        ));
-    }
-    let mut s = LoadSpec::new(
-        &a.target,
-        a.protocol,
-        Rate::Constant(a.rps),
-        Duration::from_secs_f64(a.duration),
-    )
-    .map_err(|e| usage!("{e}"))?;
+    let duration = secs(
+        "--duration",
+        a.duration,
+        0.0,
+        load::MAX_DURATION.as_secs_f64(),
+    )?;
+    let mut s = LoadSpec::new(&a.target, a.protocol, Rate::Constant(a.rps), duration)
+        .map_err(|e| usage!("{e}"))?;
     s.keepalive = a.keepalive;
     s.connections = a.connections.unwrap_or(match (a.keepalive, a.protocol) {
         (true, Protocol::Grpc) => 1,
@@ -118,7 +117,15 @@ pub fn spec_from(a: &Args) -> anyhow::Result<LoadSpec> {
     s.memcache.nr_keys = a.keys;
     s.memcache.value_bytes = a.value_bytes;
     s.memcache.preload = !a.no_preload;
-    s.interval = Duration::from_millis(a.interval_ms.max(1));
+    // In ns the engine's interval must fit a u64: u64::MAX ms wrapped to a
+    // zero interval that reported forever and sent nothing.
+    if !(1..=MAX_INTERVAL_MS).contains(&a.interval_ms) {
+        return Err(usage!(
+            "--interval-ms {}: expected 1 to {MAX_INTERVAL_MS} ms",
+            a.interval_ms
+        ));
+    }
+    s.interval = Duration::from_millis(a.interval_ms);
     s.validate().map_err(|e| usage!("{e}"))?;
     Ok(s)
 }
@@ -154,8 +161,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             LoadError::NotLoopback(_) | LoadError::BadTarget(..) | LoadError::BadSpec(_) => {
                 usage!("{e}")
             }
+            // No listener is the user's target, whatever the protocol
+            // (gRPC finds it out when it connects, memcache when it
+            // preloads, a keep-alive run when it opens its connections).
+            LoadError::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => {
+                usage!("target {}: nothing listens there ({io})", args.target)
+            }
             e => anyhow::Error::new(e).context(format!("loading {}", args.target)),
         })?;
+    if report.completed == 0 && report.errors.connect > 0 {
+        return Err(usage!(
+            "target {}: nothing listens there ({} connections refused, no request completed)",
+            args.target,
+            report.errors.connect
+        ));
+    }
     if json {
         println!("{}", serde_json::to_string(&report)?);
     } else {

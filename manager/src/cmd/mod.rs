@@ -14,5 +14,6 @@ pub mod replay;
 pub mod replay_real;
 pub mod restore;
 pub mod run;
+pub mod secs;
 pub mod set;
 pub mod trace;

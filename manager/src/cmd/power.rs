@@ -11,6 +11,7 @@ use clap::Args as ClapArgs;
 use qosd_sensors::power::{PowerCaps, PowerConfig, PowerSample, PowerSensor, SourceChoice};
 use serde_json::json;
 
+use crate::cmd::secs::{secs, MAX_SECS};
 use crate::usage;
 
 #[derive(ClapArgs, Debug)]
@@ -57,18 +58,9 @@ fn parse_source(s: &str) -> Result<SourceChoice, String> {
 }
 
 fn check_args(a: &Args) -> anyhow::Result<()> {
-    if !(a.interval.is_finite() && (0.05..=3600.0).contains(&a.interval)) {
-        return Err(usage!(
-            "--interval {}: expected 0.05..=3600 seconds",
-            a.interval
-        ));
-    }
+    secs("--interval", a.interval, 0.05, 3600.0)?;
     if let Some(d) = a.duration {
-        if !(d.is_finite() && d > 0.0) {
-            return Err(usage!(
-                "--duration {d}: expected a positive number of seconds"
-            ));
-        }
+        secs("--duration", d, 0.0, MAX_SECS)?;
     }
     if !(1.0..=2.0).contains(&a.ht_ratio) {
         return Err(usage!("--ht-ratio {}: expected 1.0..=2.0", a.ht_ratio));
@@ -226,8 +218,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         print_caps(sensor.caps(), &mut stdout.lock())?;
     }
     let start = Instant::now();
-    let step = Duration::from_secs_f64(args.interval);
-    let end = args.duration.map(|d| start + Duration::from_secs_f64(d));
+    let step = secs("--interval", args.interval, 0.05, 3600.0)?;
+    let duration = args.duration.map(|d| secs("--duration", d, 0.0, MAX_SECS));
+    let end = duration.transpose()?.map(|d| start + d);
     let mut next = start + step;
     let (mut node_j, mut pid_j) = (0.0, vec![0.0; pids.len()]);
     let mut estimate = false;

@@ -104,7 +104,9 @@ pub fn load_policy(
             )
         })?,
     };
-    crate::policy::load(&path, seed).map_err(|e| usage!("{e}"))
+    let names = scenario.apps.iter().map(|a| a.name.as_str()).collect();
+    let f = crate::policy::PolicyFile::load_for(&path, &names).map_err(|e| usage!("{e}"))?;
+    Ok(f.build(seed))
 }
 
 /// What summary.json records of the run's making: the qosd version and
@@ -187,9 +189,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     if let Some(d) = args.duration {
-        if !(d > 0.0 && d <= 86_400.0) {
-            return Err(usage!("--duration {d}: must be in (0, 86400] seconds"));
-        }
+        crate::cmd::secs::secs("--duration", d, 0.0, 86_400.0)?;
     }
     let feedback = args.feedback.unwrap_or(sc.feedback);
     let seed = args.seed.unwrap_or(sc.seed);

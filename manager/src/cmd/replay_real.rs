@@ -104,15 +104,16 @@ pub fn run(
     // merges an app's pids.
     let trees: Vec<Vec<i32>> = running.iter().map(|s| server_pids(s.pid)).collect();
     if let Some(t) = &tracer {
-        for (s, tree) in running.iter().zip(&trees) {
-            for &pid in tree {
-                let opts = TargetOptions {
-                    mode: Mode::Auto,
-                    ports: vec![s.port],
-                };
-                t.add_target(pid as u32, opts)
-                    .with_context(|| format!("tracing {} (pid {pid})", s.name))?;
-            }
+        // The server's pid with its descendants followed in the kernel
+        // (nginx's workers, respawned ones too): one target per server.
+        for s in &running {
+            let opts = TargetOptions {
+                mode: Mode::Auto,
+                ports: vec![s.port],
+                follow_children: true,
+            };
+            t.add_target(s.pid, opts)
+                .with_context(|| format!("tracing {} (pid {})", s.name, s.pid))?;
         }
     }
     let knobs: Vec<&str> = Resource::CYCLE

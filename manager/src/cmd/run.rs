@@ -12,7 +12,8 @@ use crate::daemon;
 pub enum FeedbackArg {
     /// Server-side latency from the eBPF request tracer.
     Ebpf,
-    /// Latency pushed by a load generator: POST /v1/apps/NAME/latency.
+    /// Latency pushed by a load generator: POST /v1/apps/NAME/latency
+    /// with `Authorization: Bearer <token>` (the token of api.token_file).
     Client,
 }
 
@@ -25,7 +26,10 @@ pub enum FeedbackArg {
     curl -s 127.0.0.1:9477/v1/apps             apps, allocations, latency, RPS\n  \
     curl -s 127.0.0.1:9477/v1/pids/PID/latency_percentile?p=99\n  \
     curl -s 127.0.0.1:9477/metrics             Prometheus\n  \
-    qosd metrics --app memcached               the same from the CLI\n\n\
+    qosd metrics --app memcached               the same from the CLI\n  \
+    T=$(cat /run/qosd/api.token)               writes need api.token_file's token (root only)\n  \
+    curl -s -H \"Authorization: Bearer $T\" -H 'content-type: application/json' \\\n      \
+      -d '{\"latencies_us\":[120,98]}' 127.0.0.1:9477/v1/apps/memcached/latency\n\n\
     SIGINT/SIGTERM stop it and put every knob back (exit 0). A bad config or\n\
     policy exits 2 before anything is changed. Needs root for eBPF and the knobs.")]
 pub struct Args {
@@ -42,7 +46,8 @@ pub struct Args {
     /// Policy file, overriding the config's `policy`.
     #[arg(long, value_name = "FILE")]
     pub policy: Option<PathBuf>,
-    /// API address, overriding the config's `api.listen`.
+    /// API address, overriding the config's `api.listen` (not loopback:
+    /// only with `api.allow_remote: true`).
     #[arg(long, value_name = "ADDR:PORT")]
     pub listen: Option<SocketAddr>,
 }

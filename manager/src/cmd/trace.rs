@@ -9,11 +9,15 @@ use anyhow::Context;
 use clap::Args as ClapArgs;
 use qosd_core::AppPower;
 use qosd_sensors::ebpf::{
-    KindReport, Mode, RequestTracer, TargetOptions, TargetReport, TraceError, TracerOptions,
+    HookChoice, Hooks, KindReport, Mode, RequestTracer, TargetOptions, TargetReport, TraceError,
+    TracerOptions,
 };
 use qosd_sensors::power::{PowerConfig, PowerSensor};
 use serde_json::json;
 
+use crate::cmd::secs::{secs, MAX_SECS};
+use crate::config::Match;
+use crate::daemon::discover::Finder;
 use crate::{signals, usage};
 
 #[derive(ClapArgs, Debug)]
@@ -21,20 +25,35 @@ use crate::{signals, usage};
     qosd trace --pid $(pidof memcached) --json\n  \
     qosd trace --pid 1234 --pid 5678 --interval 0.5 --duration 30\n  \
     qosd trace --pid $(pidof -s nginx) --mode connection --port 80\n  \
-    qosd trace --pid $(pidof my-grpc-server) --mode grpc\n\n\
+    qosd trace --pid $(pidof my-grpc-server) --mode grpc\n  \
+    qosd trace --pid $(cat /run/nginx.pid)     # the master and its workers\n  \
+    qosd trace --comm memcached --port 11211\n\n\
     Modes: `connection` counts one request per accepted connection (accept ->\n\
     close); `turn` counts request/response turns on persistent connections\n\
     (keep-alive HTTP, memcached, redis); `grpc` counts gRPC calls multiplexed\n\
     on HTTP/2 connections, with uprobes on the server's gRPC library (grpc-go\n\
     executables with symbols, or a gRPC C-core shared library with symbols;\n\
     otherwise it warns and falls back to `turn`); `auto` picks one per\n\
-    process from what it sees. Latencies are server-side: from the first\n\
-    request bytes read (gRPC: the call handed to the server) to the last\n\
-    reply bytes written (gRPC: the status). Needs root.")]
+    process from what it sees. Two figures per request, both server-side and\n\
+    ending at the last reply bytes written: latency (`p99_us`...) from the\n\
+    request's arrival in the server's socket, waiting for the CPU included,\n\
+    and service (`svc_p99_us`...) from the server's first read (gRPC: from\n\
+    the call handed to the server, to the status). A pid is traced with its\n\
+    descendants, present and forked later (pre-fork servers: trace the\n\
+    master). Hooks: socket tracepoints; where the kernel lacks them, syscall\n\
+    tracepoints (latency = service there; descendants not followed); the\n\
+    first line says which. Needs root.")]
 pub struct Args {
-    /// Process to trace (repeat for several).
-    #[arg(long, required = true, value_name = "PID")]
+    /// Process to trace, with its descendants (repeat for several).
+    #[arg(long, value_name = "PID", required_unless_present_any = ["comm", "cgroup"])]
     pub pid: Vec<u32>,
+    /// Trace the processes with this command name (/proc/PID/comm); one
+    /// whose parent matches too is followed as the parent's descendant.
+    #[arg(long, value_name = "NAME")]
+    pub comm: Option<String>,
+    /// Trace the processes of this cgroup directory (cgroup.procs).
+    #[arg(long, value_name = "PATH")]
+    pub cgroup: Option<std::path::PathBuf>,
     /// Stop after this many seconds (default: until Ctrl-C or every target exits).
     #[arg(long, value_name = "SECS")]
     pub duration: Option<f64>,
@@ -58,6 +77,72 @@ pub struct Args {
     /// Ring buffer size in KiB (a power of two).
     #[arg(long, default_value_t = 128, value_name = "KIB")]
     pub ringbuf_kib: u32,
+    /// Kernel hooks: socket tracepoints, syscall tracepoints (the
+    /// fallback), or sockets where the kernel has them [default: auto, or
+    /// $QOSD_HOOKS].
+    #[arg(long, value_parser = ["auto", "sockets", "syscalls"])]
+    pub hooks: Option<String>,
+}
+
+/// The pids to trace: --pid as given, plus --comm and --cgroup matches
+/// found with the daemon's own `match:` code, keeping only the topmost of
+/// a process tree (its descendants are followed under it).
+fn select(a: &Args) -> anyhow::Result<Vec<u32>> {
+    let mut pids = a.pid.clone();
+    let matchers: Vec<Match> = [
+        a.comm.as_ref().map(|c| Match {
+            comm: Some(c.clone()),
+            ..Default::default()
+        }),
+        a.cgroup.as_ref().map(|g| Match {
+            cgroup: Some(g.clone()),
+            ..Default::default()
+        }),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if matchers.is_empty() {
+        return Ok(pids);
+    }
+    if let Some(g) = &a.cgroup {
+        if !g.join("cgroup.procs").is_file() {
+            return Err(usage!(
+                "--cgroup {}: not a cgroup directory (no cgroup.procs)",
+                g.display()
+            ));
+        }
+    }
+    let refs: Vec<&Match> = matchers.iter().collect();
+    let mut found: Vec<u32> = Finder::new("/")
+        .find_all(&refs, &[])
+        .into_iter()
+        .flatten()
+        .filter_map(|p| u32::try_from(p).ok())
+        .collect();
+    found.sort_unstable();
+    found.dedup();
+    if found.is_empty() {
+        return Err(usage!(
+            "no process matches{}{}",
+            a.comm
+                .as_ref()
+                .map_or(String::new(), |c| format!(" --comm {c}")),
+            a.cgroup
+                .as_ref()
+                .map_or(String::new(), |g| format!(" --cgroup {}", g.display()))
+        ));
+    }
+    let below: Vec<u32> = found
+        .iter()
+        .flat_map(|&p| qosd_sensors::ebpf::descendants(p))
+        .collect();
+    for p in found {
+        if !below.contains(&p) && !pids.contains(&p) {
+            pids.push(p);
+        }
+    }
+    Ok(pids)
 }
 
 fn trace_err(e: TraceError) -> anyhow::Error {
@@ -68,43 +153,59 @@ fn trace_err(e: TraceError) -> anyhow::Error {
     }
 }
 
-fn check_args(a: &Args) -> anyhow::Result<()> {
-    if !(a.interval.is_finite() && a.interval >= 0.01) {
-        return Err(usage!(
-            "--interval {}: must be at least 0.01 seconds",
-            a.interval
-        ));
-    }
-    if let Some(d) = a.duration {
-        if !(d.is_finite() && d > 0.0) {
-            return Err(usage!(
-                "--duration {d}: must be a positive number of seconds"
-            ));
-        }
-    }
+/// The interval and the run length, checked; then every pid.
+fn check_args(a: &Args) -> anyhow::Result<(Duration, Option<Duration>)> {
+    let interval = secs("--interval", a.interval, 0.01, 3600.0)?;
+    let duration = a
+        .duration
+        .map(|d| secs("--duration", d, 0.0, MAX_SECS))
+        .transpose()?;
     for &pid in &a.pid {
-        if pid == 0 || !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-            return Err(usage!("no such process: pid {pid}"));
-        }
+        check_user_pid(pid)?;
     }
-    Ok(())
+    Ok((interval, duration))
 }
 
-pub fn run(a: Args) -> anyhow::Result<()> {
-    check_args(&a)?;
+/// A live user process: not pid 0, not gone, not a kernel thread (tracing
+/// one would attach to nothing it serves and report nothing).
+fn check_user_pid(pid: u32) -> anyhow::Result<()> {
+    let pid = i32::try_from(pid).map_err(|_| usage!("no such process: pid {pid}"))?;
+    qosd_actuators::proc::check_pid(&qosd_actuators::Root::default(), pid).map_err(|e| match e {
+        qosd_actuators::Error::NoSuchPid(_) => usage!("no such process: pid {pid}"),
+        e => usage!("{e}"),
+    })
+}
+
+pub fn run(mut a: Args) -> anyhow::Result<()> {
+    let (interval, duration) = check_args(&a)?;
     let mode: Mode = a.mode.parse().map_err(|e: String| usage!("{e}"))?;
-    let tracer = RequestTracer::start(TracerOptions {
+    let mut topts = TracerOptions {
         ringbuf_bytes: a.ringbuf_kib.saturating_mul(1024),
         ..Default::default()
-    })
-    .map_err(trace_err)?;
+    };
+    if let Some(h) = &a.hooks {
+        topts.hooks = h.parse::<HookChoice>().map_err(|e: String| usage!("{e}"))?;
+    }
+    a.pid = select(&a)?;
+    let tracer = RequestTracer::start(topts).map_err(trace_err)?;
     for &pid in &a.pid {
         let opts = TargetOptions {
             mode,
             ports: a.port.clone(),
+            follow_children: true,
         };
         tracer.add_target(pid, opts).map_err(trace_err)?;
     }
+    let banner = match (tracer.hooks(), tracer.fallback_reason()) {
+        (Hooks::Sockets, _) => "hooks: sockets (socket tracepoints; latency from each \
+                                request's arrival, service from the first read)"
+            .to_string(),
+        (Hooks::Syscalls, why) => format!(
+            "hooks: syscalls (fallback: {}; latency = service, from the first read; \
+             descendants not followed)",
+            why.unwrap_or("asked for")
+        ),
+    };
     let mut power = if a.power {
         let ps = PowerSensor::open(&PowerConfig::default(), std::path::Path::new("/"))
             .context("starting the power sensor (--power)")?;
@@ -114,10 +215,16 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     };
     signals::install()?;
     let start = Instant::now();
-    let interval = Duration::from_secs_f64(a.interval);
-    let end = a.duration.map(|d| start + Duration::from_secs_f64(d));
+    let end = duration.map(|d| start + d);
     let mut out = std::io::stdout().lock();
-    if !a.json {
+    if a.json {
+        writeln!(
+            out,
+            "{}",
+            json!({ "hooks": tracer.hooks().as_str(), "banner": banner })
+        )?;
+    } else {
+        writeln!(out, "{banner}")?;
         writeln!(
             out,
             "{}{}",
@@ -155,6 +262,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                     pid,
                     mode: r.mode,
                     k: &r.interval,
+                    svc: &r.service_interval,
                     dropped: tracer.dropped(),
                     power: pw.as_ref(),
                 };
@@ -178,6 +286,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 pid,
                 mode: r.mode,
                 k: &r.total,
+                svc: &r.service_total,
                 dropped: tracer.dropped(),
                 power: None,
             };
@@ -193,15 +302,37 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                     writeln!(out, "pid {pid} exited during the trace")?;
                 }
             }
+            if r.connections == 0 {
+                // Said on stderr too, so that --json users see it.
+                let note = no_connection_note(pid, &a.port);
+                if !a.json {
+                    writeln!(out, "{note}")?;
+                }
+                eprintln!("qosd trace: {note}");
+            }
         }
     }
     out.flush().context("writing to stdout")?;
     Ok(())
 }
 
+/// Why a target may have shown nothing.
+fn no_connection_note(pid: u32, ports: &[u16]) -> String {
+    let on = if ports.is_empty() {
+        String::new()
+    } else {
+        format!(" on port(s) {ports:?}")
+    };
+    format!(
+        "pid {pid}: no connection was seen{on} during the trace: it (and its descendants) \
+         accepted or served none; check the pid (a server's workers, not a launcher script) \
+         and --port"
+    )
+}
+
 fn header() -> String {
     format!(
-        "{:>7} {:>8} {:>10} {:>9} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>7}",
+        "{:>7} {:>8} {:>10} {:>9} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>7}",
         "t_s",
         "pid",
         "mode",
@@ -212,6 +343,8 @@ fn header() -> String {
         "p50_us",
         "p95_us",
         "p99_us",
+        "svc_p50_us",
+        "svc_p99_us",
         "dropped"
     )
 }
@@ -222,6 +355,8 @@ struct Line<'a> {
     pid: u32,
     mode: Mode,
     k: &'a KindReport,
+    /// The same requests' service times.
+    svc: &'a KindReport,
     dropped: u64,
     power: Option<&'a AppPower>,
 }
@@ -233,7 +368,7 @@ fn print_line(
     summary_of: Option<&TargetReport>,
 ) -> anyhow::Result<()> {
     let summary = summary_of.is_some();
-    let (t_s, pid, k, dropped) = (l.t_s, l.pid, l.k, l.dropped);
+    let (t_s, pid, k, svc, dropped) = (l.t_s, l.pid, l.k, l.svc, l.dropped);
     let mode = if l.mode == Mode::Auto {
         "undecided"
     } else {
@@ -251,6 +386,11 @@ fn print_line(
             "p50_us": k.p50_us,
             "p95_us": k.p95_us,
             "p99_us": k.p99_us,
+            "svc_latest_us": svc.latest_us,
+            "svc_mean_us": svc.mean_us,
+            "svc_p50_us": svc.p50_us,
+            "svc_p95_us": svc.p95_us,
+            "svc_p99_us": svc.p99_us,
             "dropped": dropped,
         });
         if let Some(p) = l.power {
@@ -262,6 +402,7 @@ fn print_line(
         if let Some(r) = summary_of {
             v["summary"] = json!(true);
             v["max_us"] = json!(k.max_us);
+            v["svc_max_us"] = json!(svc.max_us);
             if let Some(p) = &r.probes {
                 v["probes"] = json!(p);
             }
@@ -284,7 +425,7 @@ fn print_line(
         });
         writeln!(
             out,
-            "{:>7.1} {:>8} {:>10} {:>9} {:>10.1} {:>10} {:>10} {:>10} {:>10} {:>10} {:>7}{power}",
+            "{:>7.1} {:>8} {:>10} {:>9} {:>10.1} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>7}{power}",
             t_s,
             pid,
             mode,
@@ -295,6 +436,8 @@ fn print_line(
             f(k.p50_us),
             f(k.p95_us),
             f(k.p99_us),
+            f(svc.p50_us),
+            f(svc.p99_us),
             dropped
         )?;
     }

@@ -1,6 +1,7 @@
 //! Config parsing and validation: the shipped file, and one bad file per
 //! kind of mistake, each reported at its file:line:col and key.
 
+use std::net::SocketAddr;
 use std::path::Path;
 
 use super::*;
@@ -36,6 +37,7 @@ fn shipped_config_is_valid_with_its_policy() {
     let (c, policy) = Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(c.apps[0].matcher.comm.as_deref(), Some("memcached"));
     assert_eq!(c.apps[0].feedback, Feedback::Ebpf);
+    assert_eq!(c.apps[0].latency, LatencyFrom::Arrival);
     assert_eq!((c.monitor_interval_ms, c.decide_interval_ms), (100, 500));
     assert_eq!(c.api.listen.to_string(), DEFAULT_API_ADDR);
     assert_eq!(policy.name, "parties");
@@ -124,6 +126,12 @@ fn wrong_types_and_enum_values() {
         (7, "apps[0].resources.initial.nr_cores"),
         "{e}"
     );
+    let e = err_with("class: lc", "class: lc\n    latency: read");
+    assert_eq!((e.line, e.key.as_str()), (5, "apps[0].latency"), "{e}");
+    assert!(e.msg.contains("unknown variant `read`"), "{e}");
+    let c = parse(&GOOD.replacen("class: lc", "class: lc\n    latency: service", 1)).unwrap();
+    assert_eq!(c.apps[0].latency, LatencyFrom::Service);
+    assert_eq!(c.apps[1].latency, LatencyFrom::Arrival);
     let e = parse(&format!("{GOOD}api: {{ listen: localhost }}\n")).unwrap_err();
     assert_eq!((e.line, e.key.as_str()), (13, "api.listen"), "{e}");
     let e = parse(&format!(

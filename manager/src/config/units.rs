@@ -8,6 +8,9 @@ use qosd_core::QosTarget;
 use serde::{Deserialize, Serialize};
 use serde_yaml_ng::Value;
 
+/// The largest latency target: an hour, in µs.
+pub const MAX_TARGET_US: f64 = 3.6e9;
+
 /// Parses a latency such as `25ms`, `500us`, `500µs`, `1.5s` into µs.
 /// A bare number is rejected: the unit is not guessed.
 pub fn parse_latency_us(s: &str) -> Result<f64, String> {
@@ -29,7 +32,13 @@ pub fn parse_latency_us(s: &str) -> Result<f64, String> {
     if v <= 0.0 || !v.is_finite() {
         return Err(format!("`{s}`: a target must be greater than 0"));
     }
-    Ok(v * scale)
+    let us = v * scale;
+    // Beyond an hour the slack arithmetic loses meaning (1e303s: NaN) and
+    // no request-serving app has such a target.
+    if us > MAX_TARGET_US {
+        return Err(format!("`{s}`: a target must be at most 3600s"));
+    }
+    Ok(us)
 }
 
 /// Parses a percentile key: `p99`, `p99.9`, `p50`.

@@ -2,6 +2,9 @@
 //! find each app, an `lc` app has a target, min ≤ initial ≤ max, intervals
 //! that tick together). Each error carries the key it is about.
 
+use std::collections::HashSet;
+use std::path::Component;
+
 use qosd_core::{AppClass, Resource};
 
 use super::{amount_key, AppConfig, Config};
@@ -9,6 +12,13 @@ use crate::yamlfile::{Invalid, KeyPath};
 
 /// Longest `/proc/PID/comm` (TASK_COMM_LEN − 1): a longer name never matches.
 const COMM_MAX: usize = 15;
+/// Longest app name: it becomes a cgroup and resctrl group name
+/// (`qosd-<app>`, 255 bytes at most), an API path and a metric label.
+pub const MAX_APP_NAME: usize = 64;
+/// Slowest measurement tick (a minute) and decision tick (an hour): beyond
+/// them the daemon would look idle, and u64::MAX ms never ticks at all.
+const MAX_MONITOR_MS: u64 = 60_000;
+const MAX_DECIDE_MS: u64 = 3_600_000;
 
 impl Config {
     /// Checks the config beyond its types. The policy file is checked by
@@ -18,20 +28,28 @@ impl Config {
         if self.apps.is_empty() {
             return Err(Invalid::new(root.key("apps"), "needs at least one app"));
         }
+        let mut names = HashSet::with_capacity(self.apps.len());
         for (i, app) in self.apps.iter().enumerate() {
             let at = root.key("apps").index(i);
-            if self.apps[..i].iter().any(|o| o.name == app.name) {
+            // Validated first: the duplicate message quotes a checked name.
+            app.validate(&at)?;
+            if !names.insert(app.name.as_str()) {
                 return Err(Invalid::new(
                     at.key("name"),
                     format!("`{}` is used by an earlier app", app.name),
                 ));
             }
-            app.validate(&at)?;
         }
-        if self.monitor_interval_ms < 10 {
+        if !(10..=MAX_MONITOR_MS).contains(&self.monitor_interval_ms) {
             return Err(Invalid::new(
                 root.key("monitor_interval_ms"),
-                "must be at least 10 ms",
+                format!("must be from 10 to {MAX_MONITOR_MS} ms"),
+            ));
+        }
+        if self.decide_interval_ms > MAX_DECIDE_MS {
+            return Err(Invalid::new(
+                root.key("decide_interval_ms"),
+                format!("must be at most {MAX_DECIDE_MS} ms"),
             ));
         }
         if self.decide_interval_ms < self.monitor_interval_ms
@@ -70,10 +88,11 @@ impl Config {
             return Err(Invalid::new(act.key("root"), "must be an absolute path"));
         }
         let s = self.sensors;
-        if s.ring_buffer_kib < 4 || !s.ring_buffer_kib.is_power_of_two() {
+        let max_kib = qosd_sensors::ebpf::MAX_RINGBUF_BYTES / 1024;
+        if !(4..=max_kib).contains(&s.ring_buffer_kib) || !s.ring_buffer_kib.is_power_of_two() {
             return Err(Invalid::new(
                 root.key("sensors").key("ring_buffer_kib"),
-                "must be a power of two of at least 4 (KiB)",
+                format!("must be a power of two from 4 to {max_kib} (KiB)"),
             ));
         }
         if s.window_requests == 0 {
@@ -87,6 +106,7 @@ impl Config {
             let path = key.split('.').fold(KeyPath::root(), |k, seg| k.key(seg));
             return Err(Invalid::new(path, reason));
         }
+        self.api.validate(&root.key("api"))?;
         if let Some(p) = &self.state_file {
             if !p.is_absolute() {
                 return Err(Invalid::new(
@@ -112,6 +132,12 @@ impl AppConfig {
                 "use letters, digits, `_`, `-` or `.` (it appears in API paths and metric labels)",
             ));
         }
+        if self.name.len() > MAX_APP_NAME {
+            return Err(Invalid::new(
+                at.key("name"),
+                format!("at most {MAX_APP_NAME} characters (it names the app's cgroup)"),
+            ));
+        }
         let m = &self.matcher;
         let mat = at.key("match");
         let set = [m.pid.is_some(), m.comm.is_some(), m.cgroup.is_some()];
@@ -128,6 +154,12 @@ impl AppConfig {
             ));
         }
         if let Some(c) = &m.comm {
+            if c.chars().any(char::is_control) {
+                return Err(Invalid::new(
+                    mat.key("comm"),
+                    "a command name has no control characters (newline, tab, ...)",
+                ));
+            }
             if c.is_empty() || c.len() > COMM_MAX {
                 return Err(Invalid::new(
                     mat.key("comm"),
@@ -139,8 +171,16 @@ impl AppConfig {
                 ));
             }
         }
-        if m.cgroup.as_ref().is_some_and(|p| !p.is_absolute()) {
-            return Err(Invalid::new(mat.key("cgroup"), "must be an absolute path"));
+        if let Some(p) = &m.cgroup {
+            if !p.is_absolute() {
+                return Err(Invalid::new(mat.key("cgroup"), "must be an absolute path"));
+            }
+            if p.components().any(|c| c == Component::ParentDir) {
+                return Err(Invalid::new(
+                    mat.key("cgroup"),
+                    "must not contain `..` (it would leave the cgroup tree)",
+                ));
+            }
         }
         if let Some(t) = &self.target {
             t.parse().map_err(|(k, msg)| {

@@ -8,19 +8,27 @@
 //! N requests (the paper's definition); per app they cover the last
 //! decision interval from the app's feedback source, merged over its
 //! processes (what the policy sees).
+//!
+//! Reads are open; writes (client feedback) need the token of
+//! [`super::auth`]. Every error, whatever produced it (a handler, a bad
+//! query string, a wrong method, a body too large), is a JSON object
+//! `{"error": "..."}`.
 
 use std::sync::Arc;
 
-use axum::extract::{Path, Query, State};
-use axum::http::{header, StatusCode};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use qosd_core::Resource;
-use qosd_sensors::ebpf::RequestTracer;
+use qosd_sensors::ebpf::{Figure, RequestTracer};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use super::auth::Token;
 use super::metrics;
 use super::state::{AppLive, SharedState};
 
@@ -28,6 +36,8 @@ use super::state::{AppLive, SharedState};
 pub struct Api {
     pub shared: SharedState,
     pub tracer: Option<Arc<RequestTracer>>,
+    /// The credential writes must carry.
+    pub token: Arc<Token>,
 }
 
 type Failure = (StatusCode, Json<Value>);
@@ -38,25 +48,100 @@ fn fail(code: StatusCode, msg: impl Into<String>) -> Failure {
 }
 
 pub fn router(api: Api) -> Router {
+    let writes = Router::new()
+        .route("/v1/apps/{name}/latency", post(report))
+        // The path config.yaml has always documented.
+        .route("/apps/{name}/latency", post(report))
+        .route_layer(middleware::from_fn_with_state(api.clone(), authorize));
     Router::new()
         .route("/v1/status", get(status))
         .route("/v1/apps", get(apps))
         .route("/v1/apps/{name}", get(app))
         .route("/v1/apps/{name}/{call}", get(app_call))
-        .route("/v1/apps/{name}/latency", post(report))
-        // The path config.yaml has always documented.
-        .route("/apps/{name}/latency", post(report))
         .route("/v1/pids/{pid}", get(pid))
         .route("/v1/pids/{pid}/{call}", get(pid_call))
         .route("/v1/decisions", get(decisions))
         .route("/metrics", get(prometheus))
+        .merge(writes)
         .fallback(|| async {
             fail(
                 StatusCode::NOT_FOUND,
                 "no such endpoint; see GET /v1/status for the list",
             )
         })
+        .layer(middleware::map_response(json_errors))
         .with_state(api)
+}
+
+/// Refuses a write without the token: 401 and a JSON error saying where
+/// the token is (the path is no secret; the file is root's alone).
+async fn authorize(State(api): State<Api>, req: Request, next: Next) -> Response {
+    // The layer wraps the write paths whatever the method; another method
+    // than POST is no write, and gets its 405.
+    if req.method() != axum::http::Method::POST {
+        return next.run(req).await;
+    }
+    let given = req.headers().get(header::AUTHORIZATION);
+    if api.token.accepts(given.map(HeaderValue::as_bytes)) {
+        return next.run(req).await;
+    }
+    let why = if given.is_some() {
+        "the Authorization header does not carry the API token"
+    } else {
+        "writes need `Authorization: Bearer <token>`"
+    };
+    let mut r = fail(
+        StatusCode::UNAUTHORIZED,
+        format!(
+            "{why}; the token is in {} (readable by root only)",
+            api.token.path.display()
+        ),
+    )
+    .into_response();
+    r.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        HeaderValue::from_static("Bearer realm=\"qosd\""),
+    );
+    r
+}
+
+/// Turns any error response that is not JSON (axum's own rejections: a
+/// wrong method, a body too large, an undecodable path) into
+/// `{"error": ...}`, keeping its status and its text.
+async fn json_errors(r: Response) -> Response {
+    let is_json = r
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    let status = r.status();
+    if is_json || !(status.is_client_error() || status.is_server_error()) {
+        return r;
+    }
+    let (mut parts, body) = r.into_parts();
+    let text = axum::body::to_bytes(body, 64 * 1024)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_owned())
+        .unwrap_or_default();
+    let msg = match status {
+        StatusCode::METHOD_NOT_ALLOWED => {
+            "method not allowed: the Allow header lists the ones this endpoint takes; \
+             see GET /v1/status"
+                .to_owned()
+        }
+        _ if text.is_empty() => status.canonical_reason().unwrap_or("error").to_lowercase(),
+        _ => text,
+    };
+    parts.headers.remove(header::CONTENT_LENGTH);
+    parts.headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    (parts, Json(json!({ "error": msg }))).into_response()
+}
+
+/// A query string that does not parse, as a JSON 400.
+fn bad_query(e: QueryRejection) -> Failure {
+    fail(StatusCode::BAD_REQUEST, e.body_text())
 }
 
 const ENDPOINTS: &[&str] = &[
@@ -64,7 +149,7 @@ const ENDPOINTS: &[&str] = &[
     "GET /v1/apps",
     "GET /v1/apps/{name}",
     "GET /v1/apps/{name}/rps | latest_latency | average_latency | latency_percentile?p=99",
-    "POST /v1/apps/{name}/latency {\"latencies_us\": [...]}",
+    "POST /v1/apps/{name}/latency {\"latencies_us\": [...]} (Authorization: Bearer <token>)",
     "GET /v1/pids/{pid}",
     "GET /v1/pids/{pid}/rps | latest_latency | average_latency | latency_percentile?p=99",
     "GET /v1/decisions?limit=N&app=NAME",
@@ -176,6 +261,19 @@ async fn app(State(api): State<Api>, Path(name): Path<String>) -> Reply {
 #[derive(Deserialize)]
 struct PQuery {
     p: Option<String>,
+    /// `latency` (from arrival, the default) or `service` (pid calls).
+    figure: Option<String>,
+}
+
+fn figure(q: &PQuery) -> Result<Figure, Failure> {
+    match q.figure.as_deref() {
+        None | Some("latency") => Ok(Figure::Latency),
+        Some("service") => Ok(Figure::Service),
+        Some(f) => Err(fail(
+            StatusCode::BAD_REQUEST,
+            format!("figure={f}: latency (from arrival) or service (from the first read)"),
+        )),
+    }
 }
 
 fn percentile(q: &PQuery) -> Result<f64, Failure> {
@@ -201,8 +299,9 @@ fn unknown_call(call: &str) -> Failure {
 async fn app_call(
     State(api): State<Api>,
     Path((name, call)): Path<(String, String)>,
-    Query(q): Query<PQuery>,
+    q: Result<Query<PQuery>, QueryRejection>,
 ) -> Reply {
+    let Query(q) = q.map_err(bad_query)?;
     let sh = api.shared.lock();
     let a = sh.apps.get(&name).ok_or_else(|| no_app(&sh, &name))?;
     let w = sh.info.latency_window_ms;
@@ -295,10 +394,20 @@ async fn pid(State(api): State<Api>, Path(raw): Path<String>) -> Reply {
     let (t, app) = traced(&api, pid)?;
     let p = pid as u32;
     let s = t.summary(p).unwrap_or_default();
+    let v = t.summary_of(p, Figure::Service).unwrap_or_default();
     Ok(Json(json!({
         "pid": pid,
         "app": app,
         "mode": t.mode(p).map(|m| m.as_str()),
+        "hooks": t.hooks().as_str(),
+        // The same requests from the server's first read.
+        "service": {
+            "latest_us": v.latest_us,
+            "mean_us": v.mean_us,
+            "p50_us": v.p50_us,
+            "p95_us": v.p95_us,
+            "p99_us": v.p99_us,
+        },
         "requests_total": t.requests(p),
         "window": {
             "requests": s.requests,
@@ -316,23 +425,26 @@ async fn pid(State(api): State<Api>, Path(raw): Path<String>) -> Reply {
 async fn pid_call(
     State(api): State<Api>,
     Path((raw, call)): Path<(String, String)>,
-    Query(q): Query<PQuery>,
+    q: Result<Query<PQuery>, QueryRejection>,
 ) -> Reply {
+    let Query(q) = q.map_err(bad_query)?;
     let pid = pid_arg(&raw)?;
     let (t, app) = traced(&api, pid)?;
     let p = pid as u32;
+    let f = figure(&q)?;
+    let fs = f.as_str();
     Ok(Json(match call.as_str() {
         "rps" => json!({ "pid": pid, "app": app, "rps": t.rps(p).unwrap_or(0.0) }),
         "latest_latency" => {
-            json!({ "pid": pid, "app": app, "latency_us": us(t.latest_latency(p)) })
+            json!({ "pid": pid, "app": app, "figure": fs, "latency_us": us(t.latest(p, f)) })
         }
         "average_latency" => {
-            json!({ "pid": pid, "app": app, "latency_us": us(t.average_latency(p)) })
+            json!({ "pid": pid, "app": app, "figure": fs, "latency_us": us(t.average(p, f)) })
         }
         "latency_percentile" => {
             let pc = percentile(&q)?;
-            json!({ "pid": pid, "app": app, "p": pc,
-                    "latency_us": us(t.latency_percentile(p, pc)) })
+            json!({ "pid": pid, "app": app, "p": pc, "figure": fs,
+                    "latency_us": us(t.percentile(p, f, pc)) })
         }
         _ => return Err(unknown_call(&call)),
     }))
@@ -344,7 +456,11 @@ struct DecisionQuery {
     app: Option<String>,
 }
 
-async fn decisions(State(api): State<Api>, Query(q): Query<DecisionQuery>) -> Json<Value> {
+async fn decisions(
+    State(api): State<Api>,
+    q: Result<Query<DecisionQuery>, QueryRejection>,
+) -> Reply {
+    let Query(q) = q.map_err(bad_query)?;
     let sh = api.shared.lock();
     let limit = q.limit.unwrap_or(50);
     let mut v: Vec<&super::state::DecisionRecord> = sh
@@ -355,11 +471,23 @@ async fn decisions(State(api): State<Api>, Query(q): Query<DecisionQuery>) -> Js
         .take(limit)
         .collect();
     v.reverse();
-    Json(json!({ "decisions": v, "total": sh.decisions_total.values().sum::<u64>() }))
+    Ok(Json(
+        json!({ "decisions": v, "total": sh.decisions_total.values().sum::<u64>() }),
+    ))
 }
 
 async fn prometheus(State(api): State<Api>) -> Response {
     let dropped = api.tracer.as_ref().map(|t| t.dropped());
-    let body = metrics::render(&api.shared.lock(), dropped);
+    let mut body = metrics::render(&api.shared.lock(), dropped);
+    if let Some(t) = &api.tracer {
+        let apps: Vec<(String, Vec<i32>)> = api
+            .shared
+            .lock()
+            .apps
+            .values()
+            .map(|a| (a.name.clone(), a.pids.clone()))
+            .collect();
+        body.push_str(&metrics::render_traced(t, &apps));
+    }
     ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], body).into_response()
 }

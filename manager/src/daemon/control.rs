@@ -321,11 +321,20 @@ impl DaemonNode {
         let (old, new): (BTreeSet<i32>, BTreeSet<i32>) =
             (old.iter().copied().collect(), new.iter().copied().collect());
         for p in old.difference(&new) {
+            if t.connections(*p as u32) == Some(0) {
+                tracing::warn!(
+                    "app {}: pid {p} left having served no connection while traced \
+                     (check its match: and ports:)",
+                    a.cfg.name
+                );
+            }
             let _ = t.remove_target(*p as u32);
         }
         for p in new.difference(&old) {
             let opts = TargetOptions {
                 ports: a.cfg.ports.clone(),
+                // A matched pre-fork master brings its workers.
+                follow_children: true,
                 ..Default::default()
             };
             if let Err(e) = t.add_target(*p as u32, opts) {
@@ -389,7 +398,9 @@ impl DaemonNode {
         let mut ticks: Vec<(LogHistogram, Option<u64>)> = Vec::with_capacity(self.apps.len());
         for a in &self.apps {
             ticks.push(match (a.feedback, &self.tracer) {
-                (Feedback::Ebpf, Some(t)) => from_tracer(t, &a.pids),
+                (Feedback::Ebpf, Some(t)) => {
+                    from_tracer(t, &a.pids, crate::config::figure_of(a.cfg.latency))
+                }
                 _ => (LogHistogram::new(), None),
             });
         }

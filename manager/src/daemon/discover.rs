@@ -6,6 +6,8 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
+use qosd_actuators::proc::kernel_thread;
+
 use crate::config::Match;
 
 /// Reads `/proc` and cgroup files under a root prefix.
@@ -27,17 +29,27 @@ impl Finder {
         self.root.join(abs.strip_prefix("/").unwrap_or(abs))
     }
 
-    /// True while `pid` exists and is not a zombie (an exited process its
-    /// parent has not reaped yet serves nothing).
+    /// True while `pid` exists, is not a zombie (an exited process its
+    /// parent has not reaped yet serves nothing) and is not a kernel thread
+    /// (a `pid:` or `comm:` naming one never makes it an app: qosd would
+    /// change the kernel's own threads). Only "no such file" or "no such
+    /// process" means gone: any other error (out of descriptors, out of
+    /// memory) says nothing about the process, so it is kept — releasing a
+    /// running app because qosd could not open a file would hand its
+    /// resources away.
     pub fn alive(&self, pid: i32) -> bool {
         let p = self.path(Path::new(&format!("/proc/{pid}/stat")));
-        match std::fs::read_to_string(p) {
-            Ok(s) => s
-                .rsplit_once(')')
-                .and_then(|(_, r)| r.split_whitespace().next())
-                .is_some_and(|state| state != "Z" && state != "X"),
-            Err(_) => false,
+        let s = match std::fs::read_to_string(p) {
+            Ok(s) => s,
+            Err(e) => return !gone(&e),
+        };
+        if let Some(name) = kernel_thread(&s) {
+            tracing::debug!("pid {pid} ({name}) is a kernel thread: not an app");
+            return false;
         }
+        s.rsplit_once(')')
+            .and_then(|(_, r)| r.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X")
     }
 
     /// The processes of every matcher, in one pass over `/proc` for all the
@@ -107,6 +119,12 @@ impl Finder {
     }
 }
 
+/// True if reading a process's `/proc` file failed because the process is
+/// gone (as opposed to qosd failing to read it).
+fn gone(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -165,6 +183,25 @@ mod tests {
         assert_eq!(f.find_all(&[&by_comm], &[]), vec![vec![100, 102]]);
     }
 
+    /// A read that fails for another reason than "gone" (here EISDIR, as
+    /// EMFILE would when descriptors run out) keeps the process: the
+    /// issue's daemon released running apps on "Too many open files".
+    #[test]
+    fn an_io_error_is_not_an_exit() {
+        let d = tempfile::tempdir().unwrap();
+        let r = d.path();
+        proc(r, 100, "memcached", "S");
+        std::fs::remove_file(r.join("proc/100/stat")).unwrap();
+        std::fs::create_dir(r.join("proc/100/stat")).unwrap();
+        let f = Finder::new(r);
+        assert!(f.alive(100));
+        assert_eq!(
+            f.find_all(&[&m(None, Some("memcached"), None)], &[&[100]]),
+            vec![vec![100]]
+        );
+        assert!(!f.alive(101), "a missing process is gone");
+    }
+
     #[test]
     fn finds_this_test_process_by_pid_but_never_itself() {
         let f = Finder::new("/");
@@ -174,5 +211,8 @@ mod tests {
         assert_eq!(f.find_all(&[&by_pid], &[]), vec![Vec::<i32>::new()]);
         let init = m(Some(1), None, None);
         assert_eq!(f.find_all(&[&init], &[]), vec![vec![1]]);
+        // Kernel threads never: by pid (kthreadd) or by comm.
+        let kthreadd = m(Some(2), Some("kthreadd"), None);
+        assert_eq!(f.find_all(&[&kthreadd], &[&[2]]), vec![Vec::<i32>::new()]);
     }
 }

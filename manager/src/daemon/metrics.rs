@@ -82,6 +82,45 @@ fn process_metrics(o: &mut Out) {
     }
 }
 
+/// Per traced pid, both eBPF figures over the tracer's window: `latency`
+/// (from each request's arrival in the socket) and `service` (from the
+/// server's first read), and which hooks measured them.
+pub fn render_traced(t: &qosd_sensors::ebpf::RequestTracer, apps: &[(String, Vec<i32>)]) -> String {
+    use qosd_sensors::ebpf::Figure;
+    let mut o = Out(String::with_capacity(1024));
+    let name = "qosd_ebpf_request_seconds";
+    o.family(
+        name,
+        "gauge",
+        "eBPF per-request time of a traced pid over the tracer's window: figure=latency \
+         from the request's arrival in the socket, figure=service from the server's first read.",
+    );
+    let hooks = t.hooks().as_str();
+    for (app, pids) in apps {
+        for &pid in pids {
+            let ps = pid.to_string();
+            for f in [Figure::Latency, Figure::Service] {
+                let Some(s) = t.summary_of(pid as u32, f) else {
+                    continue;
+                };
+                for (q, v) in [("0.5", s.p50_us), ("0.95", s.p95_us), ("0.99", s.p99_us)] {
+                    if let Some(us) = v {
+                        let labels = [
+                            ("app", app.as_str()),
+                            ("pid", ps.as_str()),
+                            ("figure", f.as_str()),
+                            ("hooks", hooks),
+                            ("quantile", q),
+                        ];
+                        o.sample(name, &labels, us / 1e6);
+                    }
+                }
+            }
+        }
+    }
+    o.0
+}
+
 /// The whole exposition. `dropped`: records the eBPF ring buffer lost
 /// (`None` when the tracer does not run).
 pub fn render(sh: &Shared, dropped: Option<u64>) -> String {

@@ -3,12 +3,16 @@
 //! the knobs, starts the eBPF request tracer, then ticks on deadlines:
 //! monitor every `monitor_interval_ms`, decide every `decide_interval_ms`.
 //! SIGINT/SIGTERM stop it; every knob it changed is put back (also when it
-//! panics; after a SIGKILL the next start or `qosd restore` does it).
+//! panics; after a SIGKILL the next start or `qosd restore` does it), at
+//! once: the API's clients get [`SHUTDOWN_GRACE`] to finish, whatever
+//! they are doing.
 
 pub mod api;
+pub mod auth;
 pub mod control;
 pub mod discover;
 pub mod metrics;
+pub mod server;
 pub mod state;
 #[cfg(test)]
 mod tests;
@@ -53,13 +57,10 @@ pub fn load(o: &Options) -> anyhow::Result<(Config, PolicyFile, PathBuf)> {
     let text = yamlfile::read(&o.config).map_err(|e| usage!("{e}"))?;
     let mut cfg = Config::parse(&o.config, &text).map_err(|e| usage!("{e}"))?;
     let (policy, ppath) = match &o.policy {
-        Some(p) => {
-            let t = yamlfile::read(p).map_err(|e| usage!("{e}"))?;
-            (
-                PolicyFile::parse(p, &t).map_err(|e| usage!("{e}"))?,
-                p.clone(),
-            )
-        }
+        Some(p) => (
+            PolicyFile::load_for(p, &cfg.app_names()).map_err(|e| usage!("{e}"))?,
+            p.clone(),
+        ),
         None => {
             let (_, pf) = Config::load(&o.config).map_err(|e| usage!("{e}"))?;
             (pf, cfg.policy_path(&o.config))
@@ -69,10 +70,17 @@ pub fn load(o: &Options) -> anyhow::Result<(Config, PolicyFile, PathBuf)> {
         cfg.actuators.dry_run = true;
     }
     if let Some(l) = o.listen {
+        if let Some(why) = crate::config::api::remote_refusal(l, cfg.api.allow_remote) {
+            return Err(usage!("--listen {why}"));
+        }
         cfg.api.listen = l;
     }
     Ok((cfg, policy, ppath))
 }
+
+/// How long requests in progress may finish once qosd is told to stop;
+/// then every connection is dropped and the knobs are put back.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_millis(200);
 
 pub fn run(o: Options) -> anyhow::Result<()> {
     let (cfg, policy, ppath) = load(&o)?;
@@ -107,6 +115,10 @@ async fn serve(o: Options, cfg: Config, policy: PolicyFile, ppath: PathBuf) -> a
     let listener = tokio::net::TcpListener::bind(cfg.api.listen)
         .await
         .with_context(|| format!("binding the API to {}", cfg.api.listen))?;
+    // The write credential: made (or refused) before anything is touched.
+    let token_path = cfg.api.token_path(&cfg.actuators.root);
+    let (token, token_created) =
+        auth::Token::load_or_create(&token_path).context("preparing the API's write token")?;
     let act_cfg = qosd_actuators::Config {
         root: cfg.actuators.root.clone(),
         dry_run: cfg.actuators.dry_run,
@@ -117,6 +129,19 @@ async fn serve(o: Options, cfg: Config, policy: PolicyFile, ppath: PathBuf) -> a
         cpu_quota_backend: cfg.actuators.cpu_quota_backend,
         cpu_quota_unit_milli: cfg.actuators.cpu_quota_unit_milli,
         ..Default::default()
+    };
+    // One daemon per group name on the node, whatever its state file:
+    // held until exit (the kernel drops it even on SIGKILL).
+    let _groups = if act_cfg.dry_run {
+        None
+    } else {
+        let names: Vec<String> = cfg
+            .apps
+            .iter()
+            .map(|a| qosd_actuators::AppTarget::new(a.name.clone(), Vec::new()).group_name())
+            .collect();
+        let root = qosd_actuators::Root::new(&cfg.actuators.root);
+        Some(qosd_actuators::grouplock::lock_groups(&root, &names).map_err(|e| usage!("{e}"))?)
     };
     let (actuators, leftovers) = Actuators::start(&act_cfg).context("starting the actuators")?;
     if !leftovers.is_empty() {
@@ -137,8 +162,15 @@ async fn serve(o: Options, cfg: Config, policy: PolicyFile, ppath: PathBuf) -> a
     let tracer = match RequestTracer::start(TracerOptions {
         ringbuf_bytes: cfg.sensors.ring_buffer_kib.saturating_mul(1024),
         window: cfg.sensors.window_requests as usize,
+        ..Default::default()
     }) {
-        Ok(t) => Some(Arc::new(t)),
+        Ok(t) => {
+            match t.fallback_reason() {
+                None => println!("ebpf: {} hooks", t.hooks().as_str()),
+                Some(why) => println!("ebpf: {} hooks ({why})", t.hooks().as_str()),
+            }
+            Some(Arc::new(t))
+        }
         Err(e) if needs_ebpf => {
             return Err(anyhow::Error::new(e)
                 .context("starting the eBPF request tracer (needed by apps with feedback: ebpf)"))
@@ -294,23 +326,41 @@ async fn serve(o: Options, cfg: Config, policy: PolicyFile, ppath: PathBuf) -> a
     for e in events.iter().filter(|e| !e.starts_with("app ")) {
         println!("{e}");
     }
+    let addr = listener.local_addr().unwrap_or(cfg.api.listen);
     println!(
-        "api: http://{} (GET /v1/apps, /v1/pids/PID/..., /v1/decisions, /metrics; POST /v1/apps/NAME/latency)",
-        listener.local_addr().unwrap_or(cfg.api.listen)
+        "api: http://{addr} (GET /v1/apps, /v1/pids/PID/..., /v1/decisions, /metrics; POST /v1/apps/NAME/latency)"
     );
-
-    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    println!(
+        "api: writes need `Authorization: Bearer <token>`, the token in {} ({})",
+        token_path.display(),
+        if token_created {
+            "made now, mode 0600"
+        } else {
+            "mode 0600"
+        }
+    );
+    if !addr.ip().is_loopback() {
+        println!(
+            "WARNING: api: listening on {addr}, not loopback (api.allow_remote): every GET and \
+             /metrics is open to whoever reaches it; writes still need the token"
+        );
+    }
+    let (limits, lowered) = server::Limits::capped(
+        cfg.api.max_connections as usize,
+        Duration::from_millis(cfg.api.request_timeout_ms),
+    );
+    if let Some(nofile) = lowered {
+        println!(
+            "api: at most {} connections (half the open-file limit {nofile}; api.max_connections is {})",
+            limits.max_connections, cfg.api.max_connections
+        );
+    }
     let app = api::router(api::Api {
         shared: shared.clone(),
         tracer: tracer.clone(),
+        token: Arc::new(token),
     });
-    let server = tokio::spawn(async move {
-        let _ = axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = stop_rx.wait_for(|s| *s).await;
-            })
-            .await;
-    });
+    let server = server::Server::spawn(listener, app, limits);
 
     let mut term = signal(SignalKind::terminate()).context("catching SIGTERM")?;
     let mut int = signal(SignalKind::interrupt()).context("catching SIGINT")?;
@@ -344,8 +394,7 @@ async fn serve(o: Options, cfg: Config, policy: PolicyFile, ppath: PathBuf) -> a
         }
     };
     println!("stopping ({why}): putting every knob back");
-    let _ = stop_tx.send(true);
-    let _ = server.await;
+    server.shutdown(SHUTDOWN_GRACE).await;
     let restored = ctl.actuation_mut().restore_all();
     let result = match restored {
         Ok(c) => {

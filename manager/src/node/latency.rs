@@ -13,7 +13,7 @@
 use std::collections::VecDeque;
 
 use qosd_core::LatencySummary;
-use qosd_sensors::ebpf::RequestTracer;
+use qosd_sensors::ebpf::{Figure, RequestTracer};
 use qosd_sensors::stats::LogHistogram;
 
 /// Latencies of the last `nr_slots` ticks, ns.
@@ -143,9 +143,16 @@ pub struct Inbox {
 /// Most latencies one report may carry.
 pub const MAX_REPORT: usize = 1_000_000;
 
+/// Largest latency a report may carry, µs: one hour. A request slower than
+/// that is a client bug or a unit mistake (ns sent as µs), not a latency a
+/// QoS target can be compared with; refusing it keeps every figure exact
+/// (the histogram holds values up to about 73 minutes at 0.4 %).
+pub const MAX_LATENCY_US: f64 = 3_600_000_000.0;
+
 impl Inbox {
     /// Adds reported latencies (µs, in the order they completed). Rejects
-    /// the whole report if any value is negative or not a number.
+    /// the whole report if any value is negative, not a number, or above
+    /// [`MAX_LATENCY_US`].
     pub fn record_us(&mut self, latencies_us: &[f64]) -> Result<usize, String> {
         if latencies_us.len() > MAX_REPORT {
             return Err(format!(
@@ -156,10 +163,11 @@ impl Inbox {
         if let Some((i, v)) = latencies_us
             .iter()
             .enumerate()
-            .find(|(_, v)| !(v.is_finite() && **v >= 0.0))
+            .find(|(_, v)| !(v.is_finite() && (0.0..=MAX_LATENCY_US).contains(*v)))
         {
             return Err(format!(
-                "latencies_us[{i}] = {v}: a latency is a finite number of microseconds >= 0"
+                "latencies_us[{i}] = {v}: a latency is a number of microseconds \
+                 from 0 to {MAX_LATENCY_US:.0} (one hour)"
             ));
         }
         for &v in latencies_us {
@@ -178,21 +186,29 @@ impl Inbox {
     }
 }
 
-/// The tracer's latencies of `pids` since the last call, merged, and the
-/// latest request's latency among them.
-pub fn from_tracer(tracer: &RequestTracer, pids: &[i32]) -> (LogHistogram, Option<u64>) {
+/// The tracer's latencies (`fig`: from arrival or service) of `pids` since
+/// the last call, merged, and the latest request's among them.
+pub fn from_tracer(
+    tracer: &RequestTracer,
+    pids: &[i32],
+    fig: Figure,
+) -> (LogHistogram, Option<u64>) {
     let mut hist: Option<LogHistogram> = None;
     let mut latest = None;
     for &pid in pids {
         let Some(r) = tracer.take_report(pid as u32) else {
             continue;
         };
-        if let Some(l) = r.interval.latest_us {
+        let (k, h) = match fig {
+            Figure::Latency => (&r.interval, r.histogram),
+            Figure::Service => (&r.service_interval, r.service_histogram),
+        };
+        if let Some(l) = k.latest_us {
             latest = Some((l * 1e3).round() as u64);
         }
         match hist.as_mut() {
-            None => hist = Some(r.histogram),
-            Some(h) => h.merge(&r.histogram),
+            None => hist = Some(h),
+            Some(m) => m.merge(&h),
         }
     }
     (hist.unwrap_or_default(), latest)
@@ -201,6 +217,40 @@ pub fn from_tracer(tracer: &RequestTracer, pids: &[i32]) -> (LogHistogram, Optio
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Any report: refused whole (nothing recorded) if a value is out
+        /// of [0, one hour] or not a number, else recorded with the exact
+        /// mean, and never a figure above the largest value reported.
+        #[test]
+        fn inbox_takes_a_report_whole_or_not_at_all(
+            values in prop::collection::vec(
+                prop_oneof![
+                    0.0f64..=MAX_LATENCY_US,
+                    any::<f64>(),
+                    Just(MAX_LATENCY_US),
+                    Just(1e16),
+                ],
+                1..50,
+            ),
+        ) {
+            let mut i = Inbox::default();
+            let ok = values.iter().all(|v| (0.0..=MAX_LATENCY_US).contains(v));
+            prop_assert_eq!(i.record_us(&values).is_ok(), ok);
+            let (h, latest) = i.take();
+            if !ok {
+                prop_assert!(h.is_empty() && latest.is_none());
+                prop_assert_eq!(i.accepted_total, 0);
+                return Ok(());
+            }
+            let ns: Vec<f64> = values.iter().map(|v| (v * 1e3).round()).collect();
+            let mean = ns.iter().sum::<f64>() / ns.len() as f64;
+            prop_assert!((h.mean().unwrap() - mean).abs() <= 1e-9 * mean.max(1.0));
+            let max = ns.iter().cloned().fold(0.0, f64::max);
+            prop_assert!(h.percentile(100.0).unwrap() as f64 <= max * (1.0 + 1.0 / 128.0) + 1.0);
+        }
+    }
 
     fn hist(values_us: &[u64]) -> LogHistogram {
         let mut h = LogHistogram::new();
@@ -251,10 +301,22 @@ mod tests {
         let e = i.record_us(&[1.0, -3.0]).unwrap_err();
         assert!(e.contains("latencies_us[1]"), "{e}");
         assert!(i.record_us(&[f64::NAN]).is_err());
+        // The issue's reproduction (1e16 µs) and anything above an hour are
+        // refused whole; an hour is fine.
+        let e = i.record_us(&[5.0, 1e16, 1e16]).unwrap_err();
+        assert!(
+            e.contains("latencies_us[1]") && e.contains("one hour"),
+            "{e}"
+        );
+        assert!(i.record_us(&[MAX_LATENCY_US + 1.0]).is_err());
+        assert!(i.record_us(&[f64::INFINITY]).is_err());
         let (h, latest) = i.take();
         assert_eq!(h.len(), 2);
         assert_eq!(latest, Some(250_500));
         assert_eq!(i.accepted_total, 2);
+        assert_eq!(i.record_us(&[MAX_LATENCY_US, MAX_LATENCY_US]).unwrap(), 2);
+        let (h, _) = i.take();
+        assert_eq!(h.mean(), Some(MAX_LATENCY_US * 1e3));
         let (h, latest) = i.take();
         assert!(h.is_empty() && latest.is_none());
     }

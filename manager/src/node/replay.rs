@@ -159,7 +159,7 @@ impl Node for ReplayNode {
             m.iv_client.merge(&hist);
             m.client.push(hist, tick.dt_s, None);
             let (eh, latest) = match &self.tracer {
-                Some(t) => from_tracer(t, &a.pids),
+                Some(t) => from_tracer(t, &a.pids, crate::config::figure_of(a.spec.latency)),
                 None => (LogHistogram::new(), None),
             };
             m.iv_ebpf.merge(&eh);

@@ -144,7 +144,12 @@ fn parse_value(metric: Metric, rhs: &str) -> Result<f64, String> {
         (Metric::Latency, u) => return Err(format!("unknown time unit `{u}` (us, ms, s)")),
         (_, u) => return Err(format!("unexpected unit `{u}`")),
     };
-    Ok(v * scale)
+    // `1e308ms` is finite as written but not in µs.
+    let v = v * scale;
+    if !v.is_finite() {
+        return Err(format!("`{rhs}` is out of range"));
+    }
+    Ok(v)
 }
 
 impl Metric {

@@ -18,6 +18,7 @@ pub mod rules;
 #[cfg(test)]
 pub(crate) mod testkit;
 
+use std::collections::BTreeSet;
 use std::path::Path;
 
 use qosd_core::Policy;
@@ -82,6 +83,39 @@ impl PolicyFile {
     pub fn parse(path: &Path, text: &str) -> Result<PolicyFile, FileError> {
         let f: PolicyFile = yamlfile::parse(path, text)?;
         f.validate().map_err(|e| yamlfile::invalid(path, text, e))?;
+        Ok(f)
+    }
+
+    /// A rule policy may name only apps that exist (`names`: the
+    /// config's or the scenario's): a rule for a missing app never fires,
+    /// which is a typo to report, not a policy to run.
+    pub fn check_apps(&self, names: &BTreeSet<&str>) -> Result<(), Invalid> {
+        for (i, r) in self.rules.iter().flatten().enumerate() {
+            for (j, a) in r.apps.iter().enumerate() {
+                if !names.contains(a.as_str()) {
+                    let key = KeyPath::root().key("rules").index(i).key("apps").index(j);
+                    let known: Vec<&str> = names.iter().copied().take(8).collect();
+                    return Err(Invalid::new(
+                        key,
+                        format!(
+                            "`{}` is not an app here (apps: {})",
+                            yamlfile::short(a),
+                            known.join(", ")
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads, validates and checks a policy file against the app names of
+    /// the config or scenario that uses it.
+    pub fn load_for(path: &Path, names: &BTreeSet<&str>) -> Result<PolicyFile, FileError> {
+        let text = yamlfile::read(path)?;
+        let f = PolicyFile::parse(path, &text)?;
+        f.check_apps(names)
+            .map_err(|e| yamlfile::invalid(path, &text, e))?;
         Ok(f)
     }
 

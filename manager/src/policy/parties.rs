@@ -14,6 +14,7 @@ use qosd_core::{
 use super::alloc::{fmt_us, Editor, Moves};
 
 mod params;
+pub(crate) use params::{slack_in_range, validate_victims};
 pub use params::{PartiesParams, RevertVote, Steps};
 
 /// Per-app memory of the controller.

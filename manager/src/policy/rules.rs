@@ -10,8 +10,8 @@ use serde::{Deserialize, Serialize};
 
 use super::alloc::{Editor, Moves, Victim};
 use super::cond::Condition;
-use super::parties::Steps;
-use crate::yamlfile::{Invalid, KeyPath};
+use super::parties::{slack_in_range, validate_victims, Steps};
+use crate::yamlfile::{short, Invalid, KeyPath};
 
 /// Settings of a rule policy (section `settings:`), all optional.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -104,13 +104,8 @@ impl RuleSettings {
             return Err(Invalid::new(at.key("max_actions"), "must be at least 1"));
         }
         self.step.validate(&at.key("step"))?;
-        if !self.victim_min_slack.is_finite() {
-            return Err(Invalid::new(
-                at.key("victim_min_slack"),
-                "must be a finite number",
-            ));
-        }
-        Ok(())
+        slack_in_range(&at.key("victim_min_slack"), self.victim_min_slack)?;
+        validate_victims(&self.victims, &at.key("victims"))
     }
 }
 
@@ -119,16 +114,20 @@ pub fn validate_rules(rules: &[Rule], at: &KeyPath) -> Result<(), Invalid> {
     if rules.is_empty() {
         return Err(Invalid::new(at.clone(), "needs at least one rule"));
     }
+    let mut names = std::collections::HashSet::new();
     for (i, r) in rules.iter().enumerate() {
         let here = at.index(i);
         if r.name.trim().is_empty() {
             return Err(Invalid::new(here.key("name"), "must not be empty"));
         }
-        if rules[..i].iter().any(|o| o.name == r.name) {
+        if !names.insert(r.name.as_str()) {
             return Err(Invalid::new(
                 here.key("name"),
-                format!("`{}` is used twice", r.name),
+                format!("`{}` is used twice", short(&r.name)),
             ));
+        }
+        if let Some(v) = &r.victims {
+            validate_victims(v, &here.key("victims"))?;
         }
         if r.then.is_empty() {
             return Err(Invalid::new(here.key("then"), "needs at least one action"));

@@ -148,8 +148,9 @@ pub fn sequential_latencies(port: u16, n: usize) -> Vec<f64> {
 
 /// A closed-loop memcached load on loopback: `threads` connections doing
 /// `get` back to back until stopped, for at most `limit` and at most
-/// 2 million requests a thread. With `report_to` (the daemon's port and an
-/// app), the client latencies are POSTed to the daemon every 100 ms.
+/// 2 million requests a thread. With `report_to` (the daemon's port, an
+/// app and the API's write token), the client latencies are POSTed to the
+/// daemon every 100 ms.
 pub struct Load {
     stop: Arc<AtomicBool>,
     handles: Vec<JoinHandle<u64>>,
@@ -160,7 +161,7 @@ impl Load {
         port: u16,
         threads: usize,
         limit: Duration,
-        report_to: Option<(u16, String)>,
+        report_to: Option<(u16, String, String)>,
     ) -> Load {
         let stop = Arc::new(AtomicBool::new(false));
         let (tx, rx) = mpsc::channel::<Vec<f64>>();
@@ -198,7 +199,7 @@ impl Load {
             }));
         }
         drop(tx);
-        if let Some((dport, app)) = report_to {
+        if let Some((dport, app, token)) = report_to {
             let stop = stop.clone();
             handles.push(std::thread::spawn(move || {
                 let a = agent();
@@ -220,6 +221,7 @@ impl Load {
                     let r = a
                         .post(&url)
                         .header("content-type", "application/json")
+                        .header("authorization", &format!("Bearer {token}"))
                         .send(&body);
                     assert_eq!(
                         r.map(|r| r.status().as_u16()).unwrap_or(0),

@@ -26,15 +26,26 @@ impl Daemon {
     /// Starts `qosd run --config CONFIG EXTRA...` and waits (20 s at most)
     /// for its API to answer.
     pub fn start(config: &Path, port: u16, extra: &[&str]) -> Daemon {
-        let mut child = Command::new(QOSD)
-            .arg("run")
+        Daemon::start_with(config, port, extra, |_| {})
+    }
+
+    /// [`Daemon::start`], with `setup` applied to the command first (e.g.
+    /// a `pre_exec` that lowers a resource limit).
+    pub fn start_with(
+        config: &Path,
+        port: u16,
+        extra: &[&str],
+        setup: impl FnOnce(&mut Command),
+    ) -> Daemon {
+        let mut cmd = Command::new(QOSD);
+        cmd.arg("run")
             .arg("--config")
             .arg(config)
             .args(extra)
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("running qosd run");
+            .stderr(Stdio::inherit());
+        setup(&mut cmd);
+        let mut child = cmd.spawn().expect("running qosd run");
         let out = child.stdout.take().unwrap();
         let lines = Arc::new(Mutex::new(Vec::new()));
         let l2 = lines.clone();
@@ -95,12 +106,42 @@ impl Daemon {
         (ct, r.body_mut().read_to_string().unwrap())
     }
 
+    /// The file holding the API's write token, as the daemon announced it.
+    pub fn token_path(&self) -> PathBuf {
+        let find = || {
+            self.output()
+                .iter()
+                .find_map(|l| l.split_once("the token in ").map(|(_, r)| r.to_owned()))
+        };
+        // The API may answer before the reader thread has the line.
+        super::wait_for(Duration::from_secs(5), || find().is_some());
+        let line = find().unwrap_or_else(|| panic!("no token line in {:?}", self.output()));
+        PathBuf::from(line.rsplit_once(" (").map_or(line.as_str(), |(p, _)| p))
+    }
+
+    /// The API's write token (the daemon runs as root, like the tests).
+    pub fn token(&self) -> String {
+        let p = self.token_path();
+        std::fs::read_to_string(&p)
+            .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+            .trim()
+            .to_owned()
+    }
+
+    /// POST with the write token.
     pub fn post(&self, path: &str, body: &str) -> (u16, Value) {
-        let mut r = agent()
+        self.post_auth(path, body, Some(&format!("Bearer {}", self.token())))
+    }
+
+    /// POST with `authorization` as the Authorization header (or none).
+    pub fn post_auth(&self, path: &str, body: &str, authorization: Option<&str>) -> (u16, Value) {
+        let mut req = agent()
             .post(&self.url(path))
-            .header("content-type", "application/json")
-            .send(body)
-            .expect("POST");
+            .header("content-type", "application/json");
+        if let Some(a) = authorization {
+            req = req.header("authorization", a);
+        }
+        let mut r = req.send(body).expect("POST");
         (
             r.status().as_u16(),
             r.body_mut().read_json().expect("JSON body"),
@@ -178,8 +219,9 @@ pub fn write_config(dir: &Path, port: u16, apps: &[AppSpec<'_>]) -> PathBuf {
         );
     }
     y += &format!(
-        "policy: {}\napi:\n  listen: 127.0.0.1:{port}\nstate_file: {}\n",
+        "policy: {}\napi:\n  listen: 127.0.0.1:{port}\n  token_file: {}\nstate_file: {}\n",
         parties().display(),
+        dir.join("api.token").display(),
         dir.join("state.json").display()
     );
     let p = dir.join("config.yaml");

@@ -92,6 +92,8 @@ pub fn bounding_set(settings: &BTreeMap<String, Vec<String>>) -> String {
 pub struct UnitNs {
     pub inst: PathBuf,
     caps: String,
+    /// The unit's LimitNOFILE, applied with prlimit.
+    nofile: Option<String>,
     created: Vec<PathBuf>,
     // Tests of one binary run in parallel; they share the mount points.
     _one_at_a_time: std::sync::MutexGuard<'static, ()>,
@@ -120,21 +122,27 @@ impl UnitNs {
         UnitNs {
             inst: inst.to_owned(),
             caps: bounding_set(settings),
+            nofile: settings.get("LimitNOFILE").and_then(|v| v.last().cloned()),
             created,
             _one_at_a_time: guard,
         }
     }
 
     /// `argv` run as the unit would run it: in its own mount namespace
-    /// with the installed files in place, `NoNewPrivileges`, and root
-    /// limited to the unit's bounding set.
+    /// with the installed files in place, `NoNewPrivileges`, root limited
+    /// to the unit's bounding set, and its LimitNOFILE.
     pub fn command(&self, argv: &[String]) -> Command {
         let mut script = String::from("set -e\n");
         for (i, (_, host)) in BINDS.iter().enumerate() {
             script.push_str(&format!("mount --bind \"${}\" {host}\n", i + 1));
         }
+        // prlimit execs its command (no fork): the pid stays the daemon's.
+        let limit = self
+            .nofile
+            .as_ref()
+            .map_or(String::new(), |n| format!("prlimit --nofile={n}:{n} "));
         script.push_str(&format!(
-            "shift {}\nexec setpriv --no-new-privs --inh-caps=-all --bounding-set={} -- \"$@\"\n",
+            "shift {}\nexec {limit}setpriv --no-new-privs --inh-caps=-all --bounding-set={} -- \"$@\"\n",
             BINDS.len(),
             self.caps
         ));

@@ -7,6 +7,7 @@
 //! child, its API, Prometheus), `trace` (`qosd trace` as a child), `fake`
 //! (fake /sys and /proc trees, shared with the actuators' tests),
 //! `deploy` (`make install`, the systemd unit), `grpc` (gRPC fixtures),
+//! `hostile` (misbehaving raw-socket clients of the daemon's API),
 //! `replay` (calibration, scenarios and timelines of the replay tests).
 #![allow(dead_code, unused_imports)]
 
@@ -16,6 +17,7 @@ pub mod deploy;
 #[path = "../../../actuators/tests/common/mod.rs"]
 pub mod fake;
 pub mod grpc;
+pub mod hostile;
 pub mod replay;
 pub mod trace;
 
@@ -27,6 +29,7 @@ pub use trace::*;
 
 use std::ffi::OsStr;
 use std::net::{TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -136,6 +139,12 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
+        // A server started in a process group of its own (nginx_master)
+        // goes with all its processes: its workers outlive a killed master.
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        if nix::unistd::getpgid(Some(pid)) == Ok(pid) {
+            let _ = nix::sys::signal::killpg(pid, nix::sys::signal::Signal::SIGKILL);
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -188,6 +197,65 @@ pub fn nginx() -> Server {
         port,
         _dir: Some(dir),
     }
+}
+
+/// nginx as a master with `workers` worker processes (what a distribution
+/// runs), serving `/` from a file of `file_bytes` bytes, with `sendfile`
+/// on or off. The master accepts nothing: its workers do.
+pub fn nginx_master(workers: u32, file_bytes: usize, sendfile: bool) -> Server {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let d = dir.path().display();
+    std::fs::create_dir_all(dir.path().join("www")).unwrap();
+    std::fs::write(dir.path().join("www/index.html"), vec![b'x'; file_bytes]).unwrap();
+    let sf = if sendfile { "on" } else { "off" };
+    let conf = format!(
+        "daemon off; master_process on; worker_processes {workers};\n\
+         error_log {d}/error.log; pid {d}/nginx.pid;\n\
+         events {{ worker_connections 4096; }}\n\
+         http {{ access_log off; keepalive_requests 1000000; sendfile {sf};\n\
+           client_body_temp_path {d}; proxy_temp_path {d}; fastcgi_temp_path {d};\n\
+           uwsgi_temp_path {d}; scgi_temp_path {d};\n\
+           server {{ listen 127.0.0.1:{port}; root {d}/www; }} }}\n"
+    );
+    let path = dir.path().join("nginx.conf");
+    std::fs::write(&path, conf).unwrap();
+    let mut child = Command::new("nginx")
+        .arg("-c")
+        .arg(&path)
+        .arg("-p")
+        .arg(dir.path())
+        .stdin(Stdio::null())
+        // Its own process group, so that Server's drop takes the workers.
+        .process_group(0)
+        .spawn()
+        .expect("starting nginx (apt-get install nginx-light)");
+    wait_listening(port, &mut child, "nginx");
+    Server {
+        child,
+        port,
+        _dir: Some(dir),
+    }
+}
+
+/// The child processes of `pid` (from /proc/*/stat).
+pub fn children_of(pid: u32) -> Vec<u32> {
+    let mut v: Vec<u32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat"))
+                .ok()
+                .and_then(|s| {
+                    let (_, r) = s.rsplit_once(')')?;
+                    r.split_whitespace().nth(1)?.parse::<u32>().ok()
+                })
+                == Some(pid)
+        })
+        .collect();
+    v.sort_unstable();
+    v
 }
 
 /// memcached with `threads` worker threads on 127.0.0.1.

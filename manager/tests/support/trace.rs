@@ -10,6 +10,8 @@ use super::{percentile, QOSD};
 
 /// `qosd trace --json` running as a child; lines are collected as they come.
 pub struct Trace {
+    /// The first line: which hooks are in use (`hooks`, `banner`).
+    pub banner: serde_json::Value,
     child: Child,
     lines: mpsc::Receiver<String>,
     seen: Vec<serde_json::Value>,
@@ -19,7 +21,15 @@ impl Trace {
     /// Starts tracing and returns once the first interval line is out (the
     /// programs are attached by then).
     pub fn start(pids: &[u32], extra: &[&str]) -> Trace {
+        Trace::start_env(pids, extra, &[])
+    }
+
+    /// `start` with environment variables for qosd alone (never
+    /// `std::env::set_var`: the process-wide environment leaks into the
+    /// qosd of every test running alongside).
+    pub fn start_env(pids: &[u32], extra: &[&str], env: &[(&str, &str)]) -> Trace {
         let mut cmd = Command::new(QOSD);
+        cmd.envs(env.iter().copied());
         cmd.args(["trace", "--json", "--interval", "0.2"]);
         for p in pids {
             cmd.args(["--pid", &p.to_string()]);
@@ -37,7 +47,15 @@ impl Trace {
                 }
             }
         });
+        let first = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("qosd trace printed nothing within 20 s");
+        let banner: serde_json::Value = serde_json::from_str(&first).expect("JSON line");
+        assert!(banner["hooks"].is_string(), "first line: {banner}");
+        // The banner comes once the programs are attached; wait for the
+        // first interval line too, as before.
         let mut t = Trace {
+            banner,
             child,
             lines: rx,
             seen: Vec::new(),
@@ -45,7 +63,7 @@ impl Trace {
         let first = t
             .lines
             .recv_timeout(Duration::from_secs(20))
-            .expect("qosd trace printed nothing within 20 s");
+            .expect("qosd trace printed no interval line within 20 s");
         t.seen
             .push(serde_json::from_str(&first).expect("JSON line"));
         t

@@ -137,6 +137,10 @@ pub struct AppSpec {
     /// QoS target of a latency-critical app.
     #[serde(default)]
     pub target: Option<TargetSpec>,
+    /// Which eBPF figure a real replay feeds the policy: `arrival` (the
+    /// default) or `service` (from the server's first read).
+    #[serde(default)]
+    pub latency: qosd_core::LatencyFrom,
     /// Offered load over time, fractions of capacity (default: none).
     #[serde(default = "no_load")]
     pub load: Shape,

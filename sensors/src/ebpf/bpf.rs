@@ -7,20 +7,15 @@ use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
-use libbpf_rs::{MapCore, MapFlags, OpenObject, RingBufferBuilder};
+use libbpf_rs::{MapCore, MapFlags, RingBufferBuilder};
 
+use super::hooks::{self, sock_skel, sys_skel, Hooks, Maps};
 use super::target::TargetStats;
 use super::uprobes::{attach_grpc, GrpcProbes};
 use super::{seed, Cmd, Mode, Shared, TargetOptions, TraceError, TracerOptions};
 
-#[allow(clippy::all, clippy::undocumented_unsafe_blocks)]
-mod skel {
-    include!(concat!(env!("OUT_DIR"), "/requests.skel.rs"));
-}
-
-use skel::types::{conn_key, conn_state, port_key, req_record, target_cfg};
-use skel::{RequestsSkel, RequestsSkelBuilder};
+use sock_skel::types::sock_state;
+use sys_skel::types::{conn_key, conn_state, port_key, req_record, target_cfg};
 
 // Constants of bpf/requests.h.
 const REC_TURN: u8 = 1;
@@ -40,7 +35,7 @@ const SEEDED_ID_BIT: u64 = 1 << 63;
 // The layout of bpf/requests.h, pinned on this side too (the C side has
 // _Static_asserts with the same figures).
 const _: () = {
-    assert!(size_of::<req_record>() == 40);
+    assert!(size_of::<req_record>() == 48);
     assert!(offset_of!(req_record, start_ns) == 0);
     assert!(offset_of!(req_record, end_ns) == 8);
     assert!(offset_of!(req_record, conn_id) == 16);
@@ -48,10 +43,16 @@ const _: () = {
     assert!(offset_of!(req_record, fd) == 28);
     assert!(offset_of!(req_record, turns) == 32);
     assert!(offset_of!(req_record, kind) == 36);
+    assert!(offset_of!(req_record, arrive_ns) == 40);
+    assert!(size_of::<sock_state>() == 72);
+    assert!(offset_of!(sock_state, tgid) == 56);
+    assert!(offset_of!(sock_state, state) == 66);
+    assert!(size_of::<sock_skel::types::req_record>() == 48);
     assert!(size_of::<conn_key>() == 8);
     assert!(size_of::<conn_state>() == 40);
     assert!(offset_of!(conn_state, state) == 38);
     assert!(size_of::<target_cfg>() == 8);
+    assert!(offset_of!(target_cfg, root) == 4);
     assert!(size_of::<port_key>() == 8);
 };
 
@@ -84,29 +85,6 @@ fn bpf_err(what: &str) -> impl Fn(libbpf_rs::Error) -> TraceError + '_ {
     move |e| TraceError::Bpf(format!("{what}: {e}"))
 }
 
-fn load<'o>(
-    storage: &'o mut MaybeUninit<OpenObject>,
-    opts: &TracerOptions,
-) -> Result<RequestsSkel<'o>, TraceError> {
-    let open = RequestsSkelBuilder::default()
-        .open(storage)
-        .map_err(bpf_err("opening requests.bpf.o"))?;
-    let mut open = open;
-    open.maps
-        .events
-        .set_max_entries(opts.ringbuf_bytes)
-        .map_err(bpf_err("sizing the ring buffer"))?;
-    if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
-        // A quarter full wakes the reader at once (a burst must not fill
-        // the buffer before the next timed poll); less waits for the poll.
-        ro.wakeup_bytes = u64::from(opts.ringbuf_bytes / 4);
-    }
-    let mut skel = open.load().map_err(bpf_err("loading the request tracer"))?;
-    skel.attach()
-        .map_err(bpf_err("attaching the syscall tracepoints"))?;
-    Ok(skel)
-}
-
 fn emit_bits(mode: Mode) -> u8 {
     match mode {
         Mode::Auto => EMIT_TURN | EMIT_CONN | EMIT_H2,
@@ -118,8 +96,21 @@ fn emit_bits(mode: Mode) -> u8 {
     }
 }
 
+/// The target settings of `pid`, counted under `root`.
+fn cfg_of(opts: &TargetOptions, emit: u8, root: u32) -> target_cfg {
+    target_cfg {
+        emit,
+        port_filter: u8::from(!opts.ports.is_empty()),
+        follow: u8::from(opts.follow_children),
+        pad: 0,
+        root,
+    }
+}
+
+/// Adds `pid` (and on the socket path, with `follow_children`, its live
+/// descendants) to the traced set.
 fn add_target(
-    skel: &RequestsSkel<'_>,
+    maps: &Maps<'_>,
     grpc: &mut Result<GrpcProbes<'_>, String>,
     shared: &Shared,
     window: usize,
@@ -142,16 +133,11 @@ fn add_target(
         };
         upd(
             "adding a port",
-            skel.maps.ports.update(bytes_of(&k), &[1], flags),
+            maps.ports.update(bytes_of(&k), &[1], flags),
         )?;
     }
     let emit = emit_bits(mode);
-    let cfg = target_cfg {
-        emit,
-        port_filter: u8::from(!opts.ports.is_empty()),
-        pad: [0; 6],
-    };
-    // Stats first, so that no syscall record of this pid finds nowhere to go.
+    // Stats first, so that no record of this pid finds nowhere to go.
     let mut stats = TargetStats::new(mode, window, super::monotonic_ns());
     stats.probes = probes;
     stats.warning = warning;
@@ -160,13 +146,32 @@ fn add_target(
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .insert(pid, stats);
-    upd(
-        "adding the target",
-        skel.maps
-            .targets
-            .update(bytes_of(&pid), bytes_of(&cfg), flags),
-    )?;
-    set_traced(skel, pid, true).map_err(bpf_err("marking the pid traced"))?;
+    let sockets = maps.lports.is_some();
+    let mut members = vec![pid];
+    if sockets && opts.follow_children {
+        members.extend(seed::descendants(pid));
+    }
+    for &m in &members {
+        let cfg = cfg_of(opts, emit, pid);
+        upd(
+            "adding the target",
+            maps.targets.update(bytes_of(&m), bytes_of(&cfg), flags),
+        )?;
+        set_traced(maps, m, true).map_err(bpf_err("marking the pid traced"))?;
+    }
+    if !sockets {
+        seed_syscall_conns(maps, pid, opts, emit);
+    }
+    // The socket path adopts connections open before tracing at their
+    // first event; it needs the listening ports (refreshed by the caller).
+    tracing::info!(pid, %mode, ports = ?opts.ports, followed = members.len() - 1,
+        "tracing requests");
+    Ok(())
+}
+
+/// The syscall path keys connections by fd: those accepted before tracing
+/// began are found in /proc.
+fn seed_syscall_conns(maps: &Maps<'_>, pid: u32, opts: &TargetOptions, emit: u8) {
     for (i, (fd, port)) in seed::accepted_connections(pid).into_iter().enumerate() {
         if !opts.ports.is_empty() && !opts.ports.contains(&port) {
             continue;
@@ -180,19 +185,17 @@ fn add_target(
             ..Default::default()
         };
         // NOEXIST: a connection accepted meanwhile is already tracked.
-        let _ = skel
-            .maps
+        let _ = maps
             .conns
             .update(bytes_of(&k), bytes_of(&v), MapFlags::NO_EXIST);
     }
-    tracing::info!(pid, %mode, ports = ?opts.ports, "tracing requests");
-    Ok(())
 }
 
 /// Sets or clears pid's bit in the `traced` bitmap, the programs' first
-/// test (bit pid % 64 of word pid / 64; the tracer thread is its only
-/// writer, so read-modify-write is safe).
-fn set_traced(skel: &RequestsSkel<'_>, pid: u32, on: bool) -> libbpf_rs::Result<()> {
+/// test (bit pid % 64 of word pid / 64). The kernel sets bits too (forks
+/// on the socket path): a fork in the very word being rewritten here can
+/// lose its bit, a race of microseconds at target changes only.
+fn set_traced(maps: &Maps<'_>, pid: u32, on: bool) -> libbpf_rs::Result<()> {
     let word = pid / 64;
     if word >= TGID_WORDS {
         return Err(libbpf_rs::Error::from(std::io::Error::new(
@@ -200,78 +203,157 @@ fn set_traced(skel: &RequestsSkel<'_>, pid: u32, on: bool) -> libbpf_rs::Result<
             format!("pid {pid} is beyond PID_MAX_LIMIT"),
         )));
     }
-    let old = skel
-        .maps
+    let old = maps
         .traced
         .lookup(bytes_of(&word), MapFlags::ANY)?
         .and_then(|v| read_pod::<u64>(&v))
         .unwrap_or(0);
     let bit = 1u64 << (pid % 64);
     let new = if on { old | bit } else { old & !bit };
-    skel.maps
-        .traced
+    maps.traced
         .update(bytes_of(&word), bytes_of(&new), MapFlags::ANY)
 }
 
-fn conns_of(skel: &RequestsSkel<'_>, pid: u32) -> Vec<(Vec<u8>, conn_state)> {
-    skel.maps
-        .conns
+/// The tgids traced under `root` (itself and followed descendants).
+fn members_of(maps: &Maps<'_>, root: u32) -> Vec<u32> {
+    maps.targets
         .keys()
         .filter_map(|k| {
-            let key: conn_key = read_pod(&k)?;
-            if key.tgid != pid {
-                return None;
-            }
-            let v = skel.maps.conns.lookup(&k, MapFlags::ANY).ok()??;
-            Some((k, read_pod(&v)?))
+            let tgid: u32 = read_pod(&k)?;
+            let v = maps.targets.lookup(&k, MapFlags::ANY).ok()??;
+            let cfg: target_cfg = read_pod(&v)?;
+            (cfg.root == root || tgid == root).then_some(tgid)
         })
         .collect()
 }
 
-fn remove_target(skel: &RequestsSkel<'_>, grpc: &mut Result<GrpcProbes<'_>, String>, pid: u32) {
+/// The TURN record of a reply in flight and the connection's entry made
+/// idle, to write back once it is counted.
+type Pending = Option<(req_record, Vec<u8>)>;
+
+/// Open connections of `root`, as (map key, reply in flight).
+fn open_conns(maps: &Maps<'_>, root: u32) -> Vec<(Vec<u8>, Pending)> {
+    maps.conns
+        .keys()
+        .filter_map(|k| {
+            let v = maps.conns.lookup(&k, MapFlags::ANY).ok()??;
+            let turn = |arrive, start, end, fd, conn_id, turns| req_record {
+                start_ns: start,
+                end_ns: end,
+                arrive_ns: arrive,
+                conn_id,
+                tgid: root,
+                fd,
+                turns,
+                kind: REC_TURN,
+                pad: [0; 3],
+            };
+            if maps.lports.is_some() {
+                let c: sock_state = read_pod(&v)?;
+                if c.tgid != root {
+                    return None;
+                }
+                let pending = (c.state == ST_RESPONDING && c.emit & EMIT_TURN != 0).then(|| {
+                    let r = turn(
+                        c.req_arrive_ns,
+                        c.req_start_ns,
+                        c.last_out_ns,
+                        0,
+                        c.conn_id,
+                        c.turns,
+                    );
+                    let mut idle = c;
+                    idle.state = ST_IDLE;
+                    (r, bytes_of(&idle).to_vec())
+                });
+                Some((k, pending))
+            } else {
+                let key: conn_key = read_pod(&k)?;
+                let c: conn_state = read_pod(&v)?;
+                if key.tgid != root {
+                    return None;
+                }
+                let pending = (c.state == ST_RESPONDING && c.emit & EMIT_TURN != 0).then(|| {
+                    let r = turn(
+                        c.req_start_ns,
+                        c.req_start_ns,
+                        c.last_out_ns,
+                        key.fd,
+                        c.conn_id,
+                        c.turns,
+                    );
+                    let mut idle = c;
+                    idle.state = ST_IDLE;
+                    (r, bytes_of(&idle).to_vec())
+                });
+                Some((k, pending))
+            }
+        })
+        .collect()
+}
+
+fn remove_target(maps: &Maps<'_>, grpc: &mut Result<GrpcProbes<'_>, String>, pid: u32) {
     if let Ok(g) = grpc.as_mut() {
         g.detach(pid);
     }
-    // First, so that the programs stop looking at the pid at once.
-    let _ = set_traced(skel, pid, false);
-    let _ = skel.maps.targets.delete(bytes_of(&pid));
-    for (k, _) in conns_of(skel, pid) {
-        let _ = skel.maps.conns.delete(&k);
+    // First, so that the programs stop looking at the pids at once.
+    for m in members_of(maps, pid) {
+        let _ = set_traced(maps, m, false);
+        let _ = maps.targets.delete(bytes_of(&m));
     }
-    let ports: Vec<Vec<u8>> = skel
-        .maps
+    let _ = set_traced(maps, pid, false);
+    for (k, _) in open_conns(maps, pid) {
+        let _ = maps.conns.delete(&k);
+    }
+    let ports: Vec<Vec<u8>> = maps
         .ports
         .keys()
         .filter(|k| read_pod::<port_key>(k).is_some_and(|p| p.tgid == pid))
         .collect();
     for k in ports {
-        let _ = skel.maps.ports.delete(&k);
+        let _ = maps.ports.delete(&k);
     }
 }
 
 /// Turns whose reply went out on connections still open: finished
 /// requests whose end the kernel only learns at the next inbound bytes.
-fn flush_open(skel: &RequestsSkel<'_>, pid: u32) -> Vec<req_record> {
-    conns_of(skel, pid)
+fn flush_open(maps: &Maps<'_>, pid: u32) -> Vec<req_record> {
+    open_conns(maps, pid)
         .into_iter()
-        .filter(|(_, c)| c.state == ST_RESPONDING && c.emit & EMIT_TURN != 0)
-        .map(|(k, c)| {
-            let mut idle = c;
-            idle.state = ST_IDLE;
-            let _ = skel.maps.conns.update(&k, bytes_of(&idle), MapFlags::EXIST);
-            let key: conn_key = read_pod(&k).unwrap_or_default();
-            req_record {
-                start_ns: c.req_start_ns,
-                end_ns: c.last_out_ns,
-                conn_id: c.conn_id,
-                tgid: pid,
-                fd: key.fd,
-                turns: c.turns,
-                kind: REC_TURN,
-                pad: [0; 3],
-            }
+        .filter_map(|(k, pending)| {
+            let (r, idle) = pending?;
+            let _ = maps.conns.update(&k, &idle, MapFlags::EXIST);
+            Some(r)
         })
         .collect()
+}
+
+/// Listening ports of every traced process (socket path): the bitmap the
+/// softirq programs test first. Honours each target's port filter.
+fn refresh_ports(maps: &Maps<'_>, shared: &Shared, shadow: &mut Vec<u64>) {
+    if maps.lports.is_none() {
+        return;
+    }
+    let roots: Vec<(u32, Vec<u16>)> = shared
+        .targets
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .map(|(pid, t)| (*pid, t.ports.clone()))
+        .collect();
+    let mut ports = Vec::new();
+    for (root, filter) in roots {
+        for m in members_of(maps, root) {
+            ports.extend(
+                seed::listening_ports(m)
+                    .into_iter()
+                    .filter(|p| filter.is_empty() || filter.contains(p)),
+            );
+        }
+    }
+    if let Err(e) = hooks::set_ports(maps, shadow, ports) {
+        tracing::warn!("updating the traced-port bitmap: {e}");
+    }
 }
 
 fn ingest(shared: &Shared, records: &mut Vec<req_record>) {
@@ -283,25 +365,27 @@ fn ingest(shared: &Shared, records: &mut Vec<req_record>) {
         let Some(t) = targets.get_mut(&r.tgid) else {
             continue;
         };
-        let latency = r.end_ns.saturating_sub(r.start_ns);
+        // Arrival is never after the first read; a record that says so
+        // (clock of another CPU) is taken as arriving at the read.
+        let latency = r.end_ns.saturating_sub(r.arrive_ns.min(r.start_ns));
+        let service = r.end_ns.saturating_sub(r.start_ns);
         match r.kind {
             REC_TURN => {
                 if r.turns == 1 {
                     t.first_turns += 1;
                 }
-                t.turn.record(r.end_ns, latency);
+                t.turn.record(r.end_ns, latency, service);
             }
-            REC_CONN => t.conn.record(r.end_ns, latency),
-            REC_GRPC => t.grpc.record(r.end_ns, latency),
+            REC_CONN => t.conn.record(r.end_ns, latency, service),
+            REC_GRPC => t.grpc.record(r.end_ns, latency, service),
             REC_H2 => t.h2_conns += 1,
             _ => {}
         }
     }
 }
 
-fn lost_records(skel: &RequestsSkel<'_>) -> u64 {
-    let Ok(Some(per_cpu)) = skel
-        .maps
+fn lost_records(maps: &Maps<'_>) -> u64 {
+    let Ok(Some(per_cpu)) = maps
         .counters
         .lookup_percpu(bytes_of(&CNT_LOST), MapFlags::ANY)
     else {
@@ -328,31 +412,33 @@ pub(super) fn run(
     opts: TracerOptions,
     shared: Arc<Shared>,
     cmds: mpsc::Receiver<Cmd>,
-    ready: mpsc::Sender<Result<(), TraceError>>,
+    ready: mpsc::Sender<Result<(Hooks, Option<String>), TraceError>>,
 ) {
-    let mut storage = MaybeUninit::uninit();
-    let skel = match load(&mut storage, &opts) {
-        Ok(s) => s,
+    let mut sock_storage = MaybeUninit::uninit();
+    let mut sys_storage = MaybeUninit::uninit();
+    let (loaded, why) = match hooks::load(&mut sock_storage, &mut sys_storage, &opts) {
+        Ok(l) => l,
         Err(e) => {
             let _ = ready.send(Err(e));
             return;
         }
     };
-    // Declared after `skel`, so dropped (detached) before it.
+    let maps = loaded.maps();
+    // Declared after `loaded`, so dropped (detached) before it.
     let mut grpc_storage = MaybeUninit::uninit();
     let mut grpc = GrpcProbes::load(
         &mut grpc_storage,
-        &skel.maps.events,
-        &skel.maps.counters,
+        maps.events,
+        maps.counters,
         opts.ringbuf_bytes,
     );
     if let Err(e) = &grpc {
-        // Syscall tracing still works; gRPC targets get this as a warning.
+        // Request tracing still works; gRPC targets get this as a warning.
         tracing::warn!("gRPC uprobes unavailable: {e}");
     }
     let pending: RefCell<Vec<req_record>> = RefCell::new(Vec::with_capacity(4096));
     let mut builder = RingBufferBuilder::new();
-    let added = builder.add(&skel.maps.events, |data: &[u8]| {
+    let added = builder.add(maps.events, |data: &[u8]| {
         if let Some(r) = read_pod::<req_record>(data) {
             pending.borrow_mut().push(r);
         }
@@ -367,7 +453,7 @@ pub(super) fn run(
             return;
         }
     };
-    let _ = ready.send(Ok(()));
+    let _ = ready.send(Ok((loaded.hooks(), why)));
     // Everything the kernel has sent so far, into the statistics.
     let drain = |batch: &mut Vec<req_record>| {
         let _ = ring.consume();
@@ -378,10 +464,12 @@ pub(super) fn run(
     // (their end is otherwise only known at the next inbound bytes).
     let flush = |batch: &mut Vec<req_record>, pid: u32| {
         drain(batch); // a close already sent must not count twice
-        let mut open = flush_open(&skel, pid);
+        let mut open = flush_open(&maps, pid);
         ingest(&shared, &mut open);
     };
     let mut last_check = Instant::now();
+    let mut last_ports = Instant::now();
+    let mut port_shadow = Vec::new();
     let mut batch = Vec::with_capacity(4096);
     loop {
         if let Err(e) = ring.poll(Duration::from_millis(20)) {
@@ -396,16 +484,29 @@ pub(super) fn run(
         loop {
             match cmds.try_recv() {
                 Ok(Cmd::Add(pid, t, reply)) => {
-                    let r = add_target(&skel, &mut grpc, &shared, opts.window, pid, &t);
+                    let r = add_target(&maps, &mut grpc, &shared, opts.window, pid, &t);
+                    if r.is_ok() {
+                        if let Some(st) = shared
+                            .targets
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .get_mut(&pid)
+                        {
+                            st.ports = t.ports.clone();
+                        }
+                        // Before the reply: what the caller sends next is seen.
+                        refresh_ports(&maps, &shared, &mut port_shadow);
+                    }
                     let _ = reply.send(r);
                 }
                 Ok(Cmd::Remove(pid, reply)) => {
-                    remove_target(&skel, &mut grpc, pid);
+                    remove_target(&maps, &mut grpc, pid);
                     shared
                         .targets
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
                         .remove(&pid);
+                    refresh_ports(&maps, &shared, &mut port_shadow);
                     let _ = reply.send(Ok(()));
                 }
                 Ok(Cmd::FlushOpen(pid, reply)) => {
@@ -418,14 +519,19 @@ pub(super) fn run(
         }
         if last_check.elapsed() >= Duration::from_millis(200) {
             last_check = Instant::now();
-            shared.dropped.store(lost_records(&skel), Ordering::Relaxed);
+            shared.dropped.store(lost_records(&maps), Ordering::Relaxed);
             for pid in newly_exited(&shared) {
                 tracing::info!(pid, "traced process exited");
                 // Its last replies were complete; then stop matching the
                 // pid in the kernel (it may be reused).
                 flush(&mut batch, pid);
-                remove_target(&skel, &mut grpc, pid);
+                remove_target(&maps, &mut grpc, pid);
             }
+        }
+        // A traced process (or a child) may listen on a new port.
+        if last_ports.elapsed() >= Duration::from_secs(1) {
+            last_ports = Instant::now();
+            refresh_ports(&maps, &shared, &mut port_shadow);
         }
     }
 }
@@ -445,6 +551,7 @@ mod tests {
             turns: 6,
             kind: REC_CONN,
             pad: [0; 3],
+            arrive_ns: 7,
         };
         let back: req_record = read_pod(bytes_of(&r)).unwrap();
         assert_eq!(
@@ -455,10 +562,11 @@ mod tests {
                 back.tgid,
                 back.fd,
                 back.turns,
-                back.kind
+                back.kind,
+                back.arrive_ns
             ),
-            (1, 2, 3, 4, 5, 6, REC_CONN)
+            (1, 2, 3, 4, 5, 6, REC_CONN, 7)
         );
-        assert!(read_pod::<req_record>(&[0u8; 39]).is_none());
+        assert!(read_pod::<req_record>(&[0u8; 47]).is_none());
     }
 }

@@ -1,17 +1,22 @@
 //! The eBPF request sensor: per-request, server-side latency and throughput
-//! of running processes, from syscall tracepoints, with no change to the
-//! application and no client feedback.
+//! of running processes, from socket tracepoints (or syscall tracepoints
+//! where the kernel lacks those), with no change to the application and no
+//! client feedback.
 //!
-//! [`RequestTracer`] loads `bpf/requests.bpf.c` (syscalls) and
-//! `bpf/grpc.bpf.c` (gRPC uprobes, attached per process) once and traces
-//! any number of processes. Per pid it answers the four calls of the eBeeMetrics paper
-//! (`rps`, `latest_latency`, `average_latency`, `latency_percentile`) over a
-//! window of the last N requests, plus counts, drops and the request
-//! boundary mode in use. The kernel side emits one record per request; the
-//! statistics are all done here (see [`crate::stats`]).
+//! [`RequestTracer`] loads `bpf/sockets.bpf.c` (or, as the fallback,
+//! `bpf/requests.bpf.c`; see [`hooks`]) and `bpf/grpc.bpf.c` (gRPC
+//! uprobes, attached per process) once and traces any number of processes.
+//! Per pid it answers the four calls of the eBeeMetrics paper (`rps`,
+//! `latest_latency`, `average_latency`, `latency_percentile`) over a window
+//! of the last N requests, for either [`Figure`] (latency from the
+//! request's arrival, or service from the server's first read), plus
+//! counts, drops and the request boundary mode in use. The kernel side
+//! emits one record per request; the statistics are all done here (see
+//! [`crate::stats`]).
 
 mod bpf;
 mod grpc;
+pub mod hooks;
 mod probe;
 mod seed;
 mod target;
@@ -23,8 +28,15 @@ use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+pub use hooks::{HookChoice, Hooks};
 pub use probe::{check_environment, monotonic_ns};
-pub use target::{KindReport, TargetReport};
+
+/// Every live descendant of `pid`, from /proc: what tracing `pid` follows
+/// on the socket path.
+pub fn descendants(pid: u32) -> Vec<u32> {
+    seed::descendants(pid)
+}
+pub use target::{Figure, KindReport, TargetReport};
 
 use target::TargetStats;
 
@@ -80,12 +92,19 @@ impl std::fmt::Display for Mode {
 }
 
 /// Settings of the tracer as a whole.
+/// The largest ring buffer the tracer takes (1 GiB): far above any need,
+/// and checked by the config too so `qosd check` refuses what `run` would.
+pub const MAX_RINGBUF_BYTES: u32 = 1 << 30;
+
 #[derive(Debug, Clone)]
 pub struct TracerOptions {
-    /// Size of the BPF ring buffer, bytes: a power of two, at least 4096.
+    /// Size of the BPF ring buffer, bytes: a power of two, 4096 to
+    /// [`MAX_RINGBUF_BYTES`].
     pub ringbuf_bytes: u32,
     /// Latencies kept per target for the windowed calls.
     pub window: usize,
+    /// Which kernel path to use (`Auto`: sockets where the kernel has them).
+    pub hooks: HookChoice,
 }
 
 impl Default for TracerOptions {
@@ -93,6 +112,12 @@ impl Default for TracerOptions {
         Self {
             ringbuf_bytes: 128 * 1024,
             window: 100_000,
+            // QOSD_HOOKS=syscalls|sockets|auto: how a whole test suite (or
+            // a daemon on a doubtful kernel) is run on one path.
+            hooks: std::env::var("QOSD_HOOKS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_default(),
         }
     }
 }
@@ -103,6 +128,10 @@ pub struct TargetOptions {
     pub mode: Mode,
     /// Only connections accepted on these local ports count (empty: all).
     pub ports: Vec<u16>,
+    /// Also trace its descendants, present and forked later, counting
+    /// their requests under this pid (socket path only: the syscall path
+    /// traces the process alone).
+    pub follow_children: bool,
 }
 
 /// Why tracing could not start or a target could not be added.
@@ -150,6 +179,9 @@ struct Shared {
 /// (drop) detaches every program.
 pub struct RequestTracer {
     shared: Arc<Shared>,
+    hooks: Hooks,
+    /// Why the socket path is not in use, when it is not.
+    fallback_reason: Option<String>,
     cmd: mpsc::Sender<Cmd>,
     thread: Option<JoinHandle<()>>,
 }
@@ -157,9 +189,10 @@ pub struct RequestTracer {
 impl RequestTracer {
     /// Checks the environment, loads and attaches the BPF programs.
     pub fn start(opts: TracerOptions) -> Result<Self, TraceError> {
-        if opts.ringbuf_bytes < 4096 || !opts.ringbuf_bytes.is_power_of_two() {
+        let size = opts.ringbuf_bytes;
+        if !(4096..=MAX_RINGBUF_BYTES).contains(&size) || !size.is_power_of_two() {
             return Err(TraceError::InvalidOption(format!(
-                "ring buffer size {} bytes: must be a power of two, at least 4096",
+                "ring buffer size {} bytes: must be a power of two, 4096 to 1 GiB",
                 opts.ringbuf_bytes
             )));
         }
@@ -181,8 +214,10 @@ impl RequestTracer {
             .spawn(move || bpf::run(opts, thread_shared, cmd_rx, ready_tx))
             .map_err(|e| TraceError::Bpf(format!("spawning the tracer thread: {e}")))?;
         match ready_rx.recv() {
-            Ok(Ok(())) => Ok(Self {
+            Ok(Ok((hooks, fallback_reason))) => Ok(Self {
                 shared,
+                hooks,
+                fallback_reason,
                 cmd: cmd_tx,
                 thread: Some(thread),
             }),
@@ -238,24 +273,51 @@ impl RequestTracer {
         self.targets().get(&pid).map(f)
     }
 
+    /// The kernel path in use.
+    pub fn hooks(&self) -> Hooks {
+        self.hooks
+    }
+
+    /// Why the socket path is not in use (None when it is).
+    pub fn fallback_reason(&self) -> Option<&str> {
+        self.fallback_reason.as_deref()
+    }
+
     /// Requests per second over the last second (`get_RPS`).
     pub fn rps(&self, pid: u32) -> Option<f64> {
         let now = monotonic_ns();
-        self.with(pid, |t| t.chosen().window.rps(now))
+        self.with(pid, |t| t.chosen().lat.window.rps(now))
     }
 
     /// Latency of the most recent request (`get_latest_latency`).
     pub fn latest_latency(&self, pid: u32) -> Option<Duration> {
-        self.with(pid, |t| {
-            t.chosen().window.latest().map(Duration::from_nanos)
-        })
-        .flatten()
+        self.latest(pid, Figure::Latency)
     }
 
     /// Mean latency over the window (`get_average_latency`).
     pub fn average_latency(&self, pid: u32) -> Option<Duration> {
+        self.average(pid, Figure::Latency)
+    }
+
+    /// Any latency percentile over the window (`get_latency_percentile`),
+    /// `p` in [0, 100].
+    pub fn latency_percentile(&self, pid: u32, p: f64) -> Option<Duration> {
+        self.percentile(pid, Figure::Latency, p)
+    }
+
+    /// `latest_latency` of either figure.
+    pub fn latest(&self, pid: u32, f: Figure) -> Option<Duration> {
+        self.with(pid, |t| {
+            t.chosen().fig(f).window.latest().map(Duration::from_nanos)
+        })
+        .flatten()
+    }
+
+    /// `average_latency` of either figure.
+    pub fn average(&self, pid: u32, f: Figure) -> Option<Duration> {
         self.with(pid, |t| {
             t.chosen()
+                .fig(f)
                 .window
                 .mean()
                 .map(|m| Duration::from_nanos(m as u64))
@@ -263,11 +325,14 @@ impl RequestTracer {
         .flatten()
     }
 
-    /// Any latency percentile over the window (`get_latency_percentile`),
-    /// `p` in [0, 100].
-    pub fn latency_percentile(&self, pid: u32, p: f64) -> Option<Duration> {
+    /// `latency_percentile` of either figure.
+    pub fn percentile(&self, pid: u32, f: Figure, p: f64) -> Option<Duration> {
         self.with(pid, |t| {
-            t.chosen().window.percentile(p).map(Duration::from_nanos)
+            t.chosen()
+                .fig(f)
+                .window
+                .percentile(p)
+                .map(Duration::from_nanos)
         })
         .flatten()
     }
@@ -292,10 +357,20 @@ impl RequestTracer {
         self.shared.dropped.load(Ordering::Relaxed)
     }
 
-    /// The window figures of `pid` in one call (one lock).
+    /// The window figures of `pid` in one call (one lock): latencies.
     pub fn summary(&self, pid: u32) -> Option<qosd_core::LatencySummary> {
+        self.summary_of(pid, Figure::Latency)
+    }
+
+    /// The window figures of `pid` for either figure.
+    pub fn summary_of(&self, pid: u32, f: Figure) -> Option<qosd_core::LatencySummary> {
         let now = monotonic_ns();
-        self.with(pid, |t| t.window_summary(now))
+        self.with(pid, |t| t.window_summary(now, f))
+    }
+
+    /// Connections seen for `pid` since tracing began.
+    pub fn connections(&self, pid: u32) -> Option<u64> {
+        self.with(pid, |t| t.connections())
     }
 
     /// The figures since the last call (interval) and since the start

@@ -36,6 +36,91 @@ pub(crate) fn parse_tcp_table(text: &str) -> Vec<TcpRow> {
         .collect()
 }
 
+/// The TCP ports `pid` listens on (sockets among its fds).
+pub(crate) fn listening_ports(pid: u32) -> Vec<u16> {
+    let rows = tcp_rows(pid);
+    let inodes = socket_inodes(pid);
+    let mut ports: Vec<u16> = rows
+        .iter()
+        .filter(|r| r.state == TCP_LISTEN && inodes.iter().any(|(_, i)| *i == r.inode))
+        .map(|r| r.local_port)
+        .collect();
+    ports.sort_unstable();
+    ports.dedup();
+    ports
+}
+
+/// (fd, socket inode) of every socket among `pid`'s fds (empty if they
+/// cannot be listed).
+fn socket_inodes(pid: u32) -> Vec<(u32, u64)> {
+    let Ok(dir) = fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|entry| {
+            let fd = entry.file_name().to_string_lossy().parse::<u32>().ok()?;
+            let link = fs::read_link(entry.path()).ok()?;
+            let inode = link
+                .to_string_lossy()
+                .strip_prefix("socket:[")
+                .and_then(|s| s.strip_suffix(']'))
+                .and_then(|s| s.parse::<u64>().ok())?;
+            Some((fd, inode))
+        })
+        .collect()
+}
+
+/// Every row of /proc/PID/net/tcp and tcp6 (the process's network
+/// namespace).
+fn tcp_rows(pid: u32) -> Vec<TcpRow> {
+    let mut rows = Vec::new();
+    for table in ["tcp", "tcp6"] {
+        if let Ok(text) = fs::read_to_string(format!("/proc/{pid}/net/{table}")) {
+            rows.extend(parse_tcp_table(&text));
+        }
+    }
+    rows
+}
+
+/// Every live descendant of `pid` (children, their children, ...), from
+/// the parent pids in /proc/*/stat.
+pub(crate) fn descendants(pid: u32) -> Vec<u32> {
+    let Ok(dir) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
+    for e in dir.flatten() {
+        let Some(p) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let ppid = fs::read_to_string(format!("/proc/{p}/stat"))
+            .ok()
+            .and_then(|s| parse_ppid(&s));
+        if let Some(pp) = ppid {
+            children.entry(pp).or_default().push(p);
+        }
+    }
+    let mut out = Vec::new();
+    let mut todo = vec![pid];
+    while let Some(p) = todo.pop() {
+        for &c in children.get(&p).map(Vec::as_slice).unwrap_or(&[]) {
+            if c != pid && !out.contains(&c) {
+                out.push(c);
+                todo.push(c);
+            }
+        }
+    }
+    out.sort_unstable();
+    out
+}
+
+/// The parent pid in a /proc/PID/stat line (after the parenthesised comm,
+/// which may itself hold spaces and parentheses).
+fn parse_ppid(stat: &str) -> Option<u32> {
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
 /// (fd, local port) of every established TCP connection of `pid` whose
 /// local port is one the process listens on, i.e. one it accepted.
 pub(crate) fn accepted_connections(pid: u32) -> Vec<(u32, u16)> {
@@ -118,6 +203,27 @@ mod tests {
                 },
             ]
         );
+    }
+
+    #[test]
+    fn parses_the_parent_pid_after_an_odd_comm() {
+        assert_eq!(parse_ppid("42 (a) b (c) S 7 42 42 0 -1"), Some(7));
+        assert_eq!(parse_ppid("42 no-paren S 7"), None);
+    }
+
+    #[test]
+    fn finds_children_and_listening_ports() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let found = descendants(std::process::id());
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(found.contains(&child.id()), "{found:?}");
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        assert!(listening_ports(std::process::id()).contains(&port));
     }
 
     #[test]

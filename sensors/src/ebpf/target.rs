@@ -11,37 +11,93 @@ use serde::Serialize;
 use super::Mode;
 use crate::stats::{LogHistogram, Window};
 
-/// Figures of one record kind.
+/// Which of a request's two durations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Figure {
+    /// Arrival in the server's socket -> last reply bytes: what the node
+    /// adds to what a client sees, waiting for the CPU included (the
+    /// policies' default). Equal to `Service` on the syscall path.
+    #[default]
+    Latency,
+    /// The server's first read -> last reply bytes.
+    Service,
+}
+
+impl Figure {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Figure::Latency => "latency",
+            Figure::Service => "service",
+        }
+    }
+}
+
+/// One duration of one record kind: its window and histograms.
 #[derive(Debug)]
-pub(crate) struct KindStats {
+pub(crate) struct Figures {
     pub window: Window,
     pub interval: LogHistogram,
     pub total: LogHistogram,
-    pub interval_count: u64,
-    pub total_count: u64,
     pub interval_latest: Option<u64>,
 }
 
-impl KindStats {
+impl Figures {
     fn new(window: usize) -> Self {
         Self {
             window: Window::new(window),
             interval: LogHistogram::new(),
             total: LogHistogram::new(),
-            interval_count: 0,
-            total_count: 0,
             interval_latest: None,
         }
     }
 
     #[inline]
-    pub fn record(&mut self, end_ns: u64, latency_ns: u64) {
-        self.window.push(end_ns, latency_ns);
-        self.interval.record(latency_ns);
-        self.total.record(latency_ns);
+    fn record(&mut self, end_ns: u64, ns: u64) {
+        self.window.push(end_ns, ns);
+        self.interval.record(ns);
+        self.total.record(ns);
+        self.interval_latest = Some(ns);
+    }
+
+    fn clear_interval(&mut self) {
+        self.interval.clear();
+        self.interval_latest = None;
+    }
+}
+
+/// Figures of one record kind.
+#[derive(Debug)]
+pub(crate) struct KindStats {
+    pub lat: Figures,
+    pub svc: Figures,
+    pub interval_count: u64,
+    pub total_count: u64,
+}
+
+impl KindStats {
+    fn new(window: usize) -> Self {
+        Self {
+            lat: Figures::new(window),
+            svc: Figures::new(window),
+            interval_count: 0,
+            total_count: 0,
+        }
+    }
+
+    #[inline]
+    pub fn record(&mut self, end_ns: u64, latency_ns: u64, service_ns: u64) {
+        self.lat.record(end_ns, latency_ns);
+        self.svc.record(end_ns, service_ns);
         self.interval_count += 1;
         self.total_count += 1;
-        self.interval_latest = Some(latency_ns);
+    }
+
+    pub fn fig(&self, f: Figure) -> &Figures {
+        match f {
+            Figure::Latency => &self.lat,
+            Figure::Service => &self.svc,
+        }
     }
 }
 
@@ -61,6 +117,8 @@ pub(crate) struct TargetStats {
     /// Why gRPC calls cannot be traced here, and what is done instead.
     pub warning: Option<String>,
     pub exited: bool,
+    /// The target's port filter (empty: all its listening ports).
+    pub ports: Vec<u16>,
     pub started_ns: u64,
     pub interval_start_ns: u64,
 }
@@ -87,6 +145,7 @@ impl TargetStats {
             probes: None,
             warning: None,
             exited: false,
+            ports: Vec::new(),
             started_ns: now_ns,
             interval_start_ns: now_ns,
         }
@@ -150,8 +209,15 @@ impl TargetStats {
         }
     }
 
-    pub fn window_summary(&self, now_ns: u64) -> LatencySummary {
-        let w = &self.chosen().window;
+    /// Connections seen accepted (or used, for ones open before tracing).
+    pub fn connections(&self) -> u64 {
+        self.first_turns
+            .max(self.conn.total_count)
+            .max(self.h2_conns)
+    }
+
+    pub fn window_summary(&self, now_ns: u64, f: Figure) -> LatencySummary {
+        let w = &self.chosen().fig(f).window;
         let us = |v: u64| v as f64 / 1e3;
         LatencySummary {
             rps: w.rps(now_ns),
@@ -179,26 +245,37 @@ impl TargetStats {
             "boundary evidence"
         );
         let k = self.kind(mode);
+        let rep =
+            |f: &Figures, n, secs, latest| KindReport::from_hist(&f.interval, n, secs, latest);
+        let tot = |f: &Figures| {
+            KindReport::from_hist(&f.total, k.total_count, total_secs, f.window.latest())
+        };
         let mut report = TargetReport {
             mode,
-            interval: KindReport::from_hist(&k.interval, k.interval_count, secs, k.interval_latest),
-            total: KindReport::from_hist(&k.total, k.total_count, total_secs, k.window.latest()),
+            interval: rep(&k.lat, k.interval_count, secs, k.lat.interval_latest),
+            total: tot(&k.lat),
+            service_interval: rep(&k.svc, k.interval_count, secs, k.svc.interval_latest),
+            service_total: tot(&k.svc),
             histogram: LogHistogram::default(),
+            service_histogram: LogHistogram::default(),
+            connections: self.connections(),
             exited: self.exited,
             probes: self.probes.clone(),
             warning: self.warning.clone(),
         };
-        // The interval's latencies go to the caller whole (the daemon merges
+        // The interval's durations go to the caller whole (the daemon merges
         // them over its own time horizon and across a process group).
-        report.histogram = std::mem::take(match mode {
-            Mode::Connection => &mut self.conn.interval,
-            Mode::Grpc => &mut self.grpc.interval,
-            Mode::Auto | Mode::Turn => &mut self.turn.interval,
-        });
+        let k = match mode {
+            Mode::Connection => &mut self.conn,
+            Mode::Grpc => &mut self.grpc,
+            Mode::Auto | Mode::Turn => &mut self.turn,
+        };
+        report.histogram = std::mem::take(&mut k.lat.interval);
+        report.service_histogram = std::mem::take(&mut k.svc.interval);
         for k in [&mut self.turn, &mut self.conn, &mut self.grpc] {
-            k.interval.clear();
+            k.lat.clear_interval();
+            k.svc.clear_interval();
             k.interval_count = 0;
-            k.interval_latest = None;
         }
         self.interval_start_ns = now;
         report
@@ -234,14 +311,22 @@ impl KindReport {
     }
 }
 
-/// What [`super::RequestTracer::take_report`] returns.
+/// What [`super::RequestTracer::take_report`] returns. `interval`,
+/// `total` and `histogram` are latencies (from arrival); the `service_*`
+/// ones the same requests from the server's first read.
 #[derive(Debug, Clone)]
 pub struct TargetReport {
     pub mode: Mode,
     pub interval: KindReport,
     pub total: KindReport,
+    pub service_interval: KindReport,
+    pub service_total: KindReport,
     /// Every latency of the interval, ns (of the mode in use).
     pub histogram: LogHistogram,
+    /// Every service time of the interval, ns.
+    pub service_histogram: LogHistogram,
+    /// Connections seen since tracing began.
+    pub connections: u64,
     pub exited: bool,
     /// The gRPC library whose uprobes delimit calls, e.g. "grpc-go v1.79.3
     /// (handleStream .. writeStatus)".

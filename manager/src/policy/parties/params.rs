@@ -164,16 +164,9 @@ impl Default for PartiesParams {
 impl PartiesParams {
     /// Checks ranges; `at` is the path of the `parties:` section.
     pub fn validate(&self, at: &KeyPath) -> Result<(), Invalid> {
-        let finite = |k: &str, v: f64| {
-            if v.is_finite() {
-                Ok(())
-            } else {
-                Err(Invalid::new(at.key(k), "must be a finite number"))
-            }
-        };
-        finite("upsize_below_slack", self.upsize_below_slack)?;
-        finite("downsize_above_slack", self.downsize_above_slack)?;
-        finite("victim_min_slack", self.victim_min_slack)?;
+        slack_in_range(&at.key("upsize_below_slack"), self.upsize_below_slack)?;
+        slack_in_range(&at.key("downsize_above_slack"), self.downsize_above_slack)?;
+        slack_in_range(&at.key("victim_min_slack"), self.victim_min_slack)?;
         if self.upsize_below_slack >= self.downsize_above_slack {
             return Err(Invalid::new(
                 at.key("downsize_above_slack"),
@@ -205,12 +198,7 @@ impl PartiesParams {
             return Err(Invalid::new(at.key("helped_fraction"), "must be in [0, 1)"));
         }
         if let Some(s) = self.idle_slack {
-            if !s.is_finite() || s > 1.0 {
-                return Err(Invalid::new(
-                    at.key("idle_slack"),
-                    "must be at most 1.0 or null",
-                ));
-            }
+            slack_in_range(&at.key("idle_slack"), s)?;
         }
         if self.average_samples > 1000 {
             return Err(Invalid::new(
@@ -224,14 +212,31 @@ impl PartiesParams {
                 "must be at most 3600000 (an hour)",
             ));
         }
-        if self.victims.is_empty() {
-            return Err(Invalid::new(at.key("victims"), "needs at least one source"));
-        }
-        for (i, v) in self.victims.iter().enumerate() {
-            if self.victims[..i].contains(v) {
-                return Err(Invalid::new(at.key("victims").index(i), "listed twice"));
-            }
-        }
+        validate_victims(&self.victims, &at.key("victims"))?;
         Ok(())
     }
+}
+
+/// A slack threshold: slack is (target − latency) / target, at most 1; a
+/// threshold below −1 (latency twice the target) or a non-finite one makes
+/// the controller never act, so it is refused.
+pub(crate) fn slack_in_range(at: &KeyPath, v: f64) -> Result<(), Invalid> {
+    if (-1.0..=1.0).contains(&v) {
+        Ok(())
+    } else {
+        Err(Invalid::new(at.clone(), format!("{v}: must be in [-1, 1]")))
+    }
+}
+
+/// A list of victims (PARTIES' or a rule policy's): at least one, none twice.
+pub(crate) fn validate_victims(victims: &[Victim], at: &KeyPath) -> Result<(), Invalid> {
+    if victims.is_empty() {
+        return Err(Invalid::new(at.clone(), "needs at least one source"));
+    }
+    for (i, v) in victims.iter().enumerate() {
+        if victims[..i].contains(v) {
+            return Err(Invalid::new(at.index(i), "listed twice"));
+        }
+    }
+    Ok(())
 }

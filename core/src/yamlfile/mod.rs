@@ -95,19 +95,14 @@ impl fmt::Display for FileError {
     }
 }
 
-/// Reads a file; an unreadable file is a `FileError` without a position.
-pub fn read(path: &Path) -> Result<String, FileError> {
-    std::fs::read_to_string(path).map_err(|e| FileError {
-        path: path.to_owned(),
-        line: 0,
-        col: 0,
-        key: String::new(),
-        msg: format!("cannot read: {e}"),
-    })
-}
+mod guard;
+pub use guard::{precheck, read, short, MAX_DEPTH, MAX_FILE_BYTES};
 
-/// Deserialises `text` (the contents of `path`) into `T`.
+/// Deserialises `text` (the contents of `path`) into `T`, after
+/// [`precheck`] (nesting limit, duplicate keys) and without a byte-order mark.
 pub fn parse<T: DeserializeOwned>(path: &Path, text: &str) -> Result<T, FileError> {
+    let text = guard::strip_bom(text);
+    precheck(path, text)?;
     serde_yaml_ng::from_str(text).map_err(|e| from_serde(path, text, &e))
 }
 
@@ -171,7 +166,7 @@ fn from_serde(path: &Path, text: &str, e: &serde_yaml_ng::Error) -> FileError {
         line,
         col,
         key,
-        msg: msg.to_owned(),
+        msg: guard::elide_quotes(msg),
     }
 }
 
@@ -245,18 +240,23 @@ fn walk(text: &str, mut visit: impl FnMut(&[Seg], Option<&str>, Pos) -> bool) {
         Map { expect_key: bool },
         Seq { next: usize },
     }
-    let mut parser = Parser::new_from_str(text);
+    let mut parser = Parser::new_from_str(guard::strip_bom(text));
     let mut frames: Vec<Frame> = Vec::new();
-    // path[i] is where frame i+1 sits inside frame i.
+    // The path of the current node: path[i] is where frame i+1 sits inside
+    // frame i, then the key or index of the node being read. Pushed and
+    // popped in place (never cloned), so a walk is linear in the text.
     let mut path: Vec<Seg> = Vec::new();
     // A block mapping's start event is marked after its first key, so a
     // mapping that is a sequence item is placed at its first key.
-    let mut item_at_next: Option<Vec<Seg>> = None;
+    let mut item_at_next = false;
     while let Ok((ev, mark)) = parser.next_token() {
+        if frames.len() > MAX_DEPTH {
+            return;
+        }
         let pos = Some((mark.line(), mark.col() + 1));
-        if let Some(item) = item_at_next.take() {
+        if std::mem::take(&mut item_at_next) {
             let p = matches!(ev, Event::Scalar(..)).then_some(pos).flatten();
-            if visit(&item, None, p) {
+            if visit(&path, None, p) {
                 return;
             }
         }
@@ -271,40 +271,36 @@ fn walk(text: &str, mut visit: impl FnMut(&[Seg], Option<&str>, Pos) -> bool) {
                 | Event::SequenceStart(..)
                 | Event::Alias(_)
         );
-        // Where this node sits, and whether it is a key.
-        let mut here: Option<Seg> = None;
+        // Whether this node is a key, and whether a segment for it is on
+        // top of `path` (to pop when a scalar ends).
+        let mut is_key = false;
+        let mut owns_seg = false;
         if starts {
             match frames.last_mut() {
                 Some(Frame::Map { expect_key: true }) => {
-                    let k = scalar.unwrap_or_default().to_owned();
-                    let mut at = path.clone();
-                    at.push(Seg::Key(k.clone()));
-                    if visit(&at, None, pos) {
-                        return;
-                    }
                     // The key's name is where the value will sit.
-                    path.push(Seg::Key(k));
-                }
-                Some(Frame::Map { expect_key: false }) => here = path.pop(),
-                Some(Frame::Seq { next }) => {
-                    let seg = Seg::Index(*next);
-                    let mut at = path.clone();
-                    at.push(seg.clone());
-                    if matches!(ev, Event::MappingStart(..)) {
-                        item_at_next = Some(at);
-                    } else if visit(&at, scalar, pos) {
+                    path.push(Seg::Key(scalar.unwrap_or_default().to_owned()));
+                    if visit(&path, None, pos) {
                         return;
                     }
-                    here = Some(seg);
+                    is_key = true;
+                }
+                // The value sits at the key pushed with it.
+                Some(Frame::Map { expect_key: false }) => owns_seg = true,
+                Some(Frame::Seq { next }) => {
+                    path.push(Seg::Index(*next));
+                    if matches!(ev, Event::MappingStart(..)) {
+                        item_at_next = true;
+                    } else if visit(&path, scalar, pos) {
+                        return;
+                    }
+                    owns_seg = true;
                 }
                 None => {}
             }
         }
         match ev {
             Event::MappingStart(..) | Event::SequenceStart(..) => {
-                if let Some(seg) = here {
-                    path.push(seg);
-                }
                 frames.push(if matches!(ev, Event::MappingStart(..)) {
                     Frame::Map { expect_key: true }
                 } else {
@@ -313,18 +309,21 @@ fn walk(text: &str, mut visit: impl FnMut(&[Seg], Option<&str>, Pos) -> bool) {
             }
             Event::MappingEnd | Event::SequenceEnd => {
                 frames.pop();
-                let was_nested = !frames.is_empty();
-                if was_nested {
+                if !frames.is_empty() {
                     path.pop();
                 }
                 finish_node(&mut frames);
             }
             Event::Scalar(..) | Event::Alias(_) => {
-                let is_key = matches!(frames.last(), Some(Frame::Map { expect_key: true }));
-                if !is_key {
+                if is_key {
+                    if let Some(Frame::Map { expect_key }) = frames.last_mut() {
+                        *expect_key = false;
+                    }
+                } else {
+                    if owns_seg {
+                        path.pop();
+                    }
                     finish_node(&mut frames);
-                } else if let Some(Frame::Map { expect_key }) = frames.last_mut() {
-                    *expect_key = false;
                 }
             }
             Event::StreamEnd => return,
@@ -410,6 +409,15 @@ list: [a, b]
         let apps1 = KeyPath::root().key("apps").index(1);
         assert_eq!(locate(flat, &apps1.key("port")), Some((4, 3)));
         assert_eq!(locate(flat, &KeyPath::root().key("seed")), Some((5, 1)));
+        // Sequences in sequences, and keys after them.
+        let nested = "l: [[a, b], [c]]\nm:\n  - - x\n    - y\n  - z\nk: 1\n";
+        let l = KeyPath::root().key("l");
+        assert_eq!(locate(nested, &l.index(1).index(0)), Some((1, 14)));
+        assert_eq!(locate(nested, &l.index(0).index(1)), Some((1, 9)));
+        let m = KeyPath::root().key("m");
+        assert_eq!(locate(nested, &m.index(0).index(1)), Some((4, 7)));
+        assert_eq!(locate(nested, &m.index(1)), Some((5, 5)));
+        assert_eq!(locate(nested, &KeyPath::root().key("k")), Some((6, 1)));
         assert_eq!(apps1.key("load").to_string(), "apps[1].load");
     }
 

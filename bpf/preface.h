@@ -1,0 +1,61 @@
+/* SPDX-License-Identifier: GPL-2.0 OR Apache-2.0 */
+/*
+ * The HTTP/2 client preface in a connection's first inbound bytes, read
+ * from the user buffer of the syscall that received them (requests.bpf.c
+ * has the syscall's registers at its exit; sockets.bpf.c takes them from
+ * the task's saved user registers, bpf_task_pt_regs()). Shared so both
+ * paths tell gRPC/HTTP/2 connections apart the same way.
+ */
+#ifndef QOSD_PREFACE_H
+#define QOSD_PREFACE_H
+
+/* How an inbound syscall passes its buffer (args[1]). */
+#define BUF_NONE 0
+#define BUF_FLAT 1 /* read, recvfrom: the buffer */
+#define BUF_IOV 2  /* readv: struct iovec[] */
+#define BUF_MSG 3  /* recvmsg: struct user_msghdr */
+
+/* x86-64 syscall numbers (arch/x86/entry/syscalls/syscall_64.tbl). */
+#define NR_read 0
+#define NR_write 1
+#define NR_readv 19
+#define NR_writev 20
+#define NR_sendfile 40
+#define NR_accept 43
+#define NR_sendto 44
+#define NR_recvfrom 45
+#define NR_sendmsg 46
+#define NR_recvmsg 47
+#define NR_accept4 288
+
+/* The user address where the first inbound bytes landed (0: unknown or
+ * too small a first piece to hold the preface). */
+static __always_inline __u64 first_buf(__u64 arg, int kind)
+{
+	struct iovec iov = {};
+	if (kind == BUF_FLAT)
+		return arg;
+	if (kind == BUF_MSG) {
+		struct user_msghdr m = {};
+		if (bpf_probe_read_user(&m, sizeof(m), (void *)arg))
+			return 0;
+		arg = (__u64)m.msg_iov;
+	}
+	if (kind == BUF_NONE || bpf_probe_read_user(&iov, sizeof(iov), (void *)arg))
+		return 0;
+	return iov.iov_len < QOSD_H2_PREFACE_LEN ? 0 : (__u64)iov.iov_base;
+}
+
+/* Whether the bytes at buf open with the HTTP/2 client preface. */
+static __always_inline bool is_h2_preface(__u64 buf)
+{
+	/* "PRI * HTTP/2.0\r\n" as two little-endian words. */
+	const __u64 want0 = 0x5448202a20495250ULL; /* "PRI * HT" */
+	const __u64 want1 = 0x0a0d302e322f5054ULL; /* "TP/2.0\r\n" */
+	__u64 got[2] = {};
+	if (bpf_probe_read_user(got, sizeof(got), (void *)buf))
+		return false;
+	return got[0] == want0 && got[1] == want1;
+}
+
+#endif

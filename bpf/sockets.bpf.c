@@ -1,0 +1,362 @@
+// SPDX-License-Identifier: GPL-2.0 OR Apache-2.0
+/*
+ * qosd request tracer on socket tracepoints (the default path; the syscall
+ * path, requests.bpf.c, is the fallback where these are missing).
+ *
+ * Same record contract as requests.bpf.c (requests.h, emit.h): TURN, CONN
+ * and H2 records per accepted connection, here keyed by the struct sock's
+ * address instead of (tgid, fd), so fd reuse cannot confuse two
+ * connections. Each request carries two start times: its arrival (the
+ * first sk_data_ready after the server's last send: the bytes reached the
+ * server's socket) and its first read; so latency (arrival -> last reply
+ * bytes) includes the time a request waits in the socket while the server
+ * is busy or descheduled, and service (first read -> last reply bytes) is
+ * what the syscall path measures.
+ *
+ * Hooks (tp_btf: the typed struct sock *; no syscall tracepoint at all, so
+ * untraced processes' syscalls stay on their fast path):
+ *   sock:inet_sock_set_state  SYN_RECV -> ESTABLISHED on a traced port: an
+ *                             accepted connection (handshake done, before
+ *                             accept() returns; softirq context, so the
+ *                             owner is unknown: it is claimed at its first
+ *                             read/write by a traced tgid). Leaving
+ *                             ESTABLISHED/CLOSE_WAIT by the server's close
+ *                             (FIN_WAIT1, LAST_ACK) or any move to CLOSE
+ *                             ends it (a reset's move to CLOSE comes with
+ *                             skc_num already zeroed: see state_port()).
+ *   sock:sk_data_ready        request bytes queued on the socket (softirq).
+ *   sock:sock_recv_length     a read by the task (every read path).
+ *   sock:sock_send_length     a write by the task (every write path,
+ *                             sendfile/splice included).
+ *   sched:sched_process_fork  a traced process forks: the child is traced
+ *                             under the same root (nginx master -> workers,
+ *                             respawned workers).
+ *   sched:sched_process_exit  a followed child exits: forget its tgid.
+ *
+ * Cost on untraced work: socket events of sockets on untraced ports leave
+ * after one array load (the traced-port bitmap, for the softirq hooks) or
+ * one array load on the tgid bitmap (task-context hooks); fork/exit after
+ * one tgid bitmap load.
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_core_read.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_endian.h>
+#include "requests.h"
+#include "emit.h"
+#include "preface.h"
+#include "targets.h"
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+/* See requests.bpf.c: wake the reader once this many bytes wait. */
+const volatile __u64 wakeup_bytes = 0;
+
+/* Globals so that the skeleton emits the Rust types of the contract. */
+struct req_record _rec_type = {};
+struct sock_state _sock_type = {};
+struct target_cfg _cfg_type = {};
+struct port_key _port_type = {};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u64); /* struct sock * */
+	__type(value, struct sock_state);
+} socks SEC(".maps");
+
+/* Local TCP ports traced processes listen on, one bit each (filled by
+ * userspace from /proc). The softirq hooks cannot know the task that owns
+ * a socket; this is their first and only test for untraced sockets. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, QOSD_PORT_WORDS);
+	__type(key, __u32);
+	__type(value, __u64);
+} lports SEC(".maps");
+
+#define TCP_ESTABLISHED 1
+#define TCP_SYN_RECV 3
+#define TCP_FIN_WAIT1 4
+#define TCP_CLOSE 7
+#define TCP_CLOSE_WAIT 8
+#define TCP_LAST_ACK 9
+#define IPPROTO_TCP 6
+#define MSG_PEEK 2
+
+static __always_inline bool port_traced(__u16 port)
+{
+	__u32 word = port >> 6;
+	__u64 *bits = bpf_map_lookup_elem(&lports, &word);
+	return bits && (*bits >> (port & 63)) & 1;
+}
+
+static __always_inline void emit(struct sock_state *ss, __u8 kind,
+				 __u64 arrive, __u64 start, __u64 end)
+{
+	emit_record(kind, ss->tgid, 0, ss->conn_id, ss->turns, arrive, start,
+		    end, wakeup_bytes);
+}
+
+/* A new entry: accepted now (accept_ns != 0) or found open (0). */
+static __always_inline void track(__u64 key, __u16 port, __u64 accept_ns,
+				  __u64 arrive_ns)
+{
+	__u64 now = bpf_ktime_get_ns();
+	struct sock_state ss = {
+		/* Unique: one CPU cannot track two connections in one ns.
+		 * Connections found open set the top bit, like the seeded
+		 * ones of the syscall path. */
+		.conn_id = ((now << 8) | (bpf_get_smp_processor_id() & 0xff)) &
+			   ~(1ULL << 63),
+		.accept_ns = accept_ns,
+		.arrive_ns = arrive_ns,
+		.port = port,
+		.state = QOSD_ST_IDLE,
+	};
+	if (!accept_ns)
+		ss.conn_id |= 1ULL << 63;
+	bpf_map_update_elem(&socks, &key, &ss, BPF_ANY);
+}
+
+/* The connection is over: its last turn and its CONN record. */
+static __always_inline void finish(__u64 key, struct sock_state *ss)
+{
+	__u64 now = bpf_ktime_get_ns();
+	if (ss->tgid) {
+		if (ss->state == QOSD_ST_RESPONDING &&
+		    (ss->emit & QOSD_EMIT_TURN))
+			emit(ss, QOSD_REC_TURN, ss->req_arrive_ns,
+			     ss->req_start_ns, ss->last_out_ns);
+		if ((ss->emit & QOSD_EMIT_CONN) && ss->turns > 0 &&
+		    ss->accept_ns)
+			emit(ss, QOSD_REC_CONN, ss->accept_ns,
+			     ss->first_read_ns, now);
+	}
+	bpf_map_delete_elem(&socks, &key);
+}
+
+/*
+ * The local port of sk at a state change. A move to CLOSE from ESTABLISHED
+ * or CLOSE_WAIT (a reset from the peer, or the server's abortive close with
+ * unread data) unbinds the socket before the tracepoint fires:
+ * tcp_set_state() -> inet_put_port() zeroes skc_num first. Testing that
+ * against the port bitmap lost exactly those closes (their connections
+ * never ended, and a later socket at the same address overwrote them).
+ * inet_sport (network order) still holds the port then.
+ */
+static __always_inline __u16 state_port(const struct sock *sk)
+{
+	__u16 port = sk->__sk_common.skc_num;
+	if (port)
+		return port;
+	__be16 sport = 0;
+	bpf_probe_read_kernel(&sport, sizeof(sport),
+			      &((struct inet_sock *)sk)->inet_sport);
+	return bpf_ntohs(sport);
+}
+
+SEC("tp_btf/inet_sock_set_state")
+int BPF_PROG(qosd_set_state, const struct sock *sk, const int oldstate,
+	     const int newstate)
+{
+	__u16 port = state_port(sk);
+	if (!port_traced(port) || sk->sk_protocol != IPPROTO_TCP)
+		return 0;
+	__u64 key = (__u64)sk;
+	if (oldstate == TCP_SYN_RECV && newstate == TCP_ESTABLISHED) {
+		track(key, port, bpf_ktime_get_ns(), 0);
+		return 0;
+	}
+	/* The server closing (FIN_WAIT1 from ESTABLISHED, LAST_ACK from
+	 * CLOSE_WAIT) is when close() ran; a reset or abort goes to CLOSE. A
+	 * client's FIN alone (ESTABLISHED -> CLOSE_WAIT) ends nothing: the
+	 * server may still answer. */
+	if (newstate == TCP_FIN_WAIT1 || newstate == TCP_LAST_ACK ||
+	    newstate == TCP_CLOSE) {
+		struct sock_state *ss = bpf_map_lookup_elem(&socks, &key);
+		if (ss)
+			finish(key, ss);
+	}
+	return 0;
+}
+
+SEC("tp_btf/sk_data_ready")
+int BPF_PROG(qosd_data_ready, const struct sock *sk)
+{
+	__u16 port = sk->__sk_common.skc_num;
+	if (!port_traced(port))
+		return 0;
+	__u64 key = (__u64)sk;
+	struct sock_state *ss = bpf_map_lookup_elem(&socks, &key);
+	if (ss) {
+		if (!ss->arrive_ns)
+			ss->arrive_ns = bpf_ktime_get_ns();
+		return 0;
+	}
+	/* A connection open before tracing began (a listening socket's
+	 * data_ready is a new connection to accept: not this). */
+	__u8 st = sk->__sk_common.skc_state;
+	if (sk->sk_protocol == IPPROTO_TCP &&
+	    (st == TCP_ESTABLISHED || st == TCP_CLOSE_WAIT))
+		track(key, port, 0, bpf_ktime_get_ns());
+	return 0;
+}
+
+/*
+ * The entry of sk for a traced task, claiming it for the task's root at
+ * its first read or write (and adopting a connection open before tracing
+ * that nothing has been seen on yet). NULL: not a traced connection.
+ */
+static __always_inline struct sock_state *claim(struct sock *sk, __u32 tgid)
+{
+	__u64 key = (__u64)sk;
+	struct sock_state *ss = bpf_map_lookup_elem(&socks, &key);
+	if (ss && ss->tgid)
+		return ss;
+	__u16 port = sk->__sk_common.skc_num;
+	if (!port_traced(port) || sk->sk_protocol != IPPROTO_TCP)
+		return NULL;
+	struct target_cfg *cfg = bpf_map_lookup_elem(&targets, &tgid);
+	if (!cfg)
+		return NULL;
+	if (cfg->port_filter) {
+		struct port_key pk = { .tgid = cfg->root, .port = port };
+		if (!bpf_map_lookup_elem(&ports, &pk))
+			return NULL;
+	}
+	if (!ss) {
+		__u8 st = sk->__sk_common.skc_state;
+		if (st != TCP_ESTABLISHED && st != TCP_CLOSE_WAIT)
+			return NULL;
+		track(key, port, 0, 0);
+		ss = bpf_map_lookup_elem(&socks, &key);
+		if (!ss)
+			return NULL;
+	}
+	ss->tgid = cfg->root;
+	ss->emit = cfg->emit;
+	return ss;
+}
+
+/* The connection's first inbound bytes are the HTTP/2 preface: read them
+ * from the user buffer of the syscall that is returning (its registers as
+ * saved at entry). io_uring and other in-kernel readers have none. */
+static __always_inline bool saw_preface(void)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
+	if (!regs)
+		return false;
+	int kind;
+	switch (regs->orig_ax) {
+	case NR_read:
+	case NR_recvfrom:
+		kind = BUF_FLAT;
+		break;
+	case NR_readv:
+		kind = BUF_IOV;
+		break;
+	case NR_recvmsg:
+		kind = BUF_MSG;
+		break;
+	default:
+		return false;
+	}
+	__u64 buf = first_buf(regs->si, kind);
+	return buf && is_h2_preface(buf);
+}
+
+SEC("tp_btf/sock_recv_length")
+int BPF_PROG(qosd_recv, struct sock *sk, int ret, int flags)
+{
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	if (!is_traced(tgid) || ret <= 0 || (flags & MSG_PEEK))
+		return 0;
+	struct sock_state *ss = claim(sk, tgid);
+	if (!ss)
+		return 0;
+	__u64 now = bpf_ktime_get_ns();
+	if (ss->turns == 0 && (ss->emit & QOSD_EMIT_H2) &&
+	    ret >= QOSD_H2_PREFACE_LEN && saw_preface())
+		emit(ss, QOSD_REC_H2, now, now, now);
+	if (ss->state == QOSD_ST_RESPONDING) {
+		if (ss->emit & QOSD_EMIT_TURN)
+			emit(ss, QOSD_REC_TURN, ss->req_arrive_ns,
+			     ss->req_start_ns, ss->last_out_ns);
+		ss->state = QOSD_ST_IDLE;
+	}
+	if (ss->state == QOSD_ST_IDLE) {
+		if (ss->turns == 0)
+			ss->first_read_ns = now;
+		ss->turns += 1;
+		ss->req_start_ns = now;
+		/* No data_ready seen (adopted mid-way, or bytes that came
+		 * with the previous reply still going out): the read is the
+		 * best start known. */
+		__u64 arrive = ss->arrive_ns;
+		ss->req_arrive_ns = arrive && arrive <= now ? arrive : now;
+		ss->state = QOSD_ST_IN_REQ;
+	}
+	return 0;
+}
+
+SEC("tp_btf/sock_send_length")
+int BPF_PROG(qosd_send, struct sock *sk, int ret, int flags)
+{
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	if (!is_traced(tgid) || ret <= 0)
+		return 0;
+	struct sock_state *ss = claim(sk, tgid);
+	if (!ss)
+		return 0;
+	/* The next request's arrival is the first data_ready from now on. */
+	ss->arrive_ns = 0;
+	/* Outbound bytes before any request (a greeting) are not a reply. */
+	if (ss->state != QOSD_ST_IDLE) {
+		ss->state = QOSD_ST_RESPONDING;
+		ss->last_out_ns = bpf_ktime_get_ns();
+	}
+	return 0;
+}
+
+SEC("tp_btf/sched_process_fork")
+int BPF_PROG(qosd_fork, struct task_struct *parent, struct task_struct *child)
+{
+	__u32 ptgid = parent->tgid;
+	if (!is_traced(ptgid))
+		return 0;
+	__u32 ctgid = child->tgid;
+	if (ctgid == ptgid) /* a new thread */
+		return 0;
+	struct target_cfg *pcfg = bpf_map_lookup_elem(&targets, &ptgid);
+	if (!pcfg || !pcfg->follow)
+		return 0;
+	struct target_cfg cfg = *pcfg;
+	if (bpf_map_update_elem(&targets, &ctgid, &cfg, BPF_NOEXIST))
+		return 0; /* full, or already a target of its own */
+	__u32 word = ctgid >> 6;
+	__u64 *bits = bpf_map_lookup_elem(&traced, &word);
+	if (bits)
+		__sync_fetch_and_or(bits, 1ULL << (ctgid & 63));
+	return 0;
+}
+
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(qosd_exit, struct task_struct *task, bool group_dead)
+{
+	__u32 tgid = task->tgid;
+	if (!group_dead || !is_traced(tgid))
+		return 0;
+	struct target_cfg *cfg = bpf_map_lookup_elem(&targets, &tgid);
+	/* A root is userspace's to forget (it reports the exit). */
+	if (!cfg || cfg->root == tgid)
+		return 0;
+	__u32 word = tgid >> 6;
+	__u64 *bits = bpf_map_lookup_elem(&traced, &word);
+	if (bits)
+		__sync_fetch_and_and(bits, ~(1ULL << (tgid & 63)));
+	bpf_map_delete_elem(&targets, &tgid);
+	return 0;
+}

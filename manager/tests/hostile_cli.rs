@@ -1,0 +1,157 @@
+//! Issue 15, the command line: durations that used to panic, kernel
+//! threads that `set` changed and `trace` accepted, and `load` against a
+//! closed port. Each case runs the real binary and checks the exit code,
+//! the message, and that nothing changed.
+
+mod support;
+
+use std::process::Output;
+
+use support::*;
+
+fn err(out: &Output) -> String {
+    text(&out.stderr)
+}
+
+/// Exit 2 with one line naming `want`; never a panic (101).
+fn usage_error(args: &[&str], want: &str) {
+    let out = qosd(args);
+    let e = err(&out);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {e}");
+    assert!(e.contains(want), "{args:?}: {e}");
+    assert!(!e.contains("panicked"), "{args:?}: {e}");
+}
+
+#[test]
+fn huge_durations_and_intervals_are_usage_errors_not_panics() {
+    let me = std::process::id().to_string();
+    for (cmd, flag, v) in [
+        ("trace", "--duration", "1e20"),
+        ("trace", "--duration", "1e19"),
+        ("trace", "--interval", "1e20"),
+        ("trace", "--duration", "NaN"),
+        ("trace", "--duration", "0"),
+        ("power", "--duration", "1e19"),
+        ("power", "--duration", "inf"),
+        ("power", "--interval", "1e20"),
+    ] {
+        usage_error(
+            &[cmd, "--pid", &me, flag, v],
+            &format!("{flag} {}: expected seconds in", v.parse::<f64>().unwrap()),
+        );
+    }
+    usage_error(
+        &[
+            "load",
+            "--target",
+            "127.0.0.1:9",
+            "--protocol",
+            "http",
+            "--rps",
+            "1",
+            "--duration",
+            "1e20",
+        ],
+        "--duration 100000000000000000000: expected seconds in (0, 86400]",
+    );
+    // An interval that wrapped to zero in ns: reported forever, sent nothing.
+    usage_error(
+        &[
+            "load",
+            "--target",
+            "127.0.0.1:9",
+            "--protocol",
+            "http",
+            "--rps",
+            "1",
+            "--duration",
+            "1",
+            "--intervals",
+            "--interval-ms",
+            "18446744073709551615",
+        ],
+        "--interval-ms 18446744073709551615: expected 1 to 3600000 ms",
+    );
+}
+
+/// Pids of kernel threads on this machine: kthreadd and a ksoftirqd.
+fn kernel_threads() -> Vec<(String, String)> {
+    let mut v = vec![("2".to_owned(), "kthreadd".to_owned())];
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let comm = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
+        if name.parse::<u32>().is_ok() && comm.starts_with("ksoftirqd/") {
+            v.push((name, comm.trim().to_owned()));
+            break;
+        }
+    }
+    assert_eq!(v.len(), 2, "no ksoftirqd thread found");
+    v
+}
+
+#[test]
+fn kernel_threads_are_refused_by_set_and_trace() {
+    let d = tempfile::tempdir().unwrap();
+    let state = d.path().join("s.json");
+    let s = state.to_str().unwrap();
+    for (pid, comm) in kernel_threads() {
+        let before = cpus_allowed(pid.parse().unwrap());
+        let want = format!("pid {pid} ({comm}) is a kernel thread");
+        for backend in ["affinity", "auto"] {
+            let out = qosd(&[
+                "set",
+                "--state-file",
+                s,
+                "cores",
+                "--pid",
+                &pid,
+                "--cpus",
+                "0",
+                "--backend",
+                backend,
+            ]);
+            if out.status.success() {
+                // Old behaviour: put the kernel's thread back before failing.
+                qosd(&["restore", "--state-file", s]);
+            }
+            let e = err(&out);
+            assert_eq!(out.status.code(), Some(2), "set --pid {pid}: {e}");
+            assert!(e.contains(&want), "{e}");
+            assert!(!e.contains("rolling back"), "{e}");
+        }
+        assert_eq!(
+            cpus_allowed(pid.parse().unwrap()),
+            before,
+            "{comm} untouched"
+        );
+        assert!(!state.exists(), "nothing recorded");
+        usage_error(&["trace", "--pid", &pid, "--duration", "1"], &want);
+    }
+}
+
+#[test]
+fn load_with_no_listener_exits_2_naming_the_target_for_every_protocol() {
+    // A port nothing listens on (bound, then closed).
+    let port = free_port();
+    let target = format!("127.0.0.1:{port}");
+    for protocol in ["http", "memcache", "grpc"] {
+        for extra in [&[][..], &["--keepalive"][..]] {
+            let mut args = vec![
+                "load",
+                "--target",
+                &target,
+                "--protocol",
+                protocol,
+                "--rps",
+                "50",
+                "--duration",
+                "0.5",
+            ];
+            args.extend_from_slice(extra);
+            let out = qosd(&args);
+            let e = err(&out);
+            assert_eq!(out.status.code(), Some(2), "{protocol} {extra:?}: {e}");
+            assert!(e.contains(&target), "{protocol} {extra:?}: {e}");
+        }
+    }
+}

@@ -1,0 +1,173 @@
+//! The socket-tracepoint path of the request sensor through `qosd trace`
+//! (root, real eBPF, real servers): waiting time seen from the arrival,
+//! pre-fork servers traced by their master, sendfile replies, and the
+//! syscall fallback chosen when the tracepoints are missing.
+//! Run alone: `cargo test --release -p qosd-manager --test trace_sockets`.
+
+mod support;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use support::*;
+
+/// Pins the calling thread (and the threads it spawns later) to `cpu`.
+fn pin_self(cpu: usize) {
+    let mut set = nix::sched::CpuSet::new();
+    set.set(cpu).unwrap();
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).unwrap();
+}
+
+/// memcached -t 1 sharing its CPU with a CPU hog: requests wait in the
+/// socket while the server is descheduled. Latency from the arrival sees
+/// that wait (what the client feels); service from the first read cannot.
+#[test]
+fn cpu_hog_wait_is_in_the_arrival_latency() {
+    let srv = memcached(1);
+    let pin = |pid: u32, cpu: &str| {
+        let ok = Command::new("taskset")
+            .args(["-a", "-p", "-c", cpu, &pid.to_string()])
+            .stdout(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(ok.success());
+    };
+    pin(srv.pid(), "1");
+    let _hog = Killed::spawn(
+        Command::new("stress-ng")
+            .args(["--cpu", "1", "--taskset", "1", "--timeout", "120"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let trace = Trace::start(&[srv.pid()], &["--mode", "turn"]);
+    assert_eq!(trace.banner["hooks"], "sockets", "{}", trace.banner);
+    let port = srv.port;
+    // The client on CPU 0, in a thread of its own so the test's other
+    // threads keep their affinity.
+    let lat = std::thread::spawn(move || {
+        pin_self(0);
+        memcache_load(port, 16, 376, None)
+    })
+    .join()
+    .unwrap();
+    let lines = trace.stop();
+    let s = summary(&lines, srv.pid());
+    assert_eq!(s["requests"], 16 * 376, "{s}");
+    let arrival = s["p99_us"].as_f64().unwrap();
+    let service = s["svc_p99_us"].as_f64().unwrap();
+    let client = client_pct(&lat, 99.0);
+    eprintln!("CPU hog: client p99 {client:.0} µs, arrival p99 {arrival:.0} µs, service p99 {service:.0} µs");
+    assert!(
+        arrival >= 0.5 * client,
+        "arrival p99 {arrival} < half client p99 {client}"
+    );
+    assert!(
+        arrival >= 10.0 * service,
+        "arrival p99 {arrival} < 10 x service p99 {service}"
+    );
+    assert_server_le_client("memcached beside a CPU hog", &s, &lat);
+}
+
+/// nginx with 4 workers, traced by the master's pid (which accepts
+/// nothing): every request counted, keep-alive and close; a worker killed
+/// mid-trace is respawned by the master and followed.
+#[test]
+fn nginx_workers_are_traced_through_the_master() {
+    let srv = nginx_master(4, 512, false);
+    assert!(wait_for(Duration::from_secs(5), || children_of(srv.pid())
+        .len()
+        == 4));
+    let trace = Trace::start(&[srv.pid()], &["--mode", "turn"]);
+    http_load(srv.port, 2000, 8, true);
+    let before = children_of(srv.pid());
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(before[0] as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    assert!(
+        wait_for(Duration::from_secs(5), || {
+            let now = children_of(srv.pid());
+            now.len() == 4 && !now.contains(&before[0])
+        }),
+        "nginx did not respawn its worker"
+    );
+    // Enough connections that every worker, the new one too, gets some.
+    http_load(srv.port, 2000, 40, true);
+    let lines = trace.stop();
+    let s = summary(&lines, srv.pid());
+    assert_eq!(s["requests"], 4000, "{s}");
+
+    let trace = Trace::start(&[srv.pid()], &[]);
+    let lat = http_load(srv.port, 1000, 8, false);
+    let lines = trace.stop();
+    let s = summary(&lines, srv.pid());
+    assert_eq!(s["requests"], 1000, "{s}");
+    assert_eq!(s["mode"], "connection", "{s}");
+    assert_server_le_client("nginx 4 workers, close", &s, &lat);
+}
+
+/// Replies sent with sendfile (a 256 KiB file) are seen as sent bytes.
+#[test]
+fn nginx_sendfile_replies_are_counted() {
+    let srv = nginx_master(1, 256 * 1024, true);
+    let trace = Trace::start(&[srv.pid()], &["--mode", "turn"]);
+    let lat = http_load(srv.port, 400, 4, true);
+    let lines = trace.stop();
+    let s = summary(&lines, srv.pid());
+    assert_eq!(s["requests"], 400, "{s}");
+    assert_server_le_client("nginx sendfile 256 KiB", &s, &lat);
+}
+
+/// Told the socket tracepoints are missing, the tracer falls back to the
+/// syscall path, says so, and still counts every request.
+#[test]
+fn fallback_to_syscalls_when_tracepoints_are_missing() {
+    let srv = memcached(2);
+    let trace = Trace::start_env(
+        &[srv.pid()],
+        &[],
+        &[("QOSD_PRETEND_MISSING_TRACEPOINTS", "sock/sk_data_ready")],
+    );
+    assert_eq!(trace.banner["hooks"], "syscalls", "{}", trace.banner);
+    let banner = trace.banner["banner"].as_str().unwrap().to_owned();
+    assert!(banner.contains("sock/sk_data_ready"), "{banner}");
+    memcache_load(srv.port, 4, 500, None);
+    let lines = trace.stop();
+    assert_eq!(summary(&lines, srv.pid())["requests"], 2000);
+
+    // Asked for outright: a usage of the kernel it cannot have.
+    let out = Command::new(QOSD)
+        .args(["trace", "--hooks", "sockets", "--duration", "0.2"])
+        .args(["--pid", &srv.pid().to_string()])
+        .env("QOSD_PRETEND_MISSING_TRACEPOINTS", "all")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("tracepoints missing"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+/// --comm selects the topmost process of that name (its children are
+/// followed), and a selection that saw no connection says so.
+#[test]
+fn comm_selection_and_the_no_connection_note() {
+    let srv = nginx_master(2, 64, false);
+    let out = Command::new(QOSD)
+        .args(["trace", "--comm", "nginx", "--port", &srv.port.to_string()])
+        .args(["--duration", "1", "--interval", "0.5"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let o = text(&out.stdout);
+    assert!(o.contains(&format!(" {} ", srv.pid())), "{o}");
+    assert!(
+        text(&out.stderr).contains("no connection was seen"),
+        "{}",
+        text(&out.stderr)
+    );
+}
