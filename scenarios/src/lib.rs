@@ -2,8 +2,10 @@
 //! ([`scenario`]), calibration ([`calibrate`]), the simulated node that
 //! replays scenarios with the daemon's policy code ([`sim`]), and the
 //! outputs of a replay ([`timeline`], [`record`]); best-effort batch jobs
-//! ([`batch`]).
+//! ([`batch`]); violations by load band and what best-effort apps got
+//! ([`bands`]).
 
+pub mod bands;
 pub mod batch;
 pub mod calibrate;
 pub mod fixture;

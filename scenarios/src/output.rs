@@ -110,6 +110,7 @@ pub fn summary_table(s: &Summary) -> String {
 /// into `out`. Returns the table.
 pub fn compare(dirs: &[PathBuf], out: &Path) -> anyhow::Result<String> {
     let mut runs = Vec::new();
+    let mut bands = Vec::new();
     let mut table = String::new();
     let _ = writeln!(
         table,
@@ -124,6 +125,7 @@ pub fn compare(dirs: &[PathBuf], out: &Path) -> anyhow::Result<String> {
             serde_json::from_str(&text).with_context(|| format!("parsing {}", sp.display()))?;
         let rows = Timeline::read_csv(&d.join("timeline.csv"))?;
         let label = format!("{} {} {} {}", s.scenario, s.mode, s.feedback, s.policy);
+        bands.push((label.clone(), crate::bands::of_run(&s, &rows)));
         let mut line = |app: &str, a: &crate::timeline::AppSummary| {
             let _ = writeln!(
                 table,
@@ -152,6 +154,8 @@ pub fn compare(dirs: &[PathBuf], out: &Path) -> anyhow::Result<String> {
         "(violation: client latency vs the client-side target, whatever fed the policy;\n \
          fed viol.: the fed latency vs its own side's target)\n",
     );
+    table.push('\n');
+    table.push_str(&crate::bands::table(&bands));
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     plot::compare_plot(&out.join("compare"), &runs)?;
     Ok(table)

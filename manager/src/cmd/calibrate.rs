@@ -95,7 +95,12 @@ pub fn real(
             None
         }
     };
-    for app in sc.apps.iter().filter(|a| only.is_none_or(|n| n == a.name)) {
+    // Batch jobs (`job:`) take no requests: nothing to calibrate.
+    for app in sc
+        .apps
+        .iter()
+        .filter(|a| a.job.is_none() && only.is_none_or(|n| n == a.name))
+    {
         let srv = servers::start_on(app, &fixture, Some(cpus))?;
         eprintln!(
             "calibrating {} ({}, pid {}, CPUs {cpus:?})",
@@ -176,11 +181,19 @@ pub fn real(
 pub fn run(args: Args) -> anyhow::Result<()> {
     let sc = crate::cmd::replay::read_scenario(&args.scenario)?;
     if let Some(n) = &args.app {
-        if !sc.apps.iter().any(|a| &a.name == n) {
-            return Err(usage!(
-                "--app {n}: not an app of {}",
-                args.scenario.display()
-            ));
+        match sc.apps.iter().find(|a| &a.name == n) {
+            None => {
+                return Err(usage!(
+                    "--app {n}: not an app of {}",
+                    args.scenario.display()
+                ))
+            }
+            Some(a) if a.job.is_some() => {
+                return Err(usage!(
+                    "--app {n}: a batch job takes no requests; there is nothing to calibrate"
+                ))
+            }
+            Some(_) => {}
         }
     }
     crate::cmd::secs::secs("--step-s", args.step_s, 0.0, 60.0)?;

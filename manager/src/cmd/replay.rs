@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::Args as ClapArgs;
-use qosd_core::{Feedback, Policy};
+use qosd_core::{Feedback, Policy, Resource};
 use qosd_scenarios::calibrate::{self, Calibration};
 use qosd_scenarios::output;
 use qosd_scenarios::scenario::Scenario;
@@ -68,6 +68,12 @@ pub struct Args {
     /// Default: <out>/state.json (the daemon's is /run/qosd/state.json).
     #[arg(long, value_name = "FILE", conflicts_with = "sim")]
     pub state_file: Option<PathBuf>,
+    /// Knobs the policy may turn on this machine, comma-separated
+    /// (cores, frequency, cache_ways, memory_bandwidth, cpu_quota; e.g.
+    /// `cpu_quota`: the apps share every CPU, quota moves). Default: the
+    /// scenario's `resources:`, else every knob the machine has.
+    #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = parse_resource, conflicts_with = "sim")]
+    pub resources: Option<Vec<Resource>>,
     /// Print summary.json instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -84,6 +90,25 @@ fn parse_feedback(s: &str) -> Result<Feedback, String> {
         "client" => Ok(Feedback::Client),
         _ => Err(format!("{s:?}: ebpf or client")),
     }
+}
+
+fn parse_resource(s: &str) -> Result<Resource, String> {
+    serde_yaml_ng::from_str::<Resource>(s.trim()).map_err(|_| {
+        format!("{s:?}: one of cores, frequency, cache_ways, memory_bandwidth, cpu_quota")
+    })
+}
+
+/// The knobs a real replay may turn: `--resources`, else the scenario's
+/// `resources:`, else all of them (those the machine lacks stay off).
+pub fn resources(scenario: &Scenario, arg: Option<&[Resource]>) -> anyhow::Result<Vec<Resource>> {
+    let list = arg
+        .map(<[Resource]>::to_vec)
+        .or_else(|| scenario.resources.clone())
+        .unwrap_or_else(|| Resource::CYCLE.to_vec());
+    if list.is_empty() {
+        return Err(usage!("--resources: name at least one knob"));
+    }
+    Ok(list)
 }
 
 /// The policy a replay runs: a file, the scenario's, or `static`.
@@ -179,15 +204,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         return run_seeds(args, n);
     }
     let sc = read_scenario(&args.scenario)?;
-    // Batch jobs have a runner and a throughput reader
-    // (qosd_scenarios::batch) but no place in the replay loop yet; say so
-    // rather than replay the app as an idle server.
-    if let Some(a) = sc.apps.iter().find(|a| a.job.is_some()) {
-        anyhow::bail!(
-            "app {}: best-effort batch jobs (`job:`) are not replayed yet (issue 14); `qosd check` validates the file",
-            a.name
-        );
-    }
     if let Some(d) = args.duration {
         crate::cmd::secs::secs("--duration", d, 0.0, 86_400.0)?;
     }
@@ -200,6 +216,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .unwrap_or_else(|| PathBuf::from(format!("out/{}", sc.name)));
     if !args.sim {
         return crate::cmd::replay_real::run(&sc, &args, feedback, seed, policy.as_mut(), &out);
+    }
+    // Batch jobs run in real replays; the simulated node has no model of
+    // them yet: say so rather than replay the app as an idle server.
+    if let Some(a) = sc.apps.iter().find(|a| a.job.is_some()) {
+        anyhow::bail!(
+            "app {}: best-effort batch jobs (`job:`) are not simulated yet (issue 14); replay without --sim to run them",
+            a.name
+        );
     }
     let cal = match &args.calibration {
         Some(p) => Calibration::read(p).map_err(|e| usage!("{}: {e:#}", p.display()))?,

@@ -29,6 +29,7 @@ use anyhow::Context;
 use qosd_core::admit::{even_share, Peers};
 use qosd_core::control::{Cadence, ControlLoop, Tick};
 use qosd_core::{Feedback, Limits, Policy, Resource};
+use qosd_scenarios::batch::BatchJob;
 use qosd_scenarios::calibrate::Calibration;
 use qosd_scenarios::load::{self, IntervalReport, Rate};
 use qosd_scenarios::record::RunRecorder;
@@ -51,6 +52,7 @@ pub fn run(
     out: &Path,
 ) -> anyhow::Result<()> {
     crate::signals::install()?;
+    let enabled = super::replay::resources(sc, args.resources.as_deref())?;
     // Before calibrating or starting servers: a state file held by another
     // qosd stops the run here.
     let state = args
@@ -59,7 +61,7 @@ pub fn run(
         .unwrap_or_else(|| out.join("state.json"));
     // Absolute, so that the restore hint works from any directory.
     let state = std::path::absolute(&state).unwrap_or(state);
-    let mut act = start_actuation(&state)?;
+    let mut act = start_actuation(&state, &enabled)?;
     let cal = match &args.calibration {
         Some(p) => Calibration::read(p).map_err(|e| usage!("{}: {e:#}", p.display()))?,
         None => {
@@ -70,7 +72,8 @@ pub fn run(
             super::calibrate::real(sc, None, &o)?
         }
     };
-    for a in &sc.apps {
+    // Batch jobs take no load: nothing to calibrate.
+    for a in sc.apps.iter().filter(|a| a.job.is_none()) {
         if !cal.apps.contains_key(&a.name) {
             return Err(usage!("calibration has no entry for app {}", a.name));
         }
@@ -78,11 +81,27 @@ pub fn run(
     let duration = args.duration.unwrap_or(sc.duration_s);
     let scale = sc.duration_s / duration;
     let fixture = super::calibrate::fixture_cmd()?;
-    let mut running = Vec::new();
+    // Per app, in scenario order: its server, or its batch job.
+    let mut running: Vec<Option<servers::Running>> = Vec::new();
+    let mut jobs: Vec<Option<BatchJob>> = Vec::new();
     for a in &sc.apps {
-        let s = servers::start(a, &fixture)?;
-        eprintln!("started {} ({}, pid {})", a.name, s.addr, s.pid);
-        running.push(s);
+        match &a.job {
+            Some(j) => {
+                // Bounded in time even if this process were stopped and
+                // never killed it: the run's length and a margin.
+                let exit_after_s = duration.ceil() as u64 + JOB_MARGIN_S;
+                let job = BatchJob::start(&a.name, &batch_cmd()?, &j.args(100, exit_after_s))?;
+                eprintln!("started {} (batch job, pid {})", a.name, job.pid);
+                running.push(None);
+                jobs.push(Some(job));
+            }
+            None => {
+                let s = servers::start(a, &fixture)?;
+                eprintln!("started {} ({}, pid {})", a.name, s.addr, s.pid);
+                running.push(Some(s));
+                jobs.push(None);
+            }
+        }
     }
     // The eBPF request sensor gives the server-side line (and the feedback
     // with --feedback ebpf); without it (not root, no tracefs) the client
@@ -100,13 +119,21 @@ pub fn run(
         }
     };
     // Every process of each server (nginx's workers are the master's
-    // children), traced and actuated, its latencies merged as the daemon
+    // children) or job, actuated, its latencies merged as the daemon
     // merges an app's pids.
-    let trees: Vec<Vec<i32>> = running.iter().map(|s| server_pids(s.pid)).collect();
+    let trees: Vec<Vec<i32>> = running
+        .iter()
+        .zip(&jobs)
+        .map(|(s, j)| match (s, j) {
+            (Some(s), _) => server_pids(s.pid),
+            (None, Some(j)) => server_pids(j.pid),
+            (None, None) => Vec::new(),
+        })
+        .collect();
     if let Some(t) = &tracer {
         // The server's pid with its descendants followed in the kernel
         // (nginx's workers, respawned ones too): one target per server.
-        for s in &running {
+        for s in running.iter().flatten() {
             let opts = TargetOptions {
                 mode: Mode::Auto,
                 ports: vec![s.port],
@@ -116,7 +143,7 @@ pub fn run(
                 .with_context(|| format!("tracing {} (pid {})", s.name, s.pid))?;
         }
     }
-    let knobs: Vec<&str> = Resource::CYCLE
+    let knobs: Vec<&str> = enabled
         .iter()
         .filter(|r| act.node().has(**r))
         .map(|r| r.name())
@@ -143,22 +170,37 @@ pub fn run(
     let stop = Arc::new(AtomicBool::new(false));
     let mut apps = Vec::new();
     let mut handles = Vec::new();
-    for (i, ((a, s), tree)) in sc.apps.iter().zip(&running).zip(&trees).enumerate() {
-        let cap = cal.apps[&a.name].capacity_rps;
-        let shape = a.load.clone();
-        let rate = Rate::Profile(Arc::new(move |t| shape.level_at(t * scale) * cap));
-        let mut spec = sweep::spec_for(a, &s.addr, 1.0, duration, seed.wrapping_add(i as u64))
-            .map_err(|e| usage!("{}: {e}", a.name))?;
-        spec.rate = rate;
-        // One report per monitoring tick: the policy observes every tick.
-        spec.interval = Duration::from_millis(sc.monitor_ms);
-        let (tx, rx) = mpsc::channel::<IntervalReport>();
-        handles.push(load::spawn(spec, Some(tx), stop.clone()));
+    for (i, (((a, s), job), tree)) in sc
+        .apps
+        .iter()
+        .zip(&running)
+        .zip(&mut jobs)
+        .zip(&trees)
+        .enumerate()
+    {
         let target = cal.target_us(a);
+        let reports = match s {
+            Some(s) => {
+                let cap = cal.apps[&a.name].capacity_rps;
+                let shape = a.load.clone();
+                let rate = Rate::Profile(Arc::new(move |t| shape.level_at(t * scale) * cap));
+                let mut spec =
+                    sweep::spec_for(a, &s.addr, 1.0, duration, seed.wrapping_add(i as u64))
+                        .map_err(|e| usage!("{}: {e}", a.name))?;
+                spec.rate = rate;
+                // One report per monitoring tick: the policy observes every tick.
+                spec.interval = Duration::from_millis(sc.monitor_ms);
+                let (tx, rx) = mpsc::channel::<IntervalReport>();
+                handles.push(load::spawn(spec, Some(tx), stop.clone()));
+                Some(rx)
+            }
+            None => None,
+        };
         apps.push(ReplayApp {
             spec: a.clone(),
             pids: tree.clone(),
-            reports: rx,
+            reports,
+            job: job.take(),
             client_target_us: target,
             ebpf_target_us: cal.ebpf_target_us(a).or(target),
         });
@@ -188,7 +230,9 @@ pub fn run(
     let mut node = ReplayNode::new(apps, act, tracer.clone(), power, feedback, nr_slots);
     let mut ctl = ControlLoop::new(policy);
     let nr_iv = ((duration * 1000.0) / sc.interval_ms as f64).round() as u64;
+    let (cpu0, t0) = (node.job_cpu_s(), Instant::now());
     drive(&mut ctl, &mut node, &mut rec, cadence, nr_iv);
+    let be_cpus = job_cpus(&cpu0, &node.job_cpu_s(), t0.elapsed().as_secs_f64());
     for n in node.notes.drain(..) {
         eprintln!("{n}");
     }
@@ -197,11 +241,22 @@ pub fn run(
     let mut tl = std::mem::take(&mut rec.tl);
     tl.meta
         .extend(super::replay::run_meta(sc, args.policy.as_deref()));
+    tl.meta.insert(
+        "resources".into(),
+        serde_json::to_value(&knobs).unwrap_or_default(),
+    );
+    if !be_cpus.is_empty() {
+        // What the batch jobs received: CPU time over the run ÷ its length.
+        tl.meta.insert(
+            "be_cpus_used".into(),
+            serde_json::to_value(&be_cpus).unwrap_or_default(),
+        );
+    }
     stop.store(true, Ordering::Relaxed);
     for h in handles {
         let _ = h.join();
     }
-    let mut act = node.into_actuation();
+    let (mut act, jobs) = node.into_parts();
     match act.restore_all() {
         Ok(ch) if !ch.is_empty() => eprintln!("restored {} setting(s)", ch.len()),
         Ok(_) => {}
@@ -221,6 +276,7 @@ pub fn run(
             .apps
             .iter()
             .zip(&running)
+            .filter_map(|(a, s)| Some((a, s.as_ref()?)))
             .map(|(a, s)| {
                 let m = t.mode(s.pid).map_or("-".into(), |m| m.to_string());
                 format!("{} {m}", a.name)
@@ -229,7 +285,8 @@ pub fn run(
         eprintln!("eBPF request boundaries: {}", modes.join(", "));
     }
     drop(running); // kills the servers
-                   // Keep whole intervals only (a stop may cut the last one short).
+    drop(jobs); // and the batch jobs
+                // Keep whole intervals only (a stop may cut the last one short).
     tl.rows
         .truncate(tl.rows.len() / sc.apps.len() * sc.apps.len());
     if power_failed {
@@ -247,6 +304,27 @@ pub fn run(
         files.plot_svg.display()
     );
     Ok(())
+}
+
+/// Seconds a batch job outlives the run's length at most.
+const JOB_MARGIN_S: u64 = 30;
+
+/// The command that runs a batch job: this binary's `batch` subcommand.
+fn batch_cmd() -> anyhow::Result<Vec<String>> {
+    let exe = std::env::current_exe().context("locating the qosd binary")?;
+    Ok(vec![exe.display().to_string(), "batch".into()])
+}
+
+/// Mean CPUs each batch job used between two readings `secs` apart.
+fn job_cpus(
+    before: &BTreeMap<String, f64>,
+    after: &BTreeMap<String, f64>,
+    secs: f64,
+) -> BTreeMap<String, f64> {
+    after
+        .iter()
+        .filter_map(|(app, a)| Some((app.clone(), (a - before.get(app)?) / secs.max(1e-9))))
+        .collect()
 }
 
 /// The real replay's clock: the loop ticks on the monitoring grid of the
@@ -307,7 +385,7 @@ fn progress(tl: &Timeline, nr_apps: usize, duration: f64) {
 /// The actuators with their defaults but journalling to `state` (the
 /// replay's own state file, not the daemon's), behind the daemon's
 /// actuation. Knobs the machine lacks are simply absent from the node.
-fn start_actuation(state: &Path) -> anyhow::Result<Actuation> {
+fn start_actuation(state: &Path, enabled: &[Resource]) -> anyhow::Result<Actuation> {
     let cfg = qosd_actuators::Config {
         state_file: Some(state.to_owned()),
         ..Default::default()
@@ -327,7 +405,9 @@ fn start_actuation(state: &Path) -> anyhow::Result<Actuation> {
         state.display(),
         state.display()
     );
-    let mut act = Actuation::new(act, &Resource::CYCLE).context("reading the CPU topology")?;
+    // Knobs outside `enabled` are absent from the node the policy sees, so
+    // its cycle skips them and admission leaves them as found.
+    let mut act = Actuation::new(act, enabled).context("reading the CPU topology")?;
     // Groups `qosd-replay<PID>-<app>`: never a daemon's `qosd-<app>`, nor
     // another replay's with the same app names.
     act.set_group_prefix(&format!("replay{}-", std::process::id()));

@@ -4,7 +4,9 @@
 //! actuated by the daemon's [`Actuation`]. Latency windows are the
 //! daemon's ([`Recent`]: the last decision interval's worth of monitoring
 //! ticks), started again whenever a plan is applied so that what the
-//! policy sees after an action was measured after it.
+//! policy sees after an action was measured after it. A best-effort app
+//! may be a batch job instead of a server: no load and no latency, its
+//! throughput (ops/s) and CPU time are its figures.
 
 use std::collections::BTreeMap;
 use std::sync::mpsc::{Receiver, TryRecvError};
@@ -12,9 +14,11 @@ use std::sync::Arc;
 
 use qosd_core::control::{AppInterval, Applied, Node, Sensed, Tick};
 use qosd_core::{Allocations, AppState, Feedback, Limits, NodeCaps, Plan, QosTarget};
+use qosd_scenarios::batch::BatchJob;
 use qosd_scenarios::load::IntervalReport;
 use qosd_scenarios::scenario::AppSpec;
 use qosd_sensors::ebpf::RequestTracer;
+use qosd_sensors::procfs::Procfs;
 use qosd_sensors::stats::LogHistogram;
 
 use super::actuate::Actuation;
@@ -24,10 +28,13 @@ use super::power::{process_tree, RunPower};
 /// One app of the replay.
 pub struct ReplayApp {
     pub spec: AppSpec,
-    /// Every process of the app's server (its pid and descendants).
+    /// Every process of the app's server or job (its pid and descendants).
     pub pids: Vec<i32>,
-    /// Its load generator's reports (one per monitoring tick).
-    pub reports: Receiver<IntervalReport>,
+    /// Its load generator's reports (one per monitoring tick); `None` for
+    /// a batch job, which takes no load.
+    pub reports: Option<Receiver<IntervalReport>>,
+    /// A best-effort app's batch job (`job:` in the scenario).
+    pub job: Option<BatchJob>,
     /// Targets the client and the eBPF latency are scored against, µs.
     pub client_target_us: Option<f64>,
     pub ebpf_target_us: Option<f64>,
@@ -41,6 +48,8 @@ struct Meter {
     iv_ebpf: LogHistogram,
     offered_rps: f64,
     completed: u64,
+    /// The batch job was seen gone (said once).
+    job_gone: bool,
 }
 
 /// The real replay's node. Build it once the servers run, the targets are
@@ -79,6 +88,7 @@ impl ReplayNode {
                 iv_ebpf: LogHistogram::new(),
                 offered_rps: 0.0,
                 completed: 0,
+                job_gone: false,
             })
             .collect();
         ReplayNode {
@@ -95,9 +105,25 @@ impl ReplayNode {
         }
     }
 
-    /// The actuation back, to restore the knobs at the end.
-    pub fn into_actuation(self) -> Actuation {
-        self.act
+    /// The actuation back, to restore the knobs at the end, and the batch
+    /// jobs (killed when dropped: after the restore, as the servers are).
+    pub fn into_parts(self) -> (Actuation, Vec<BatchJob>) {
+        let jobs = self.apps.into_iter().filter_map(|a| a.job).collect();
+        (self.act, jobs)
+    }
+
+    /// CPU seconds each batch job has used so far (`/proc/PID/stat`, every
+    /// thread), by app; a job whose process is gone is left out.
+    pub fn job_cpu_s(&self) -> BTreeMap<String, f64> {
+        let procfs = Procfs::new("/");
+        self.apps
+            .iter()
+            .filter_map(|a| {
+                let pid = a.job.as_ref()?.pid as i32;
+                let s = procfs.process_cpu_s(pid).ok().flatten()?;
+                Some((a.spec.name.clone(), s))
+            })
+            .collect()
     }
 
     /// The power sensor failed during the run (its figures are dropped).
@@ -122,6 +148,21 @@ impl ReplayNode {
         }
     }
 
+    /// App `i`'s batch job throughput since the previous decision (`None`
+    /// for a server); a job that ended is said once in the notes.
+    fn job_ops_per_s(&mut self, i: usize) -> Option<f64> {
+        let job = self.apps[i].job.as_mut()?;
+        let v = job.ops_per_s();
+        if v.is_none() && !job.running() && !self.meters[i].job_gone {
+            self.meters[i].job_gone = true;
+            self.notes.push(format!(
+                "the batch job of {} (pid {}) ended before the run did",
+                job.name, job.pid
+            ));
+        }
+        v
+    }
+
     fn fed_target_us(&self, i: usize) -> Option<f64> {
         match self.feedback {
             Feedback::Client => self.apps[i].client_target_us,
@@ -142,8 +183,8 @@ impl Node for ReplayNode {
     fn sense(&mut self, tick: &Tick) -> Sensed {
         for (a, m) in self.apps.iter().zip(&mut self.meters) {
             let mut hist = LogHistogram::new();
-            loop {
-                match a.reports.try_recv() {
+            while let Some(reports) = &a.reports {
+                match reports.try_recv() {
                     Ok(r) => {
                         hist.merge(&r.histogram);
                         m.offered_rps = r.offered_rps;
@@ -159,8 +200,10 @@ impl Node for ReplayNode {
             m.iv_client.merge(&hist);
             m.client.push(hist, tick.dt_s, None);
             let (eh, latest) = match &self.tracer {
-                Some(t) => from_tracer(t, &a.pids, crate::config::figure_of(a.spec.latency)),
-                None => (LogHistogram::new(), None),
+                Some(t) if a.job.is_none() => {
+                    from_tracer(t, &a.pids, crate::config::figure_of(a.spec.latency))
+                }
+                _ => (LogHistogram::new(), None),
             };
             m.iv_ebpf.merge(&eh);
             m.ebpf.push(eh, tick.dt_s, latest);
@@ -175,6 +218,11 @@ impl Node for ReplayNode {
         sensed.snapshot.node_power_w = sample.as_ref().map(|s| s.node.total_w);
         let iv_s = (tick.now_ms.saturating_sub(self.interval_start_ms) as f64 / 1000.0).max(1e-9);
         for i in 0..self.apps.len() {
+            let be_ops_per_s = if tick.decide {
+                self.job_ops_per_s(i)
+            } else {
+                None
+            };
             let a = &self.apps[i];
             let pct = a.spec.target.as_ref().map_or(99.0, |t| t.percentile);
             let rps = self.meters[i].client.rps();
@@ -208,14 +256,14 @@ impl Node for ReplayNode {
                 let ns = |h: &LogHistogram| h.percentile(pct).map(|v| v as f64 / 1e3);
                 sensed.interval.push(AppInterval {
                     app: a.spec.name.clone(),
-                    offered_rps: Some(m.offered_rps),
+                    offered_rps: a.reports.as_ref().map(|_| m.offered_rps),
                     achieved_rps: m.completed as f64 / iv_s,
                     client_us: ns(&m.iv_client),
                     ebpf_us: ns(&m.iv_ebpf),
                     client_target_us: a.client_target_us,
                     ebpf_target_us: a.ebpf_target_us,
                     power_w,
-                    be_ops_per_s: None,
+                    be_ops_per_s,
                 });
                 m.iv_client.clear();
                 m.iv_ebpf.clear();

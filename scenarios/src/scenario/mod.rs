@@ -10,7 +10,7 @@ mod validate;
 use std::path::{Path, PathBuf};
 
 use qosd_core::yamlfile;
-use qosd_core::{AppClass, Feedback};
+use qosd_core::{AppClass, Feedback, Resource};
 use serde::{Deserialize, Serialize};
 
 pub use qosd_core::yamlfile::{locate, KeyPath, Seg};
@@ -45,6 +45,12 @@ pub struct Scenario {
     /// PARTIES policy).
     #[serde(default)]
     pub policy: Option<String>,
+    /// The knobs a real replay lets the policy turn (`qosd replay
+    /// --resources` overrides it), e.g. `[cpu_quota]`: without `cores`
+    /// the apps share every CPU and quota is a pool of the node's CPUs.
+    /// Knobs the machine lacks stay off. Default: every knob it has.
+    #[serde(default)]
+    pub resources: Option<Vec<Resource>>,
     /// The simulated node used by `--sim` (real runs use this machine).
     #[serde(default)]
     pub node: SimNode,

@@ -66,6 +66,16 @@ pub fn validate(s: &mut Scenario) -> Result<(), Fail> {
             )
         },
     )?;
+    if let Some(rs) = &s.resources {
+        check(!rs.is_empty(), at(&[&"resources"]), || {
+            "empty: name at least one knob (cores, frequency, cache_ways, memory_bandwidth, cpu_quota), or drop the key for every knob the machine has".into()
+        })?;
+        for (i, r) in rs.iter().enumerate() {
+            check(!rs[..i].contains(r), at(&[&"resources", &i]), || {
+                format!("{r} appears twice")
+            })?;
+        }
+    }
     let n = &s.node;
     check(
         n.nr_cores as usize >= s.apps.len() && n.nr_cores <= 1024,

@@ -1,0 +1,197 @@
+//! What a run gave each app, by how loaded it was: a latency-critical
+//! app's violations (the client-side yardstick) while its offered load
+//! was at most a fraction of its calibrated capacity and above it, and a
+//! best-effort app's throughput and the CPU it was given and used. The
+//! second table of `qosd compare` (`make demo` prints it for PARTIES
+//! against the static split).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use crate::calibrate::Calibration;
+use crate::timeline::{Row, Summary};
+
+/// Where the load bands split, as a fraction of capacity.
+pub const SPLIT: f64 = 0.8;
+
+/// One app of one run.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct AppBands {
+    /// Violating intervals / judged intervals with offered load <= SPLIT
+    /// of capacity, and the number judged.
+    pub low: Option<(f64, usize)>,
+    /// The same above SPLIT (the top of a ramp).
+    pub high: Option<(f64, usize)>,
+    /// Mean ops/s of its batch job.
+    pub be_ops_per_s: Option<f64>,
+    /// Mean CPU quota in force, CPUs (intervals with a quota).
+    pub quota_cpus: Option<f64>,
+    /// CPU time its job used over the run ÷ the run's length (a real
+    /// replay's `meta.be_cpus_used`).
+    pub cpus_used: Option<f64>,
+}
+
+/// Per app of `s` (from its timeline `rows`).
+pub fn of_run(s: &Summary, rows: &[Row]) -> BTreeMap<String, AppBands> {
+    let cal: Option<Calibration> = s
+        .meta
+        .get("calibration")
+        .and_then(|v| serde_json::from_value(v.clone()).ok());
+    let used = s.meta.get("be_cpus_used");
+    s.apps
+        .iter()
+        .map(|(app, a)| {
+            let mine: Vec<&Row> = rows.iter().filter(|r| &r.app == app).collect();
+            let cap = cal
+                .as_ref()
+                .and_then(|c| c.apps.get(app))
+                .map(|c| c.capacity_rps);
+            let band = |high: bool| {
+                let cap = cap?;
+                let judged: Vec<bool> = mine
+                    .iter()
+                    .filter(|r| (r.offered_rps > SPLIT * cap) == high)
+                    .filter_map(|r| r.violation)
+                    .collect();
+                let n = judged.len();
+                (n > 0).then(|| (judged.iter().filter(|v| **v).count() as f64 / n as f64, n))
+            };
+            let quotas: Vec<f64> = mine
+                .iter()
+                .filter_map(|r| r.cpu_quota_milli)
+                .map(|q| f64::from(q) / 1000.0)
+                .collect();
+            let b = AppBands {
+                low: band(false),
+                high: band(true),
+                be_ops_per_s: a.be_ops_per_s_mean,
+                quota_cpus: (!quotas.is_empty())
+                    .then(|| quotas.iter().sum::<f64>() / quotas.len() as f64),
+                cpus_used: used.and_then(|u| u.get(app)).and_then(|v| v.as_f64()),
+            };
+            (app.clone(), b)
+        })
+        .collect()
+}
+
+/// The table: one line per app per run (`label`, its bands).
+pub fn table(runs: &[(String, BTreeMap<String, AppBands>)]) -> String {
+    let pct =
+        |v: Option<(f64, usize)>| v.map_or("-".into(), |(f, n)| format!("{:.1}% ({n})", f * 100.0));
+    let num = |v: Option<f64>, d: usize| v.map_or("-".into(), |x| format!("{x:.d$}"));
+    let split = (SPLIT * 100.0).round();
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<28} {:<10} {:>15} {:>15} {:>10} {:>11} {:>10}",
+        "run",
+        "app",
+        format!("viol. ≤{split}%"),
+        format!("viol. >{split}%"),
+        "BE ops/s",
+        "quota CPUs",
+        "CPUs used"
+    );
+    for (label, apps) in runs {
+        for (app, b) in apps {
+            let line = format!(
+                "{:<28} {:<10} {:>15} {:>15} {:>10} {:>11} {:>10}",
+                label,
+                app,
+                pct(b.low),
+                pct(b.high),
+                num(b.be_ops_per_s, 0),
+                num(b.quota_cpus, 2),
+                num(b.cpus_used, 2)
+            );
+            let _ = writeln!(out, "{}", line.trim_end());
+        }
+    }
+    let _ = writeln!(
+        out,
+        "(viol. ≤{split}% / >{split}%: intervals whose client p99 missed the target while the app's\n \
+         offered load was at most / above {split}% of its calibrated capacity (intervals judged);\n \
+         quota CPUs: mean CPU quota in force; CPUs used: the batch job's CPU time / run length)"
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::calibrate::AppCalibration;
+    use crate::timeline::AppSummary;
+
+    fn row(app: &str, offered: f64, viol: Option<bool>, quota: Option<u32>) -> Row {
+        Row {
+            t_s: 0.5,
+            app: app.into(),
+            offered_rps: offered,
+            achieved_rps: offered,
+            client_p99_ms: None,
+            ebpf_p99_ms: None,
+            target_ms: None,
+            violation: viol,
+            cores: None,
+            freq_mhz: None,
+            llc_ways: None,
+            mb_percent: None,
+            power_w: None,
+            ebpf_target_ms: None,
+            fed_violation: None,
+            cpu_quota_milli: quota,
+            be_ops_per_s: None,
+        }
+    }
+
+    #[test]
+    fn bands_split_at_the_capacity_fraction() {
+        let mut cal = Calibration::default();
+        cal.apps.insert(
+            "lc".into(),
+            AppCalibration {
+                capacity_rps: 100.0,
+                knee_rps: 50.0,
+                knee_latency_us: 1.0,
+                ebpf_knee_latency_us: None,
+                base_latency_us: 1.0,
+                percentile: 99.0,
+                nr_cpus: None,
+                points: vec![],
+            },
+        );
+        let mut s = Summary::default();
+        s.meta
+            .insert("calibration".into(), serde_json::to_value(&cal).unwrap());
+        s.meta
+            .insert("be_cpus_used".into(), serde_json::json!({"be": 0.75}));
+        s.apps.insert("lc".into(), AppSummary::default());
+        s.apps.insert(
+            "be".into(),
+            AppSummary {
+                be_ops_per_s_mean: Some(1000.0),
+                ..Default::default()
+            },
+        );
+        let rows = vec![
+            row("lc", 10.0, Some(false), None),
+            row("lc", 80.0, Some(true), None), // 80 % is in the low band
+            row("lc", 79.0, Some(false), None),
+            row("lc", 90.0, Some(true), None),
+            row("lc", 95.0, None, None), // not judged
+            row("be", 0.0, None, Some(500)),
+            row("be", 0.0, None, Some(1000)),
+        ];
+        let b = of_run(&s, &rows);
+        assert_eq!(b["lc"].low, Some((1.0 / 3.0, 3)));
+        assert_eq!(b["lc"].high, Some((1.0, 1)));
+        assert_eq!(b["lc"].be_ops_per_s, None);
+        assert_eq!(b["be"].low, None, "no capacity: no bands");
+        assert_eq!(b["be"].quota_cpus, Some(0.75));
+        assert_eq!(b["be"].cpus_used, Some(0.75));
+        assert_eq!(b["be"].be_ops_per_s, Some(1000.0));
+        let t = table(&[("run".into(), b)]);
+        assert!(t.contains("33.3% (3)"), "{t}");
+        assert!(t.contains("100.0% (1)"), "{t}");
+    }
+}
