@@ -155,3 +155,19 @@ fn shipped_scenarios_pass_and_a_bad_one_is_located() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("bad.yaml:"), "{err}");
 }
+
+#[test]
+fn a_scenario_with_an_unknown_resource_is_located() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(repo().join("scenarios/demo.yaml"))
+        .unwrap()
+        .replace("resources: [cpu_quota]", "resources: [cpu_quota, turbo]");
+    let bad = dir.path().join("demo.yaml");
+    std::fs::write(&bad, text).unwrap();
+    let (code, out, err) = qosd_check(&[&bad]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(err.contains("demo.yaml:") && err.contains("turbo"), "{err}");
+    // Nothing is parsed from a file that cannot be, and nothing is
+    // printed as valid.
+    assert!(!out.contains("ok:"), "{out}");
+}

@@ -201,3 +201,31 @@ fn best_effort_batch_jobs_parse_and_are_checked() {
         "{e}"
     );
 }
+
+#[test]
+fn resources_name_the_knobs_of_a_real_replay() {
+    use qosd_core::Resource;
+    // Absent: every knob the machine has (the replay decides).
+    let s = Scenario::parse(Path::new("ok.yaml"), GOOD).unwrap();
+    assert_eq!(s.resources, None);
+    let with = |list: &str| GOOD.replace("duration_s: 10\n", &format!("duration_s: 10\n{list}\n"));
+    let s = Scenario::parse(Path::new("ok.yaml"), &with("resources: [cpu_quota, cores]")).unwrap();
+    assert_eq!(s.resources, Some(vec![Resource::CpuQuota, Resource::Cores]));
+    // The aliases the config accepts (`quota`, `ways`, ...) hold here too.
+    let s = Scenario::parse(Path::new("ok.yaml"), &with("resources: [quota]")).unwrap();
+    assert_eq!(s.resources, Some(vec![Resource::CpuQuota]));
+    let e = err(&with("resources: []"));
+    assert!(e.starts_with("bad.yaml:3:1: resources: empty"), "{e}");
+    let e = err(&with("resources: [cpu_quota, cores, cpu_quota]"));
+    assert!(
+        e.starts_with("bad.yaml:3:31: resources[2]: cpu_quota appears twice"),
+        "{e}"
+    );
+    let e = err(&with("resources: [cpu_quota, turbo]"));
+    assert!(
+        e.starts_with("bad.yaml:3:") && e.contains("resources") && e.contains("turbo"),
+        "{e}"
+    );
+    let e = err(&with("resources: cpu_quota"));
+    assert!(e.starts_with("bad.yaml:3:"), "{e}");
+}

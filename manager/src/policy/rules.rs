@@ -189,10 +189,11 @@ impl Rules {
         let snap = ed.snap;
         let slack_of = |n: &str| snap.app(n).and_then(|a| a.slack());
         for a in &rule.then {
+            // A step of 0 is the node's unit (the CPU quota's default).
             let step = self
                 .settings
                 .step
-                .get(a.resource)
+                .on(a.resource, ed.node)
                 .saturating_mul(a.change.unsigned_abs());
             let reason = format!("rule `{}`: {why}", rule.name);
             let done = if a.change > 0 {
