@@ -67,7 +67,7 @@ fixtures:
 test: build fixtures
 	$(CARGO) test --release --workspace --no-fail-fast -- --test-threads=2
 
-## demo: a real server under load, followed live by `qosd trace`
+## demo: search ramped beside a batch job under PARTIES (CPU quota), then the static split, compared
 demo: build
 	bash scenarios/demo.sh
 

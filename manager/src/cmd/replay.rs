@@ -23,6 +23,7 @@ use crate::usage;
     qosd replay scenarios/ramp.yaml --sim --policy static      the static-allocation baseline\n  \
     qosd replay scenarios/ramp.yaml --sim --duration 60        the scenario compressed into 60 s\n  \
     qosd replay scenarios/ramp.yaml --out out/ramp             on this machine's real servers\n  \
+    qosd replay scenarios/demo.yaml --resources cores,cpu_quota  only these knobs (real replays)\n  \
     qosd restore --state-file out/ramp/state.json              undo a real replay that was killed\n\n\
     Outputs (in --out, default out/<scenario>/): timeline.csv,\n\
     summary.json, calibration.json, timeline.svg, timeline.png and plans.jsonl\n\

@@ -366,13 +366,24 @@ fn progress(tl: &Timeline, nr_apps: usize, duration: f64) {
     }
     let last: Vec<String> = tl.rows[tl.rows.len() - nr_apps..]
         .iter()
-        .map(|r| {
-            format!(
-                "{} {:.0} rps p99 {}",
+        .map(|r| match r.be_ops_per_s {
+            // A batch job: its throughput and the quota it ran under.
+            Some(ops) => format!(
+                "{} {ops:.0} ops/s quota {}",
+                r.app,
+                r.cpu_quota_milli
+                    .map_or("-".into(), |q| format!("{:.1}", f64::from(q) / 1000.0))
+            ),
+            None => format!(
+                "{} {:.0} rps p99 {}{}",
                 r.app,
                 r.achieved_rps,
-                r.client_p99_ms.map_or("-".into(), |v| format!("{v:.2} ms"))
-            )
+                r.client_p99_ms.map_or("-".into(), |v| format!("{v:.2} ms")),
+                r.cpu_quota_milli.map_or(String::new(), |q| format!(
+                    " quota {:.1}",
+                    f64::from(q) / 1000.0
+                ))
+            ),
         })
         .collect();
     eprintln!(
