@@ -281,3 +281,29 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     println!("      {}", out.join("plans.jsonl").display());
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scenario(resources: &str) -> Scenario {
+        let text = format!(
+            "name: t\nduration_s: 10\n{resources}\napps:\n  - name: a\n    class: lc\n    \
+             server:\n      kind: fixture\n    protocol: http\n    target:\n      ms: 1\n"
+        );
+        Scenario::parse(Path::new("t.yaml"), &text).unwrap()
+    }
+
+    #[test]
+    fn knobs_come_from_the_flag_then_the_scenario_then_all() {
+        let all = scenario("");
+        assert_eq!(resources(&all, None).unwrap(), Resource::CYCLE.to_vec());
+        let quota = scenario("resources: [cpu_quota]");
+        assert_eq!(resources(&quota, None).unwrap(), vec![Resource::CpuQuota]);
+        let flag = [Resource::Cores, Resource::CpuQuota];
+        assert_eq!(resources(&quota, Some(&flag)).unwrap(), flag.to_vec());
+        assert!(resources(&quota, Some(&[])).is_err(), "an empty list");
+        assert_eq!(parse_resource("quota"), Ok(Resource::CpuQuota));
+        assert!(parse_resource("turbo").unwrap_err().contains("turbo"));
+    }
+}

@@ -306,3 +306,26 @@ fn bad_rule_files_name_the_key() {
         "{e}"
     );
 }
+
+#[test]
+fn a_quota_change_moves_the_nodes_unit_by_default() {
+    // `step.cpu_quota_milli` defaults to 0: the node's unit (here 0.1 CPU),
+    // not a step of nothing.
+    let mut p = policy(
+        "name: t\nsettings: { victims: [free_pool] }\nrules:\n  - name: shrink\n    class: be\n    \
+         when: [\"rps < 1\"]\n    then: [{ resource: cpu_quota, change: -2 }]\n",
+    );
+    let node = quota_node(0, 2, 100);
+    let cur = quota_allocs(&[("a", 0, 1000), ("b", 0, 1000)]);
+    let plan = p.decide(500, &snap(vec![lc("a", Some(0.1)), be("b")]), &cur, &node);
+    assert_eq!(
+        changes(&plan),
+        vec![ch(
+            "b",
+            Resource::CpuQuota,
+            DecisionKind::Downsize,
+            1000,
+            800
+        )]
+    );
+}
