@@ -41,6 +41,8 @@ struct Slot {
     gave_up: bool,
     /// Operations per second over the last decision interval.
     ops_per_s: Option<f64>,
+    /// The job's count has started (at its first progress line).
+    primed: bool,
 }
 
 /// The jobs of the configured apps, by app index.
@@ -85,6 +87,7 @@ impl Jobs {
                     note: Some("not started yet".into()),
                     gave_up: false,
                     ops_per_s: None,
+                    primed: false,
                 })
             })
             .collect();
@@ -106,7 +109,15 @@ impl Jobs {
         let mut ev = Vec::new();
         for s in self.slots.iter_mut().flatten() {
             if let Some(job) = s.job.as_mut() {
-                let Some(status) = job.exited() else { continue };
+                let Some(status) = job.exited() else {
+                    // Count from the first progress line, so that the first
+                    // decision interval has its figure too.
+                    if !s.primed && job.progress().is_some() {
+                        let _ = job.ops_per_s();
+                        s.primed = true;
+                    }
+                    continue;
+                };
                 let pid = job.pid;
                 s.job = None;
                 let ran_ms = now_ms.saturating_sub(s.started_ms);
@@ -124,6 +135,7 @@ impl Jobs {
                         s.app, job.pid, args.threads
                     ));
                     s.job = Some(job);
+                    s.primed = false;
                     s.started_ms = now_ms;
                     s.note = None;
                 }

@@ -69,6 +69,10 @@ impl DaemonNode {
         if s.mb_percent > 0 {
             parts.push(format!("{} % memory bandwidth", s.mb_percent));
         }
+        if s.cpu_quota_milli > 0 {
+            let cpus = f64::from(s.cpu_quota_milli) / 1000.0;
+            parts.push(format!("{cpus:.2} CPU of quota"));
+        }
         if parts.is_empty() {
             "its resources as found".into()
         } else {
