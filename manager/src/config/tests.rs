@@ -339,6 +339,21 @@ fn best_effort_apps_may_run_a_batch_job() {
     }
 }
 
+/// The shipped config's commented-out batch-job app is valid as written.
+#[test]
+fn shipped_batch_job_example_is_valid() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config.yaml");
+    let text = std::fs::read_to_string(&path).expect("config.yaml");
+    let on = text
+        .replace("  # - name: batch\n", "  - name: batch\n")
+        .replace("  #   class: be\n", "    class: be\n")
+        .replace("  #   job: {", "    job: {");
+    assert_ne!(on, text, "the example is in config.yaml");
+    let c = Config::parse(&path, &on).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.apps[1].name, "batch");
+    assert!(c.apps[1].job.is_some());
+}
+
 #[test]
 fn missing_or_invalid_policy_file() {
     let dir = tempfile::tempdir().expect("tempdir");
