@@ -194,6 +194,32 @@ fn freed_quota_goes_to_the_batch_job_and_its_throughput_rises() {
     // The CPU it got, from the kernel's count.
     assert!(app["cpu_seconds_total"].as_f64().unwrap() > 0.1, "{app}");
 
+    // A job that dies is started again (after 1 s) and admitted again.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(job as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let mut again = 0;
+    assert!(
+        wait_for(Duration::from_secs(10), || {
+            let a = d.get(&format!("/v1/apps/{be}"));
+            again = a["pids"][0].as_u64().unwrap_or(0) as u32;
+            again != 0 && again != job && a["managed"] == true
+        }),
+        "the job was not restarted: {:?}",
+        d.output()
+    );
+    assert!(cgroups(again).contains(&group), "{}", cgroups(again));
+    assert!(
+        d.output()
+            .iter()
+            .any(|l| l.contains(&format!("its job (pid {job}) ended after"))),
+        "{:?}",
+        d.output()
+    );
+    let job = again;
+
     // SIGTERM: the job is stopped and reaped, the groups are gone, and
     // memcached is back where it was.
     let (st, out) = d.stop();

@@ -131,7 +131,7 @@ impl Jobs {
             match BatchJob::spawn(&s.app, &self.cmd, &args) {
                 Ok(job) => {
                     ev.push(format!(
-                        "app {}: started its batch job (pid {}, {} threads)",
+                        "app {}: started its batch job (pid {}, threads: {})",
                         s.app, job.pid, args.threads
                     ));
                     s.job = Some(job);

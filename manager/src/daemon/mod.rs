@@ -291,16 +291,24 @@ async fn serve(o: Options, cfg: Config, policy: PolicyFile, ppath: PathBuf) -> a
         ctl.set_power(p);
     }
     if cfg.apps.iter().any(|a| a.job.is_some()) {
-        // Progress lines once per monitoring tick: every decision
-        // interval holds several.
-        let report_ms = cfg.monitor_interval_ms.min(1000);
-        ctl.set_jobs(jobs::Jobs::new(&cfg.apps, report_ms)?);
+        if cfg.actuators.dry_run {
+            // A job is work on the node, not a knob: a dry run starts none.
+            println!("jobs: dry run: no batch job is started");
+        } else {
+            // Progress lines once per monitoring tick: every decision
+            // interval holds several.
+            let report_ms = cfg.monitor_interval_ms.min(1000);
+            ctl.set_jobs(jobs::Jobs::new(&cfg.apps, report_ms)?);
+        }
     }
     let start = Instant::now();
     let events = ctl.tick(0, 0.0, true, false);
     println!("apps:");
     for a in &cfg.apps {
-        let fb = feedback_of(a.feedback);
+        let fb = match a.job {
+            Some(_) => "none (batch job)".to_owned(),
+            None => feedback_of(a.feedback).to_string(),
+        };
         let t = describe_target(a.qos_target());
         let m = &a.matcher;
         let how = match (m.pid, &m.comm, &m.cgroup) {
