@@ -384,33 +384,6 @@ apps:
 list: [a, b]
 ";
 
-    /// serde reports an unknown field inside an internally tagged enum
-    /// one level up; the error names where it is written.
-    #[test]
-    fn unknown_field_in_a_tagged_enum_is_placed_at_its_key() {
-        #[derive(Debug, serde::Deserialize)]
-        #[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
-        #[allow(dead_code)]
-        enum Job {
-            Hash { threads: u32 },
-        }
-        #[derive(Debug, serde::Deserialize)]
-        #[serde(deny_unknown_fields)]
-        #[allow(dead_code)]
-        struct App {
-            name: String,
-            job: Job,
-        }
-        let text = "apps:\n  - name: a\n    job: { kind: hash, thread: 2 }\n";
-        type Doc = std::collections::BTreeMap<String, Vec<App>>;
-        let e = parse::<Doc>(Path::new("f.yaml"), text).unwrap_err();
-        assert_eq!(
-            (e.line, e.col, e.key.as_str()),
-            (3, 24, "apps[0].job.thread"),
-            "{e}"
-        );
-    }
-
     #[test]
     fn locates_keys_and_items() {
         let p = KeyPath::root();
