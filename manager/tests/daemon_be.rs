@@ -2,7 +2,9 @@
 //! (root, real cgroups, real processes): beside an idle memcached (a
 //! latency-critical app with slack to give), PARTIES moves CPU quota from
 //! memcached to the job, and the job's throughput in `/metrics`
-//! (`qosd_app_be_ops_per_second`) rises with it. On SIGTERM the job is
+//! (`qosd_app_be_ops_per_second`) rises with it; when memcached violates
+//! its target the quota is taken back and the throughput falls. A job
+//! killed is started again. On SIGTERM the job is
 //! stopped and every group qosd made is gone; after a SIGKILL the job
 //! dies with the daemon and `qosd restore` removes the groups. Run alone:
 //! `cargo test --release -p qosd-manager --test daemon_be`.
@@ -193,6 +195,44 @@ fn freed_quota_goes_to_the_batch_job_and_its_throughput_rises() {
     );
     // The CPU it got, from the kernel's count.
     assert!(app["cpu_seconds_total"].as_f64().unwrap() > 0.1, "{app}");
+
+    // Phase 3: memcached reports 5 ms against its 1 ms target; PARTIES
+    // upsizes it with quota taken from the best-effort job first, and the
+    // job's throughput falls with it.
+    let mut taken = Vec::new();
+    let mut low_at = None;
+    let t2 = Instant::now();
+    while t2.elapsed() < Duration::from_secs(25) && taken.len() < 3 {
+        let body = format!("{{\"latencies_us\": [{}]}}", ["5000"; 20].join(","));
+        let (code, v) = d.post_auth(&format!("/v1/apps/{lc}/latency"), &body, Some(&auth));
+        assert_eq!(code, 200, "{v}");
+        let ops = be_ops(&d.get_text("/metrics").1, &be);
+        if quota(&d, &be) <= 100 {
+            let since = *low_at.get_or_insert_with(Instant::now);
+            if since.elapsed() > Duration::from_millis(600) {
+                if let Some(v) = ops.filter(|v| taken.last() != Some(v)) {
+                    taken.push(v);
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let decisions = d.get("/v1/decisions?limit=100");
+    eprintln!("ops/s after memcached took the quota back: {taken:.0?}");
+    assert_eq!(taken.len(), 3, "the job kept its quota: {decisions}");
+    assert!(
+        decisions["decisions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|x| x["app"] == be.as_str() && x["kind"] == "reclaim"),
+        "{decisions}"
+    );
+    taken.sort_by(f64::total_cmp);
+    assert!(
+        taken[1] * 3.0 <= high_median,
+        "throughput did not fall with the quota: {high:?} then {taken:?}"
+    );
 
     // A job that dies is started again (after 1 s) and admitted again.
     nix::sys::signal::kill(
