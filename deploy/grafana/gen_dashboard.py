@@ -62,6 +62,12 @@ ts("Knobs in use", "1 when the policy turns the knob on that node; 0 when the no
     ('qosd_knob_in_use{instance=~"$instance"}', "{{resource}} via {{backend}} ({{instance}})"),
 ], 16, w=8, extra={"options": {"legend": {"displayMode": "table", "placement": "right"}}})
 nl()
+row("Best-effort work")
+ts("Best-effort throughput", "Operations per second of each best-effort app's batch job (a config `job:` qosd runs) over the last decision interval: what the latency-critical apps leave goes here. 0 while the job is restarting. Empty where no app runs a `job:`.", "ops", [
+    (f'qosd_app_be_ops_per_second{{{SEL}}}', "{{app}} ({{instance}})")], 0)
+ts("CPU used", "CPUs each app's processes used (CPU seconds per second, from the kernel's count): the CPU a best-effort job got, beside its quota.", "short", [
+    (f'rate(qosd_app_cpu_seconds_total{{{SEL}}}[$__rate_interval])', "{{app}} ({{instance}})")], 12)
+nl()
 row("Power")
 NO_POWER = " Empty where qosd runs with sensors.power: false or cannot load its sched_switch program (see qosd's startup banner)."
 ts("Power", "Power attributed to each app and the node's; estimate=\"true\" when it comes from qosd's model (no RAPL), not a measurement." + NO_POWER, "watt", [

@@ -77,9 +77,16 @@ fn default_decide_ms() -> u64 {
 pub struct AppConfig {
     /// Unique name (letters, digits, `_`, `-`, `.`): API paths, metric labels.
     pub name: String,
-    /// How to find the app's processes: exactly one of `pid`, `comm`, `cgroup`.
-    #[serde(rename = "match")]
+    /// How to find the app's processes: exactly one of `pid`, `comm`,
+    /// `cgroup` (none for an app with a `job`: the job is its process).
+    #[serde(rename = "match", default)]
     pub matcher: Match,
+    /// A best-effort app's batch job, which the daemon runs itself (the
+    /// scenarios' `job:`, e.g. `{ kind: hash, threads: 1 }`): started at
+    /// start-up, restarted if it dies, stopped on exit; its throughput is
+    /// `be_ops_per_s` in the API and `qosd_app_be_ops_per_second`.
+    #[serde(default)]
+    pub job: Option<JobSpec>,
     /// `lc` (latency-critical, needs a target) or `be` (best-effort).
     pub class: AppClass,
     /// QoS target of an `lc` app: one percentile and a latency with its
@@ -106,6 +113,7 @@ pub struct AppConfig {
 }
 
 pub use qosd_core::LatencyFrom;
+pub use qosd_scenarios::scenario::JobSpec;
 
 /// The tracer's figure for an app's `latency:` setting.
 pub fn figure_of(l: LatencyFrom) -> qosd_sensors::ebpf::Figure {

@@ -52,6 +52,11 @@ apps:
 policy: parties.yaml
 ";
 
+/// A best-effort app running `job`, then the `policy:` key.
+fn be_job(job: &str) -> String {
+    format!("  - name: batch\n    class: be\n    job: {job}\npolicy:")
+}
+
 #[test]
 fn bad_files_exit_2_with_file_line_col_and_key() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -88,6 +93,38 @@ fn bad_files_exit_2_with_file_line_col_and_key() {
             ":3:",
         ),
         ("syntax.yaml", "apps: [\n  - name\n".to_owned(), ":"),
+        // Best-effort apps whose batch job qosd runs (`job:`).
+        (
+            "job-on-lc.yaml",
+            CONFIG.replace(
+                "    match: { comm: memcached }\n",
+                "    job: { kind: hash }\n",
+            ),
+            ":3:5: apps[0].job: a batch job is for best-effort apps (class: be)",
+        ),
+        (
+            "job-threads.yaml",
+            CONFIG.replace("policy:", &be_job("{ kind: hash, threads: 0 }")),
+            ":8:24: apps[1].job.threads: 0: must be in 1..=256",
+        ),
+        (
+            "job-typo.yaml",
+            CONFIG.replace("policy:", &be_job("{ kind: hash, thread: 2 }")),
+            ":8:24: apps[1].job.thread: unknown field `thread`",
+        ),
+        (
+            "job-kind.yaml",
+            CONFIG.replace("policy:", &be_job("{ kind: gzip }")),
+            ":8:",
+        ),
+        (
+            "job-and-match.yaml",
+            CONFIG.replace(
+                "policy:",
+                &be_job("{ kind: hash }").replace("class: be", "class: be\n    match: { pid: 1 }"),
+            ),
+            ":8:5: apps[1].match: an app with a `job` is the job's process",
+        ),
     ];
     for (name, text, want) in &cases {
         let f = bad_file(dir.path(), name, text);
@@ -107,6 +144,13 @@ fn bad_files_exit_2_with_file_line_col_and_key() {
             "{name}: {err}"
         );
     }
+    // `qosd run` refuses the same file before it starts anything (no
+    // job, no group, no API).
+    let f = dir.path().join("job-threads.yaml");
+    let out = qosd(&[Path::new("run"), Path::new("--config"), &f]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(text(&out.stderr).contains("apps[1].job.threads"), "{out:?}");
+    assert!(!text(&out.stdout).contains("batch job"), "{out:?}");
     // The unknown resource names its key.
     let f = dir.path().join("bad-resource.yaml");
     let (_, _, err) = qosd_check(&[&f]);

@@ -166,6 +166,25 @@ impl BatchJob {
     /// thread that started it (`PR_SET_PDEATHSIG`): start it from the
     /// thread that lives as long as the run.
     pub fn start(name: &str, cmd: &[String], args: &BatchArgs) -> anyhow::Result<BatchJob> {
+        let mut job = BatchJob::spawn(name, cmd, args)?;
+        let t0 = Instant::now();
+        while job.progress().is_none() {
+            if let Some(status) = job.child.try_wait()? {
+                bail!("the batch job of {name} exited ({status}) before reporting progress");
+            }
+            if t0.elapsed() > Duration::from_secs(10) {
+                bail!("the batch job of {name} reported no progress within 10 s");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        job.mark = job.progress();
+        Ok(job)
+    }
+
+    /// [`BatchJob::start`] without the wait, for a caller that must not
+    /// block (the daemon's loop): the first [`BatchJob::ops_per_s`] after
+    /// the first progress line starts the count.
+    pub fn spawn(name: &str, cmd: &[String], args: &BatchArgs) -> anyhow::Result<BatchJob> {
         args.validate().map_err(anyhow::Error::msg)?;
         let Some((prog, pre)) = cmd.split_first() else {
             bail!("no batch job command")
@@ -204,25 +223,13 @@ impl BatchJob {
                 }
             })
             .context("starting the batch job's reader")?;
-        let mut job = BatchJob {
+        Ok(BatchJob {
             name: name.to_owned(),
             pid: child.id(),
             child,
             latest,
             mark: None,
-        };
-        let t0 = Instant::now();
-        while job.progress().is_none() {
-            if let Some(status) = job.child.try_wait()? {
-                bail!("the batch job of {name} exited ({status}) before reporting progress");
-            }
-            if t0.elapsed() > Duration::from_secs(10) {
-                bail!("the batch job of {name} reported no progress within 10 s");
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        job.mark = job.progress();
-        Ok(job)
+        })
     }
 
     /// The last progress line: (cumulative ops, the job's clock in µs).
@@ -236,7 +243,11 @@ impl BatchJob {
     /// stopped: then it made no measurable progress either).
     pub fn ops_per_s(&mut self) -> Option<f64> {
         let now = self.progress()?;
-        let (c0, t0) = self.mark?;
+        let Some((c0, t0)) = self.mark else {
+            // The first progress seen (a spawned job): the count starts here.
+            self.mark = Some(now);
+            return None;
+        };
         if now.1 <= t0 {
             return None;
         }
@@ -247,6 +258,11 @@ impl BatchJob {
     /// Whether the job is still running.
     pub fn running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// How the job ended (reaped), or `None` while it runs.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
     }
 }
 

@@ -147,6 +147,11 @@ fn from_serde(path: &Path, text: &str, e: &serde_yaml_ng::Error) -> FileError {
     } else {
         (line, col)
     };
+    if msg.contains("unknown field `") {
+        if let Some((k, Some(p))) = tagged_field(text, &key_path(&key)) {
+            (key, (line, col)) = (k.to_string(), p);
+        }
+    }
     // serde_yaml_ng stops the path at a sequence when one of its scalar
     // items fails to convert (e.g. a rule condition); the message quotes
     // the item, which finds its index and position.
@@ -168,6 +173,29 @@ fn from_serde(path: &Path, text: &str, e: &serde_yaml_ng::Error) -> FileError {
         key,
         msg: guard::elide_quotes(msg),
     }
+}
+
+/// serde loses the path inside an internally tagged enum (`job: { kind:
+/// hash, thread: 2 }` says `apps[1].thread`): when `key` is not in the
+/// text, the one place one level down where its last key is written.
+fn tagged_field(text: &str, key: &KeyPath) -> Option<(KeyPath, Pos)> {
+    let (field, parent) = key.0.split_last()?;
+    let mut exact = false;
+    let mut found = Vec::new();
+    walk(text, |at, _, pos| {
+        if at == &key.0[..] {
+            exact = true;
+            return true;
+        }
+        if at.len() == key.0.len() + 1 && at.starts_with(parent) && at.last() == Some(field) {
+            found.push((KeyPath(at.to_vec()), pos));
+        }
+        false
+    });
+    if exact || found.len() != 1 {
+        return None;
+    }
+    found.pop()
 }
 
 fn backticked_after(msg: &str, prefix: &str) -> Option<String> {

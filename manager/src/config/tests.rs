@@ -221,6 +221,49 @@ fn semantic_errors_point_at_their_key() {
             "apps[0].target",
             "needs a target",
         ),
+        // A batch job instead of `match:`, for best-effort apps only.
+        (
+            "    match: { cgroup: /sys/fs/cgroup/batch }\n",
+            "    job: { kind: hash, threads: 0 }\n",
+            11,
+            "apps[1].job.threads",
+            "1..=256",
+        ),
+        (
+            "    match: { cgroup: /sys/fs/cgroup/batch }\n",
+            "    job: { kind: hash, op_kib: 5000 }\n",
+            11,
+            "apps[1].job.op_kib",
+            "1..=4096",
+        ),
+        (
+            "    class: be\n",
+            "    class: be\n    job: { kind: hash }\n",
+            11,
+            "apps[1].match",
+            "drop `match`",
+        ),
+        (
+            "    match: { comm: nginx }\n",
+            "    job: { kind: hash }\n",
+            3,
+            "apps[0].job",
+            "best-effort apps (class: be)",
+        ),
+        (
+            "    match: { cgroup: /sys/fs/cgroup/batch }\n",
+            "    job: { kind: hash }\n    ports: [80]\n",
+            12,
+            "apps[1].ports",
+            "takes no requests",
+        ),
+        (
+            "    match: { cgroup: /sys/fs/cgroup/batch }\n",
+            "",
+            10,
+            "apps[1].match",
+            "or, for a best-effort app, a `job`",
+        ),
         (
             "name: batch",
             "name: web",
@@ -261,6 +304,54 @@ fn semantic_errors_point_at_their_key() {
     assert_eq!((e.line, e.key.as_str()), (13, "state_file"), "{e}");
     let e = parse("apps: []\n").unwrap_err();
     assert_eq!((e.line, e.key.as_str()), (1, "apps"), "{e}");
+}
+
+#[test]
+fn best_effort_apps_may_run_a_batch_job() {
+    let c = parse(&GOOD.replace(
+        "    match: { cgroup: /sys/fs/cgroup/batch }\n",
+        "    job: { kind: hash, threads: 2 }\n",
+    ))
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.apps[1].matcher, Match::default());
+    assert_eq!(
+        c.apps[1].job,
+        Some(JobSpec::Hash {
+            threads: 2,
+            op_kib: 16
+        })
+    );
+    // The job's schema is strict: an unknown kind or key is named.
+    for (bad, word) in [
+        ("{ kind: gzip }", "gzip"),
+        ("{ kind: hash, thread: 2 }", "thread"),
+    ] {
+        let e = parse(&GOOD.replace(
+            "    match: { cgroup: /sys/fs/cgroup/batch }\n",
+            &format!("    job: {bad}\n"),
+        ))
+        .expect_err(bad);
+        assert_eq!(e.line, 11, "{e}");
+        assert!(e.to_string().contains(word), "{e}");
+        if word == "thread" {
+            assert_eq!((e.key.as_str(), e.col), ("apps[1].job.thread", 24), "{e}");
+        }
+    }
+}
+
+/// The shipped config's commented-out batch-job app is valid as written.
+#[test]
+fn shipped_batch_job_example_is_valid() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config.yaml");
+    let text = std::fs::read_to_string(&path).expect("config.yaml");
+    let on = text
+        .replace("  # - name: batch\n", "  - name: batch\n")
+        .replace("  #   class: be\n", "    class: be\n")
+        .replace("  #   job: {", "    job: {");
+    assert_ne!(on, text, "the example is in config.yaml");
+    let c = Config::parse(&path, &on).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.apps[1].name, "batch");
+    assert!(c.apps[1].job.is_some());
 }
 
 #[test]

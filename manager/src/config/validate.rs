@@ -141,10 +141,20 @@ impl AppConfig {
         let m = &self.matcher;
         let mat = at.key("match");
         let set = [m.pid.is_some(), m.comm.is_some(), m.cgroup.is_some()];
-        if set.iter().filter(|b| **b).count() != 1 {
+        let nr_set = set.iter().filter(|b| **b).count();
+        if self.job.is_some() {
+            self.validate_job(at)?;
+            if nr_set > 0 {
+                return Err(Invalid::new(
+                    mat,
+                    "an app with a `job` is the job's process, which qosd starts: drop `match`",
+                ));
+            }
+        } else if nr_set != 1 {
             return Err(Invalid::new(
                 mat,
-                "needs exactly one of `pid`, `comm` or `cgroup`",
+                "needs exactly one of `pid`, `comm` or `cgroup` (or, for a best-effort app, \
+                 a `job` that qosd runs)",
             ));
         }
         if m.pid.is_some_and(|p| p <= 0) {
@@ -210,6 +220,26 @@ impl AppConfig {
             ));
         }
         self.validate_resources(&at.key("resources"))
+    }
+
+    /// A batch job: best-effort, takes no requests, its own fields valid
+    /// (the scenarios' checks).
+    fn validate_job(&self, at: &KeyPath) -> Result<(), Invalid> {
+        let Some(j) = &self.job else { return Ok(()) };
+        if self.class != AppClass::Be {
+            return Err(Invalid::new(
+                at.key("job"),
+                "a batch job is for best-effort apps (class: be)",
+            ));
+        }
+        if !self.ports.is_empty() {
+            return Err(Invalid::new(
+                at.key("ports"),
+                "a batch job takes no requests: drop `ports`",
+            ));
+        }
+        j.check()
+            .map_err(|(k, msg)| Invalid::new(at.key("job").key(k), msg))
     }
 
     fn validate_resources(&self, at: &KeyPath) -> Result<(), Invalid> {

@@ -207,6 +207,8 @@ pub fn app_json(a: &AppLive, window_ms: u64, knobs: &[Resource]) -> Value {
         },
         "slack": a.slack(),
         "cpu_util": a.cpu_util,
+        "cpu_seconds_total": a.cpu_seconds_total,
+        "be_ops_per_s": a.be_ops_per_s,
         "power_w": a.power_w,
         "power": a.power.map(|p| json!({
             "source": p.source,

@@ -7,22 +7,22 @@
 //! [`Controller`] is the node and the [`ControlLoop`] together, ticked by
 //! the daemon's timer.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use qosd_core::control::{Applied as PlanApplied, ControlLoop, LoopCounters, Node, Sensed, Tick};
 use qosd_core::{Allocations, AppState, Feedback, Limits, NodeCaps, Plan, Policy, Snapshot};
-use qosd_sensors::ebpf::{RequestTracer, TargetOptions};
+use qosd_sensors::ebpf::RequestTracer;
 use qosd_sensors::power::PowerSensor;
 use qosd_sensors::procfs::{CpuMeter, NodeCpu, Procfs};
 use qosd_sensors::stats::LogHistogram;
 
 use super::discover::Finder;
+use super::jobs::Jobs;
 use super::state::SharedState;
 use crate::config::AppConfig;
 use crate::node::actuate::Actuation;
 use crate::node::latency::{from_tracer, Recent};
-use qosd_core::admit::Peers;
 
 /// One configured app and what the loop keeps about it.
 struct AppRt {
@@ -37,6 +37,8 @@ struct AppRt {
     cpu_span_s: f64,
     /// Share of its CPUs it used over the last decision interval.
     cpu_util: f64,
+    /// CPU time its processes used since qosd found them, seconds.
+    cpu_total_s: f64,
     /// Its latencies as the policy sees them: the last decision
     /// interval's ticks, started again whenever a plan is applied.
     window: Recent,
@@ -62,12 +64,15 @@ pub struct DaemonNode {
     procfs: Procfs,
     node_cpu: Option<NodeCpu>,
     dry_run: bool,
+    /// The batch jobs of best-effort apps that run one.
+    jobs: Jobs,
     /// The next `sense` scans /proc for new processes.
     scan: bool,
     /// Log lines of the current tick.
     events: Events,
 }
 
+mod discovery;
 mod report;
 pub use report::{describe_target, live_entry};
 
@@ -87,6 +92,7 @@ impl Controller {
             let i = &shared.lock().info;
             (i.decide_interval_ms / i.monitor_interval_ms.max(1)).max(1) as usize
         };
+        let nr_apps = apps.len();
         let apps = apps
             .iter()
             .map(|a| AppRt {
@@ -99,6 +105,7 @@ impl Controller {
                 cpu: CpuMeter::default(),
                 cpu_span_s: 0.0,
                 cpu_util: 0.0,
+                cpu_total_s: 0.0,
             })
             .collect();
         let node = DaemonNode {
@@ -111,6 +118,7 @@ impl Controller {
             procfs: Procfs::new(root),
             node_cpu: None,
             dry_run,
+            jobs: Jobs::none(nr_apps),
             scan: true,
             events: Events::new(),
         };
@@ -118,6 +126,16 @@ impl Controller {
             node,
             ctl: ControlLoop::new(policy),
         }
+    }
+
+    /// Runs the best-effort apps' batch jobs (started on the next tick).
+    pub fn set_jobs(&mut self, jobs: Jobs) {
+        self.node.jobs = jobs;
+    }
+
+    /// Stops every batch job (before the knobs are put back on exit).
+    pub fn stop_jobs(&mut self) -> Events {
+        self.node.jobs.stop_all()
     }
 
     /// Samples `power` on every decision tick from now on.
@@ -186,14 +204,21 @@ impl Node for DaemonNode {
     }
 
     fn sense(&mut self, tick: &Tick) -> Sensed {
-        let events = self.discover(tick.now_ms, self.scan);
+        let mut events = self.jobs.supervise(tick.now_ms);
+        events.extend(self.discover(tick.now_ms, self.scan));
         if tick.decide {
             self.sample_power();
+            self.jobs.sample();
         }
         let snapshot = self.measure(tick.now_ms, tick.dt_s, tick.decide);
+        let interval = if tick.decide {
+            self.interval_rows()
+        } else {
+            Vec::new()
+        };
         Sensed {
             snapshot,
-            interval: Vec::new(),
+            interval,
             events,
         }
     }
@@ -248,149 +273,6 @@ impl DaemonNode {
             .collect()
     }
 
-    fn discover(&mut self, now_ms: u64, scan: bool) -> Events {
-        let mut ev = Events::new();
-        let found: Vec<Vec<i32>> = if scan {
-            let matchers: Vec<_> = self.apps.iter().map(|a| &a.cfg.matcher).collect();
-            let known: Vec<&[i32]> = self.apps.iter().map(|a| a.pids.as_slice()).collect();
-            self.finder.find_all(&matchers, &known)
-        } else {
-            self.apps
-                .iter()
-                .map(|a| {
-                    a.pids
-                        .iter()
-                        .copied()
-                        .filter(|&p| self.finder.alive(p))
-                        .collect()
-                })
-                .collect()
-        };
-        let mut changed = false;
-        for (i, pids) in found.into_iter().enumerate() {
-            if pids == self.apps[i].pids {
-                continue;
-            }
-            changed = true;
-            let old = std::mem::replace(&mut self.apps[i].pids, pids.clone());
-            let name = self.apps[i].cfg.name.clone();
-            self.follow(i, &old, &pids);
-            let managed = self.act.current().contains_key(&name);
-            if pids.is_empty() {
-                self.apps[i].note = None;
-                let msg = match self.act.release(&name, &old) {
-                    Ok(c) if c.is_empty() => String::new(),
-                    Ok(c) => format!(", {} settings put back", c.len()),
-                    Err(e) => format!(", putting its settings back failed: {e}"),
-                };
-                ev.push(format!("app {name}: exited (pids {old:?}): released{msg}"));
-            } else if !managed {
-                ev.extend(self.admit(now_ms, i));
-            } else {
-                ev.push(format!("app {name}: processes now {pids:?}"));
-            }
-        }
-        if scan {
-            // Running apps left out for want of units: units may be free now.
-            for i in 0..self.apps.len() {
-                let name = &self.apps[i].cfg.name;
-                if !self.apps[i].pids.is_empty() && !self.act.current().contains_key(name) {
-                    let before = self.apps[i].note.clone();
-                    let e = self.admit(now_ms, i);
-                    if self.apps[i].note != before {
-                        ev.extend(e);
-                    }
-                }
-            }
-        }
-        if changed {
-            // New processes of managed apps get their app's settings.
-            let pids = self.managed_pids();
-            let current = self.act.current().clone();
-            if let Ok(applied) = self.act.set(&current, &pids, false) {
-                ev.extend(self.record(now_ms, &[], &applied, None));
-            }
-        }
-        ev
-    }
-
-    /// Adds and removes the app's pids in the eBPF tracer.
-    fn follow(&mut self, i: usize, old: &[i32], new: &[i32]) {
-        let Some(t) = &self.tracer else { return };
-        let a = &self.apps[i];
-        let (old, new): (BTreeSet<i32>, BTreeSet<i32>) =
-            (old.iter().copied().collect(), new.iter().copied().collect());
-        for p in old.difference(&new) {
-            if t.connections(*p as u32) == Some(0) {
-                tracing::warn!(
-                    "app {}: pid {p} left having served no connection while traced \
-                     (check its match: and ports:)",
-                    a.cfg.name
-                );
-            }
-            let _ = t.remove_target(*p as u32);
-        }
-        for p in new.difference(&old) {
-            let opts = TargetOptions {
-                ports: a.cfg.ports.clone(),
-                // A matched pre-fork master brings its workers.
-                follow_children: true,
-                ..Default::default()
-            };
-            if let Err(e) = t.add_target(*p as u32, opts) {
-                tracing::warn!("app {}: tracing pid {p}: {e}", a.cfg.name);
-            }
-        }
-    }
-
-    /// An app whose processes appeared: its starting share, applied.
-    fn admit(&mut self, now_ms: u64, i: usize) -> Events {
-        let name = self.apps[i].cfg.name.clone();
-        let pids = self.apps[i].pids.clone();
-        let peers: Peers = self
-            .apps
-            .iter()
-            .filter(|a| self.act.current().contains_key(&a.cfg.name))
-            .map(|a| (a.cfg.name.clone(), (a.cfg.class, a.limits)))
-            .collect();
-        let initial = self.apps[i].cfg.initial_share();
-        let limits = self.apps[i].limits;
-        let (plan, taken) = match self.act.admit(&name, initial, limits, &peers) {
-            Ok(x) => x,
-            Err(why) => {
-                self.apps[i].note = Some(format!("monitored, not managed: {why}"));
-                return vec![format!(
-                    "app {name}: found pids {pids:?}; monitored, not managed: {why}"
-                )];
-            }
-        };
-        self.apps[i].note = None;
-        let mut all = self.managed_pids();
-        all.insert(name.clone(), pids.clone());
-        let mut ev = Vec::new();
-        match self.act.set(&plan, &all, false) {
-            Ok(applied) => {
-                ev.extend(self.record(now_ms, &taken, &applied, None));
-                let failed = applied.iter().find(|a| a.app == name && a.error.is_some());
-                match failed {
-                    Some(a) => ev.push(format!(
-                        "app {name}: found pids {pids:?}; applying its start allocation failed: {}",
-                        a.error.as_deref().unwrap_or("")
-                    )),
-                    None => ev.push(format!(
-                        "app {name}: found pids {pids:?}; starts with {}",
-                        self.describe(&name)
-                    )),
-                }
-            }
-            Err(e) => {
-                self.apps[i].note = Some(format!("monitored, not managed: {e}"));
-                ev.push(format!("app {name}: found pids {pids:?}; not managed: {e}"));
-            }
-        }
-        ev
-    }
-
     /// Feeds each app's latencies of this tick in and builds the snapshot
     /// of the managed apps. CPU time is read on decision ticks only: the
     /// kernel counts it in 10 ms ticks, too coarse for 100 ms anyway.
@@ -410,6 +292,7 @@ impl DaemonNode {
                 continue;
             }
             let used = a.cpu.delta_s(&self.procfs, &a.pids);
+            a.cpu_total_s += used;
             let nr_cpus = self
                 .act
                 .cpus(&a.cfg.name)
@@ -421,7 +304,7 @@ impl DaemonNode {
         }
         let mut snap = Snapshot::default();
         let mut sh = self.shared.lock();
-        for (a, (hist, latest)) in self.apps.iter_mut().zip(ticks) {
+        for (i, (a, (hist, latest))) in self.apps.iter_mut().zip(ticks).enumerate() {
             let util = a.cpu_util;
             let Some(live) = sh.apps.get_mut(&a.cfg.name) else {
                 continue;
@@ -435,6 +318,10 @@ impl DaemonNode {
             a.window.push(hist.clone(), dt_s, latest);
             live.recent.push(hist, dt_s, latest);
             live.cpu_util = util;
+            live.cpu_seconds_total = a.cpu_total_s;
+            if decide {
+                live.be_ops_per_s = self.jobs.ops_per_s(i);
+            }
             if self.act.current().contains_key(&a.cfg.name) {
                 let pct = live.target.map_or(99.0, |t| t.percentile);
                 snap.apps.push(AppState {
@@ -475,13 +362,17 @@ impl DaemonNode {
         if decided {
             sh.decide_ticks_total += 1;
         }
-        for a in &self.apps {
+        for (i, a) in self.apps.iter().enumerate() {
             let share = self.act.current().get(&a.cfg.name).copied();
             let cpus = self.act.cpus(&a.cfg.name);
             if let Some(live) = sh.apps.get_mut(&a.cfg.name) {
                 live.pids.clone_from(&a.pids);
                 live.note = if a.pids.is_empty() {
-                    Some("not running".to_owned())
+                    Some(
+                        self.jobs
+                            .note(i)
+                            .unwrap_or_else(|| "not running".to_owned()),
+                    )
                 } else {
                     a.note.clone()
                 };

@@ -288,6 +288,25 @@ pub fn render(sh: &Shared, dropped: Option<u64>) -> String {
             a.cpu_util,
         );
     }
+    o.family(
+        "qosd_app_cpu_seconds_total",
+        "counter",
+        "CPU time the app's processes used while qosd watched them (rate: the CPUs it got).",
+    );
+    for a in apps() {
+        let v = a.cpu_seconds_total;
+        o.sample("qosd_app_cpu_seconds_total", &[("app", &a.name)], v);
+    }
+    o.family(
+        "qosd_app_be_ops_per_second",
+        "gauge",
+        "Throughput of a best-effort app's batch job (config job:) over the last decision interval, operations per second; 0 while the job is not running.",
+    );
+    for a in apps() {
+        if let Some(v) = a.be_ops_per_s {
+            o.sample("qosd_app_be_ops_per_second", &[("app", &a.name)], v);
+        }
+    }
 
     // Allocations: only knobs in use, only managed apps, only values set.
     type Get = fn(&qosd_core::Share) -> u32;

@@ -11,6 +11,7 @@ pub mod api;
 pub mod auth;
 pub mod control;
 pub mod discover;
+pub mod jobs;
 pub mod metrics;
 pub mod server;
 pub mod state;
@@ -155,10 +156,11 @@ async fn serve(o: Options, cfg: Config, policy: PolicyFile, ppath: PathBuf) -> a
         Actuation::new(actuators, &cfg.actuators.enabled).context("reading the CPU topology")?;
 
     let feedback_of = |f: Feedback| o.feedback.unwrap_or(f);
+    // A batch job serves no requests: it needs no tracer.
     let needs_ebpf = cfg
         .apps
         .iter()
-        .any(|a| feedback_of(a.feedback) == Feedback::Ebpf);
+        .any(|a| a.job.is_none() && feedback_of(a.feedback) == Feedback::Ebpf);
     let tracer = match RequestTracer::start(TracerOptions {
         ringbuf_bytes: cfg.sensors.ring_buffer_kib.saturating_mul(1024),
         window: cfg.sensors.window_requests as usize,
@@ -288,14 +290,29 @@ async fn serve(o: Options, cfg: Config, policy: PolicyFile, ppath: PathBuf) -> a
     if let Some(p) = power {
         ctl.set_power(p);
     }
+    if cfg.apps.iter().any(|a| a.job.is_some()) {
+        if cfg.actuators.dry_run {
+            // A job is work on the node, not a knob: a dry run starts none.
+            println!("jobs: dry run: no batch job is started");
+        } else {
+            // Progress lines once per monitoring tick: every decision
+            // interval holds several.
+            let report_ms = cfg.monitor_interval_ms.min(1000);
+            ctl.set_jobs(jobs::Jobs::new(&cfg.apps, report_ms)?);
+        }
+    }
     let start = Instant::now();
     let events = ctl.tick(0, 0.0, true, false);
     println!("apps:");
     for a in &cfg.apps {
-        let fb = feedback_of(a.feedback);
+        let fb = match a.job {
+            Some(_) => "none (batch job)".to_owned(),
+            None => feedback_of(a.feedback).to_string(),
+        };
         let t = describe_target(a.qos_target());
         let m = &a.matcher;
         let how = match (m.pid, &m.comm, &m.cgroup) {
+            _ if a.job.is_some() => "its batch job".to_owned(),
             (Some(p), _, _) => format!("pid {p}"),
             (_, Some(c), _) => format!("comm {c}"),
             (_, _, Some(g)) => format!("cgroup {}", g.display()),
@@ -395,6 +412,9 @@ async fn serve(o: Options, cfg: Config, policy: PolicyFile, ppath: PathBuf) -> a
     };
     println!("stopping ({why}): putting every knob back");
     server.shutdown(SHUTDOWN_GRACE).await;
+    for e in ctl.stop_jobs() {
+        println!("{e}");
+    }
     let restored = ctl.actuation_mut().restore_all();
     let result = match restored {
         Ok(c) => {

@@ -31,6 +31,11 @@ pub struct AppLive {
     pub inbox: Inbox,
     /// Share of its CPUs it used over the last decision interval, 0..=1.
     pub cpu_util: f64,
+    /// CPU time its processes used while qosd watched them, seconds.
+    pub cpu_seconds_total: f64,
+    /// Its batch job's operations per second over the last decision
+    /// interval (apps with a `job:`; 0 while the job is not running).
+    pub be_ops_per_s: Option<f64>,
     pub power_w: Option<f64>,
     /// The power sensor's figures of its last interval.
     pub power: Option<qosd_core::AppPower>,

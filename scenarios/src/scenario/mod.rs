@@ -190,6 +190,21 @@ fn default_op_kib() -> u32 {
 }
 
 impl JobSpec {
+    /// Checks the job's own fields (scenarios and the daemon's config
+    /// share it): the key at fault (under `job`) and why.
+    pub fn check(&self) -> Result<(), (&'static str, String)> {
+        let JobSpec::Hash { threads, op_kib } = self;
+        if !(1..=crate::batch::MAX_THREADS).contains(threads) {
+            let max = crate::batch::MAX_THREADS;
+            return Err(("threads", format!("{threads}: must be in 1..={max}")));
+        }
+        if !(1..=crate::batch::MAX_OP_KIB).contains(op_kib) {
+            let max = crate::batch::MAX_OP_KIB;
+            return Err(("op_kib", format!("{op_kib}: must be in 1..={max}")));
+        }
+        Ok(())
+    }
+
     /// The arguments of the job's process, bounded by the run's length.
     pub fn args(&self, report_ms: u64, exit_after_s: u64) -> crate::batch::BatchArgs {
         match self {

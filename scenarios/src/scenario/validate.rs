@@ -369,18 +369,8 @@ fn job(i: usize, a: &AppSpec, j: &JobSpec) -> Result<(), Fail> {
     check(a.load.peak() == 0.0, p("load"), || {
         "a batch job takes no load: drop `load`".into()
     })?;
-    let JobSpec::Hash { threads, op_kib } = j;
-    let jp = |k: &'static str| at(&[&"apps", &i, &"job", &k]);
-    check(
-        (1..=crate::batch::MAX_THREADS).contains(threads),
-        jp("threads"),
-        || format!("{threads}: must be in 1..={}", crate::batch::MAX_THREADS),
-    )?;
-    check(
-        (1..=crate::batch::MAX_OP_KIB).contains(op_kib),
-        jp("op_kib"),
-        || format!("{op_kib}: must be in 1..={}", crate::batch::MAX_OP_KIB),
-    )
+    j.check()
+        .map_err(|(k, msg)| (at(&[&"apps", &i, &"job", &k]), msg))
 }
 
 fn shape(i: usize, s: &Shape) -> Result<(), Fail> {

@@ -69,6 +69,10 @@ impl DaemonNode {
         if s.mb_percent > 0 {
             parts.push(format!("{} % memory bandwidth", s.mb_percent));
         }
+        if s.cpu_quota_milli > 0 {
+            let cpus = f64::from(s.cpu_quota_milli) / 1000.0;
+            parts.push(format!("{cpus:.2} CPU of quota"));
+        }
         if parts.is_empty() {
             "its resources as found".into()
         } else {
@@ -142,6 +146,36 @@ impl DaemonNode {
 }
 
 impl DaemonNode {
+    /// Every app's figures over the decision interval that just ended, as
+    /// a timeline row holds them (the daemon drives no load: no offered
+    /// rate; the latency is its feedback source's).
+    pub(super) fn interval_rows(&self) -> Vec<qosd_core::control::AppInterval> {
+        let sh = self.shared.lock();
+        self.apps
+            .iter()
+            .filter_map(|a| {
+                let live = sh.apps.get(&a.cfg.name)?;
+                let lat = live.target_latency_us();
+                let target = live.target.map(|t| t.value_us);
+                let (client_us, ebpf_us) = match a.feedback {
+                    Feedback::Client => (lat, None),
+                    Feedback::Ebpf => (None, lat),
+                };
+                Some(qosd_core::control::AppInterval {
+                    app: a.cfg.name.clone(),
+                    offered_rps: None,
+                    achieved_rps: live.recent.rps(),
+                    client_us,
+                    ebpf_us,
+                    client_target_us: target,
+                    ebpf_target_us: target,
+                    power_w: live.power_w,
+                    be_ops_per_s: live.be_ops_per_s,
+                })
+            })
+            .collect()
+    }
+
     /// The plan's "cannot meet QoS" events: each app's state for the API,
     /// its counter, a record in the decision log and a log line when the
     /// app enters that state.
@@ -199,6 +233,8 @@ pub fn live_entry(
         recent: crate::node::latency::Recent::new(nr_slots),
         inbox: Default::default(),
         cpu_util: 0.0,
+        cpu_seconds_total: 0.0,
+        be_ops_per_s: None,
         power_w: None,
         power: None,
         note: Some("not running".into()),

@@ -1,0 +1,166 @@
+//! Finding each app's processes on every tick (a `/proc` scan on decision
+//! ticks, a liveness check otherwise; a job app's process is its job's),
+//! following them in the eBPF tracer, admitting apps that appear with
+//! their starting share and releasing those whose processes all exited.
+
+use std::collections::BTreeSet;
+
+use qosd_core::admit::Peers;
+use qosd_sensors::ebpf::TargetOptions;
+
+use super::{DaemonNode, Events};
+
+impl DaemonNode {
+    pub(super) fn discover(&mut self, now_ms: u64, scan: bool) -> Events {
+        let mut ev = Events::new();
+        let mut found: Vec<Vec<i32>> = if scan {
+            let matchers: Vec<_> = self.apps.iter().map(|a| &a.cfg.matcher).collect();
+            let known: Vec<&[i32]> = self.apps.iter().map(|a| a.pids.as_slice()).collect();
+            self.finder.find_all(&matchers, &known)
+        } else {
+            self.apps
+                .iter()
+                .map(|a| {
+                    a.pids
+                        .iter()
+                        .copied()
+                        .filter(|&p| self.finder.alive(p))
+                        .collect()
+                })
+                .collect()
+        };
+        // A job app's process is its job (started by the supervisor).
+        for (i, f) in found.iter_mut().enumerate() {
+            if let Some(p) = self.jobs.pids(i) {
+                *f = p;
+            }
+        }
+        let mut changed = false;
+        for (i, pids) in found.into_iter().enumerate() {
+            if pids == self.apps[i].pids {
+                continue;
+            }
+            changed = true;
+            let old = std::mem::replace(&mut self.apps[i].pids, pids.clone());
+            let name = self.apps[i].cfg.name.clone();
+            self.follow(i, &old, &pids);
+            let managed = self.act.current().contains_key(&name);
+            if pids.is_empty() {
+                self.apps[i].note = None;
+                let msg = match self.act.release(&name, &old) {
+                    Ok(c) if c.is_empty() => String::new(),
+                    Ok(c) => format!(", {} settings put back", c.len()),
+                    Err(e) => format!(", putting its settings back failed: {e}"),
+                };
+                ev.push(format!("app {name}: exited (pids {old:?}): released{msg}"));
+            } else if !managed {
+                ev.extend(self.admit(now_ms, i));
+            } else {
+                ev.push(format!("app {name}: processes now {pids:?}"));
+            }
+        }
+        if scan {
+            // Running apps left out for want of units: units may be free now.
+            for i in 0..self.apps.len() {
+                let name = &self.apps[i].cfg.name;
+                if !self.apps[i].pids.is_empty() && !self.act.current().contains_key(name) {
+                    let before = self.apps[i].note.clone();
+                    let e = self.admit(now_ms, i);
+                    if self.apps[i].note != before {
+                        ev.extend(e);
+                    }
+                }
+            }
+        }
+        if changed {
+            // New processes of managed apps get their app's settings.
+            let pids = self.managed_pids();
+            let current = self.act.current().clone();
+            if let Ok(applied) = self.act.set(&current, &pids, false) {
+                ev.extend(self.record(now_ms, &[], &applied, None));
+            }
+        }
+        ev
+    }
+
+    /// Adds and removes the app's pids in the eBPF tracer.
+    fn follow(&mut self, i: usize, old: &[i32], new: &[i32]) {
+        let Some(t) = &self.tracer else { return };
+        // A batch job serves no requests.
+        if self.jobs.is_job(i) {
+            return;
+        }
+        let a = &self.apps[i];
+        let (old, new): (BTreeSet<i32>, BTreeSet<i32>) =
+            (old.iter().copied().collect(), new.iter().copied().collect());
+        for p in old.difference(&new) {
+            if t.connections(*p as u32) == Some(0) {
+                tracing::warn!(
+                    "app {}: pid {p} left having served no connection while traced \
+                     (check its match: and ports:)",
+                    a.cfg.name
+                );
+            }
+            let _ = t.remove_target(*p as u32);
+        }
+        for p in new.difference(&old) {
+            let opts = TargetOptions {
+                ports: a.cfg.ports.clone(),
+                // A matched pre-fork master brings its workers.
+                follow_children: true,
+                ..Default::default()
+            };
+            if let Err(e) = t.add_target(*p as u32, opts) {
+                tracing::warn!("app {}: tracing pid {p}: {e}", a.cfg.name);
+            }
+        }
+    }
+
+    /// An app whose processes appeared: its starting share, applied.
+    fn admit(&mut self, now_ms: u64, i: usize) -> Events {
+        let name = self.apps[i].cfg.name.clone();
+        let pids = self.apps[i].pids.clone();
+        let peers: Peers = self
+            .apps
+            .iter()
+            .filter(|a| self.act.current().contains_key(&a.cfg.name))
+            .map(|a| (a.cfg.name.clone(), (a.cfg.class, a.limits)))
+            .collect();
+        let initial = self.apps[i].cfg.initial_share();
+        let limits = self.apps[i].limits;
+        let (plan, taken) = match self.act.admit(&name, initial, limits, &peers) {
+            Ok(x) => x,
+            Err(why) => {
+                self.apps[i].note = Some(format!("monitored, not managed: {why}"));
+                return vec![format!(
+                    "app {name}: found pids {pids:?}; monitored, not managed: {why}"
+                )];
+            }
+        };
+        self.apps[i].note = None;
+        let mut all = self.managed_pids();
+        all.insert(name.clone(), pids.clone());
+        let mut ev = Vec::new();
+        match self.act.set(&plan, &all, false) {
+            Ok(applied) => {
+                ev.extend(self.record(now_ms, &taken, &applied, None));
+                let failed = applied.iter().find(|a| a.app == name && a.error.is_some());
+                match failed {
+                    Some(a) => ev.push(format!(
+                        "app {name}: found pids {pids:?}; applying its start allocation failed: {}",
+                        a.error.as_deref().unwrap_or("")
+                    )),
+                    None => ev.push(format!(
+                        "app {name}: found pids {pids:?}; starts with {}",
+                        self.describe(&name)
+                    )),
+                }
+            }
+            Err(e) => {
+                self.apps[i].note = Some(format!("monitored, not managed: {e}"));
+                ev.push(format!("app {name}: found pids {pids:?}; not managed: {e}"));
+            }
+        }
+        ev
+    }
+}
