@@ -41,7 +41,7 @@ use crate::{signals, usage};
     the call handed to the server, to the status). A pid is traced with its\n\
     descendants, present and forked later (pre-fork servers: trace the\n\
     master). Hooks: socket tracepoints; where the kernel lacks them, syscall\n\
-    tracepoints (latency = service there; descendants not followed); the\n\
+    tracepoints (latency = service there; descendants followed too); the\n\
     first line says which. Needs root.")]
 pub struct Args {
     /// Process to trace, with its descendants (repeat for several).
@@ -201,8 +201,7 @@ pub fn run(mut a: Args) -> anyhow::Result<()> {
                                 request's arrival, service from the first read)"
             .to_string(),
         (Hooks::Syscalls, why) => format!(
-            "hooks: syscalls (fallback: {}; latency = service, from the first read; \
-             descendants not followed)",
+            "hooks: syscalls (fallback: {}; latency = service, from the first read)",
             why.unwrap_or("asked for")
         ),
     };
