@@ -197,6 +197,8 @@ pub fn live_entry(
         share: None::<Share>,
         cpus: None,
         recent: crate::node::latency::Recent::new(nr_slots),
+        figure: crate::config::figure_of(a.latency),
+        ebpf: std::array::from_fn(|_| crate::node::latency::Recent::new(nr_slots)),
         inbox: Default::default(),
         cpu_util: 0.0,
         power_w: None,
