@@ -114,11 +114,11 @@ fn select(a: &Args) -> anyhow::Result<Vec<u32>> {
         }
     }
     let refs: Vec<&Match> = matchers.iter().collect();
-    let mut found: Vec<u32> = Finder::new("/")
+    let mut found: Vec<i32> = Finder::new("/")
         .find_all(&refs, &[])
         .into_iter()
         .flatten()
-        .filter_map(|p| u32::try_from(p).ok())
+        .filter(|&p| p > 0)
         .collect();
     found.sort_unstable();
     found.dedup();
@@ -133,12 +133,9 @@ fn select(a: &Args) -> anyhow::Result<Vec<u32>> {
                 .map_or(String::new(), |g| format!(" --cgroup {}", g.display()))
         ));
     }
-    let below: Vec<u32> = found
-        .iter()
-        .flat_map(|&p| qosd_sensors::ebpf::descendants(p))
-        .collect();
-    for p in found {
-        if !below.contains(&p) && !pids.contains(&p) {
+    for p in crate::daemon::discover::topmost(&found) {
+        let p = p as u32; // > 0: filtered above
+        if !pids.contains(&p) {
             pids.push(p);
         }
     }

@@ -387,7 +387,10 @@ fn traced(api: &Api, pid: i32) -> Result<(Arc<RequestTracer>, Option<String>), F
     if pid <= 0 || !t.pids().contains(&(pid as u32)) {
         return Err(fail(
             StatusCode::NOT_FOUND,
-            format!("pid {pid} is not traced: it is not a process of a configured app (see GET /v1/apps)"),
+            format!(
+                "pid {pid} is not traced: it is not a process of a configured app, or it is \
+                 followed under its topmost matched ancestor (see GET /v1/apps)"
+            ),
         ));
     }
     Ok((t, app))
