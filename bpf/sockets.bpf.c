@@ -194,6 +194,30 @@ int BPF_PROG(qosd_set_state, const struct sock *sk, const int oldstate,
 	return 0;
 }
 
+/*
+ * When the bytes sk_data_ready announces reached the socket. TCP stamps
+ * its clock cache (tcp_clock_cache: CLOCK_MONOTONIC ns, bpf_ktime_get_ns()'s
+ * clock) as it starts on each received segment, a microsecond or so
+ * before data_ready: reading it saves a clock read per request (65 ns a
+ * read on this VM). The stamp is trusted only if it is not older than the
+ * connection's last reply or its handshake (a request arrives after
+ * both); else (a path that did not refresh it, e.g. a child socket still
+ * holding its listener's stamp, or no bound known) the clock is read.
+ */
+static __always_inline __u64 arrival_ns(const struct sock *sk,
+					const struct sock_state *ss)
+{
+	__u64 floor = ss->last_out_ns > ss->accept_ns ? ss->last_out_ns :
+							ss->accept_ns;
+	struct tcp_sock *tp = bpf_skc_to_tcp_sock((void *)sk);
+	if (floor && tp) {
+		__u64 stamp = tp->tcp_clock_cache;
+		if (stamp >= floor)
+			return stamp;
+	}
+	return bpf_ktime_get_ns();
+}
+
 SEC("tp_btf/sk_data_ready")
 int BPF_PROG(qosd_data_ready, const struct sock *sk)
 {
@@ -203,7 +227,7 @@ int BPF_PROG(qosd_data_ready, const struct sock *sk)
 	struct sock_state *ss = entry_of(sk);
 	if (ss) {
 		if (!ss->arrive_ns)
-			ss->arrive_ns = bpf_ktime_get_ns();
+			ss->arrive_ns = arrival_ns(sk, ss);
 		return 0;
 	}
 	/* A connection open before tracing began (a listening socket's
