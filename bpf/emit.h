@@ -25,6 +25,10 @@ struct {
 } counters SEC(".maps");
 
 /* emit_record(wake_at): never wake the reader; its timed poll takes it. */
+
+/* Bytes one record takes in the ring buffer: the record and the buffer's
+ * 8-byte header, rounded up to 8. */
+#define QOSD_REC_FOOTPRINT ((sizeof(struct req_record) + 8 + 7) / 8 * 8)
 #define QOSD_NEVER_WAKE (~0ULL)
 
 static __always_inline void count(__u32 idx)
@@ -35,9 +39,10 @@ static __always_inline void count(__u32 idx)
 }
 
 /*
- * Sends one record. The reader is woken once at least `wake_at` bytes of
- * records wait (0: for every record; QOSD_NEVER_WAKE: never): a wakeup is a
- * context switch to the reader, the dearest part of a record.
+ * Sends one record. The reader is woken each time the bytes of records
+ * waiting reach a multiple of `wake_at` (0: for every record;
+ * QOSD_NEVER_WAKE: never): a wakeup is a context switch to the reader, the
+ * dearest part of a record.
  */
 static __always_inline void emit_record(__u8 kind, __u32 tgid, __u32 fd,
 					__u64 conn_id, __u32 turns,
@@ -59,9 +64,21 @@ static __always_inline void emit_record(__u8 kind, __u32 tgid, __u32 fd,
 	r->kind = kind;
 	r->pad[0] = r->pad[1] = r->pad[2] = 0;
 	__u64 flags = BPF_RB_NO_WAKEUP;
-	if (wake_at != QOSD_NEVER_WAKE &&
-	    bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= wake_at)
+	if (wake_at == 0) {
 		flags = BPF_RB_FORCE_WAKEUP;
+	} else if (wake_at != QOSD_NEVER_WAKE) {
+		/* Wake as the bytes waiting pass each multiple of wake_at,
+		 * not on every record above it: until the reader runs, each
+		 * forced wakeup whose irq_work already ran raises another
+		 * (an IPI, a VM exit under a hypervisor), so a reader slow
+		 * to be scheduled cost a wakeup per record. Waiting bytes
+		 * include this record (reserved above). */
+		__u64 avail = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA);
+		__u64 before = avail > QOSD_REC_FOOTPRINT ?
+				       avail - QOSD_REC_FOOTPRINT : 0;
+		if (avail / wake_at != before / wake_at)
+			flags = BPF_RB_FORCE_WAKEUP;
+	}
 	bpf_ringbuf_submit(r, flags);
 }
 

@@ -23,6 +23,8 @@
  *   tracepoint/syscalls/sys_enter_close  end of connection (at enter: the fd
  *                                        can be reused by another thread
  *                                        before exit)
+ *   tp_btf/sched_process_fork, _exit     process trees (follow.h), as on the
+ *                                        socket path
  *
  * Cost: these hooks run for every process on the node, so the first thing
  * each program does is a bitmap test on the tgid (`traced`, exact, one
@@ -48,6 +50,7 @@
 #include "emit.h"
 #include "preface.h"
 #include "targets.h"
+#include "follow.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -78,8 +81,12 @@ struct {
 static __always_inline void emit(__u32 tgid, __u32 fd, struct conn_state *cs,
 				 __u8 kind, __u64 start, __u64 end)
 {
+	/* Counted under the traced root (a followed child's requests are
+	 * its ancestor's); the entry is gone once the child exited. */
+	struct target_cfg *cfg = bpf_map_lookup_elem(&targets, &tgid);
+	__u32 root = cfg ? cfg->root : tgid;
 	/* No arrival time on this path: latency == service. */
-	emit_record(kind, tgid, fd, cs->conn_id, cs->turns, start, start, end,
+	emit_record(kind, root, fd, cs->conn_id, cs->turns, start, start, end,
 		    wakeup_bytes);
 }
 
@@ -108,7 +115,7 @@ static __always_inline void on_accept_exit(__u32 tgid, long ret)
 		return;
 	__u16 port = local_port(ret);
 	if (cfg->port_filter) {
-		struct port_key pk = { .tgid = tgid, .port = port };
+		struct port_key pk = { .tgid = cfg->root, .port = port };
 		if (!bpf_map_lookup_elem(&ports, &pk))
 			return;
 	}

@@ -5,10 +5,11 @@
 //! fixed time; prints a markdown section with the median throughput ratio,
 //! the median client p50 difference and the median ratio of CPU time per
 //! request (server + client threads, from schedstat: less disturbed than
-//! throughput by other load on a shared machine). Then, unless BPF_STATS=0,
-//! one more traced run with the kernel's BPF run-time statistics on gives
-//! each program's run time per invocation and per request. Run by
-//! `make bench`.
+//! throughput by other load on a shared machine). Then BPF_STATS traced
+//! runs (default 1; 0: none) with the kernel's BPF run-time statistics on
+//! give each program's run time per invocation and per request (medians
+//! over the runs: less disturbed by other load than one run). ROUNDS 0
+//! measures the statistics alone. Run by `make bench`.
 //!
 //! Usage: trace_overhead [ROUNDS] [SECS_PER_RUN] [CONNECTIONS]
 
@@ -53,11 +54,15 @@ struct Run {
     p50_us: f64,
     /// Server + client CPU time per request (µs).
     cpu_us: f64,
+    /// The tracer process's CPU time per request (µs; 0 untraced).
+    tracer_us: f64,
     requests: u64,
 }
 
-fn run_load(port: u16, conns: usize, secs: f64, server: u32) -> Run {
+/// A closed-loop run; `tracer`: the pid of the `qosd trace` attached.
+fn run_load(port: u16, conns: usize, secs: f64, server: u32, tracer: Option<u32>) -> Run {
     let server_cpu0 = process_cpu_ns(server);
+    let tracer_cpu0 = tracer.map_or(0, process_cpu_ns);
     let deadline = Instant::now() + Duration::from_secs_f64(secs);
     let threads: Vec<_> = (0..conns)
         .map(|c| {
@@ -104,7 +109,9 @@ fn run_load(port: u16, conns: usize, secs: f64, server: u32) -> Run {
         all.merge(&h);
     }
     cpu_ns += process_cpu_ns(server).saturating_sub(server_cpu0);
+    let tracer_ns = tracer.map_or(0, |t| process_cpu_ns(t).saturating_sub(tracer_cpu0));
     Run {
+        tracer_us: tracer_ns as f64 / 1e3 / total.max(1) as f64,
         rps: total as f64 / secs,
         p50_us: all.percentile(50.0).unwrap_or(0) as f64 / 1e3,
         cpu_us: cpu_ns as f64 / 1e3 / total.max(1) as f64,
@@ -179,7 +186,7 @@ fn main() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let server = mc.0.id();
-    run_load(port, conns, 1.0, server); // warm-up
+    run_load(port, conns, 1.0, server, None); // warm-up
     let mut r = Rounds::default();
     for round in 0..rounds {
         // Alternate which goes first so drift hits both sides alike.
@@ -191,7 +198,8 @@ fn main() {
         let mut res: [Option<Run>; 2] = [None, None];
         for traced in order {
             let mut t = traced.then(|| start_trace(&qosd, server));
-            res[usize::from(traced)] = Some(run_load(port, conns, secs, server));
+            let pid = t.as_ref().map(Child::id);
+            res[usize::from(traced)] = Some(run_load(port, conns, secs, server, pid));
             if let Some(c) = t.as_mut() {
                 let _ = c.kill();
                 let _ = c.wait();
@@ -201,17 +209,25 @@ fn main() {
             unreachable!("both sides ran")
         };
         eprintln!(
-            "round {round}: off {:.0} rps p50 {:.1} µs cpu {:.2} µs/req | on {:.0} rps p50 {:.1} µs cpu {:.2} µs/req",
-            a.rps, a.p50_us, a.cpu_us, b.rps, b.p50_us, b.cpu_us
+            "round {round}: off {:.0} rps p50 {:.1} µs cpu {:.2} µs/req | on {:.0} rps p50 {:.1} µs cpu {:.2} µs/req, tracer {:.2} µs/req",
+            a.rps, a.p50_us, a.cpu_us, b.rps, b.p50_us, b.cpu_us, b.tracer_us
         );
         r.push(&a, &b);
     }
-    let stats = if std::env::var("BPF_STATS").as_deref() == Ok("0") {
-        None
-    } else {
-        Some(bpf_stats(&qosd, port, conns, secs, server))
-    };
+    let stats_runs: usize = std::env::var("BPF_STATS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    let stats = (stats_runs > 0).then(|| bpf_stats(&qosd, port, conns, secs, server, stats_runs));
     drop(mc);
+    if rounds == 0 {
+        match stats {
+            Some(Ok(text)) => println!("{text}"),
+            Some(Err(e)) => println!("BPF run-time statistics not measured: {e}\n"),
+            None => {}
+        }
+        return;
+    }
     println!("## Request tracing overhead (memcached at saturation)\n");
     println!(
         "Command: `cargo run --release -p qosd-manager --example trace_overhead -- {rounds} {secs} {conns}`\n"
@@ -247,6 +263,11 @@ fn main() {
         quantile(&mut r.cpu_ratios, 0.25),
         quantile(&mut r.cpu_ratios, 0.75),
     );
+    println!(
+        "| CPU per request of the `qosd trace` process (ring buffer reader, statistics), median (µs) | - | {:.2} | **{:.3}** of the untraced server + client's (median of per-round ratios; not in the row above, which carries the BPF programs' time) |",
+        median(&mut r.tracer_cpu),
+        median(&mut r.tracer_ratios),
+    );
     println!("\nGoal: ratio >= 0.99 and <= +1 µs p50 (the paper reports +8 µs on memcached).\n");
     match stats {
         Some(Ok(text)) => println!("{text}"),
@@ -267,6 +288,8 @@ struct Rounds {
     traced_p50: Vec<f64>,
     base_cpu: Vec<f64>,
     traced_cpu: Vec<f64>,
+    tracer_cpu: Vec<f64>,
+    tracer_ratios: Vec<f64>,
 }
 
 impl Rounds {
@@ -280,6 +303,8 @@ impl Rounds {
         self.traced_p50.push(b.p50_us);
         self.base_cpu.push(a.cpu_us);
         self.traced_cpu.push(b.cpu_us);
+        self.tracer_cpu.push(b.tracer_us);
+        self.tracer_ratios.push(b.tracer_us / a.cpu_us);
     }
 }
 
@@ -309,68 +334,108 @@ fn prog_ids(pid: u32) -> Vec<u64> {
     ids
 }
 
-/// One traced run with kernel.bpf_stats_enabled on: each program's run
-/// count and mean run time, as a markdown table.
-fn bpf_stats(
+/// One program's statistics over one traced run.
+struct ProgRun {
+    name: String,
+    runs: u64,
+    ns: u64,
+}
+
+/// One traced run with kernel.bpf_stats_enabled on: the tracer's
+/// programs' run counts and times, and the requests served.
+fn bpf_stats_run(
     qosd: &str,
     port: u16,
     conns: usize,
     secs: f64,
     server: u32,
-) -> Result<String, String> {
-    const KNOB: &str = "/proc/sys/kernel/bpf_stats_enabled";
-    let before = std::fs::read_to_string(KNOB).map_err(|e| format!("{KNOB}: {e}"))?;
-    std::fs::write(KNOB, "1").map_err(|e| format!("{KNOB}: {e}"))?;
+) -> Result<(Vec<ProgRun>, u64), String> {
     let mut t = start_trace(qosd, server);
-    let run = run_load(port, conns, secs, server);
+    let run = run_load(port, conns, secs, server, None);
     let ids = prog_ids(t.id());
     let out = Command::new("bpftool")
         .args(["-j", "prog", "show"])
         .output();
     let _ = t.kill();
     let _ = t.wait();
-    let _ = std::fs::write(KNOB, before.trim());
     let out = out.map_err(|e| format!("bpftool: {e}"))?;
     let progs: Vec<serde_json::Value> =
         serde_json::from_slice(&out.stdout).map_err(|e| format!("bpftool -j: {e}"))?;
-    let mut rows = vec![];
-    for p in &progs {
-        let ours = p["id"].as_u64().is_some_and(|id| ids.contains(&id));
-        let (cnt, ns) = (
-            p["run_cnt"].as_u64().unwrap_or(0),
-            p["run_time_ns"].as_u64().unwrap_or(0),
-        );
-        if ours && cnt > 0 {
-            rows.push((p["name"].as_str().unwrap_or("?").to_string(), cnt, ns));
-        }
-    }
+    let rows: Vec<ProgRun> = progs
+        .iter()
+        .filter(|p| p["id"].as_u64().is_some_and(|id| ids.contains(&id)))
+        .map(|p| ProgRun {
+            name: p["name"].as_str().unwrap_or("?").to_string(),
+            runs: p["run_cnt"].as_u64().unwrap_or(0),
+            ns: p["run_time_ns"].as_u64().unwrap_or(0),
+        })
+        .filter(|r| r.runs > 0)
+        .collect();
     if rows.is_empty() {
         return Err("no run counts for the tracer's programs".into());
     }
-    rows.sort_by_key(|r| std::cmp::Reverse(r.2));
-    let req = run.requests.max(1) as f64;
-    let mut s = format!(
-        "BPF run time with kernel.bpf_stats_enabled (one traced run of {secs} s, {} requests; \
-         the statistics' own clock reads add to the figures; the client's socket events (or, on the \
-         syscall hooks, syscalls) run the programs too):\n\n| program | runs | ns per run | runs per request | ns per request |\n|---|---|---|---|---|\n",
-        run.requests
-    );
-    let (mut tc, mut tn) = (0, 0);
-    for (name, cnt, ns) in &rows {
-        tc += cnt;
-        tn += ns;
-        s += &format!(
-            "| {name} | {cnt} | {:.0} | {:.2} | {:.0} |\n",
-            *ns as f64 / *cnt as f64,
-            *cnt as f64 / req,
-            *ns as f64 / req
-        );
+    Ok((rows, run.requests.max(1)))
+}
+
+/// `runs` traced runs with kernel.bpf_stats_enabled on: each program's
+/// median run count and run time per request, as a markdown table.
+fn bpf_stats(
+    qosd: &str,
+    port: u16,
+    conns: usize,
+    secs: f64,
+    server: u32,
+    runs: usize,
+) -> Result<String, String> {
+    const KNOB: &str = "/proc/sys/kernel/bpf_stats_enabled";
+    let before = std::fs::read_to_string(KNOB).map_err(|e| format!("{KNOB}: {e}"))?;
+    std::fs::write(KNOB, "1").map_err(|e| format!("{KNOB}: {e}"))?;
+    let results: Vec<_> = (0..runs)
+        .map(|_| bpf_stats_run(qosd, port, conns, secs, server))
+        .collect();
+    let _ = std::fs::write(KNOB, before.trim());
+    let results = results.into_iter().collect::<Result<Vec<_>, _>>()?;
+    // Per program, per run: (runs per request, ns per request).
+    let mut per: std::collections::BTreeMap<String, (Vec<f64>, Vec<f64>)> = Default::default();
+    let (mut total_runs, mut total_ns, mut requests) = (vec![], vec![], vec![]);
+    for (rows, req) in &results {
+        let req = *req as f64;
+        requests.push(req);
+        total_runs.push(rows.iter().map(|r| r.runs).sum::<u64>() as f64 / req);
+        total_ns.push(rows.iter().map(|r| r.ns).sum::<u64>() as f64 / req);
+        for r in rows {
+            let e = per.entry(r.name.clone()).or_default();
+            e.0.push(r.runs as f64 / req);
+            e.1.push(r.ns as f64 / req);
+        }
     }
+    let mut rows: Vec<(String, f64, f64)> = per
+        .into_iter()
+        .map(|(name, (mut r, mut n))| (name, median(&mut r), median(&mut n)))
+        .collect();
+    rows.sort_by(|a, b| b.2.partial_cmp(&a.2).unwrap_or(std::cmp::Ordering::Equal));
+    let mut s = format!(
+        "BPF run time with kernel.bpf_stats_enabled (median of {runs} traced run(s) of {secs} s, \
+         {:.0} requests each (median); the statistics' own clock reads add to the figures; the \
+         client's socket events (or, on the syscall hooks, syscalls) run the programs too):\n\n\
+         | program | runs per request | ns per run | ns per request |\n|---|---|---|---|\n",
+        median(&mut requests)
+    );
+    let per_run = |runs: f64, ns: f64| if runs > 0.0 { ns / runs } else { 0.0 };
+    for (name, r, n) in &rows {
+        s += &format!("| {name} | {r:.2} | {:.0} | {n:.0} |\n", per_run(*r, *n));
+    }
+    let (r, n) = (median(&mut total_runs), median(&mut total_ns));
+    let mut sorted = total_ns.clone();
+    sorted.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
     s += &format!(
-        "| **all** | {tc} | {:.0} | {:.2} | **{:.0}** |\n",
-        tn as f64 / tc as f64,
-        tc as f64 / req,
-        tn as f64 / req
+        "| **all** | {r:.2} | {:.0} | **{n:.0}** (runs: {}) |\n",
+        per_run(r, n),
+        sorted
+            .iter()
+            .map(|v| format!("{v:.0}"))
+            .collect::<Vec<_>>()
+            .join(", ")
     );
     Ok(s)
 }

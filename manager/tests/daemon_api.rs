@@ -85,6 +85,33 @@ fn daemon_api_four_calls_per_pid_and_app() {
         let v = d.get(&format!("/v1/apps/{name}/{call}"));
         assert_eq!(v["app"], name.as_str(), "{v}");
     }
+    // Either eBPF figure of the app over the same ticks, as for pids: the
+    // configured one (latency, from arrival) by default, service on asking.
+    assert_eq!(a["figure"], "latency", "{a}");
+    let both = || {
+        let _ = sequential_latencies(mc.port, 200);
+        let f = |fig: &str| {
+            d.get(&format!(
+                "/v1/apps/{name}/latency_percentile?p=99&figure={fig}"
+            ))
+        };
+        (f("latency"), f("service"))
+    };
+    assert!(wait_for(Duration::from_secs(5), || {
+        let (l, s) = both();
+        l["latency_us"].is_f64() && s["latency_us"].is_f64()
+    }));
+    let (l, s) = both();
+    assert_eq!(
+        (l["figure"].as_str(), s["figure"].as_str()),
+        (Some("latency"), Some("service"))
+    );
+    let lu = l["latency_us"].as_f64().unwrap_or_else(|| panic!("{l}"));
+    let su = s["latency_us"].as_f64().unwrap_or_else(|| panic!("{s}"));
+    // Each request's arrival is at or before its first read.
+    assert!(lu >= su && su > 0.0, "{l} {s}");
+    let e = d.get_status(&format!("/v1/apps/{name}/average_latency?figure=cpu"), 400);
+    assert!(e["error"].as_str().unwrap().contains("figure=cpu"), "{e}");
     // The app's figures take in what the tracer has at each 100 ms tick.
     assert!(wait_for(Duration::from_secs(2), || {
         d.get("/v1/apps")[0]["requests_total"].as_u64().unwrap_or(0) >= 3500

@@ -108,6 +108,45 @@ fn nginx_workers_are_traced_through_the_master() {
     assert_server_le_client("nginx 4 workers, close", &s, &lat);
 }
 
+/// The syscall fallback follows process trees too: nginx with 4 workers
+/// traced by the master's pid on `--hooks syscalls`, every request counted,
+/// keep-alive and close, a respawned worker followed.
+#[test]
+fn syscall_fallback_follows_nginx_workers() {
+    let srv = nginx_master(4, 512, false);
+    assert!(wait_for(Duration::from_secs(5), || children_of(srv.pid())
+        .len()
+        == 4));
+    let trace = Trace::start(&[srv.pid()], &["--mode", "turn", "--hooks", "syscalls"]);
+    assert_eq!(trace.banner["hooks"], "syscalls", "{}", trace.banner);
+    http_load(srv.port, 1000, 8, true);
+    let before = children_of(srv.pid());
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(before[0] as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    assert!(
+        wait_for(Duration::from_secs(5), || {
+            let now = children_of(srv.pid());
+            now.len() == 4 && !now.contains(&before[0])
+        }),
+        "nginx did not respawn its worker"
+    );
+    http_load(srv.port, 1200, 40, true);
+    let lines = trace.stop();
+    let s = summary(&lines, srv.pid());
+    assert_eq!(s["requests"], 2200, "{s}");
+
+    let trace = Trace::start(&[srv.pid()], &["--hooks", "syscalls"]);
+    let lat = http_load(srv.port, 400, 8, false);
+    let lines = trace.stop();
+    let s = summary(&lines, srv.pid());
+    assert_eq!(s["requests"], 400, "{s}");
+    assert_eq!(s["mode"], "connection", "{s}");
+    assert_server_le_client("nginx 4 workers, close, syscall hooks", &s, &lat);
+}
+
 /// Replies sent with sendfile (a 256 KiB file) are seen as sent bytes.
 #[test]
 fn nginx_sendfile_replies_are_counted() {

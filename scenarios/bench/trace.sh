@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # eBPF request sensor: stats engine speed (criterion) and the overhead of
 # `qosd trace` on a saturated memcached (interleaved A/B), and the BPF run time
-# per program (kernel.bpf_stats_enabled; BPF_STATS=0 skips it; needs root and
-# bpftool).
+# per program (kernel.bpf_stats_enabled, medians of BPF_STATS runs, default
+# 5; BPF_STATS=0 skips it; needs root and bpftool).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 cargo build -q --release -p qosd-manager --bin qosd
@@ -21,7 +21,8 @@ echo
 for hooks in sockets syscalls; do
   echo "### Saturated memcached, \`--hooks $hooks\`"
   echo
-  QOSD_HOOKS=$hooks cargo run -q --release -p qosd-manager --example trace_overhead -- 10 3 8
+  # BPF_STATS=5: per-program medians over 5 traced runs (one run is noisy).
+  QOSD_HOOKS=$hooks BPF_STATS=${BPF_STATS:-5} cargo run -q --release -p qosd-manager --example trace_overhead -- 10 3 8
 done
 
 # eBPF p99 (arrival, service) against the client's at 50/80/95 % of

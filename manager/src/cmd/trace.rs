@@ -41,7 +41,7 @@ use crate::{signals, usage};
     the call handed to the server, to the status). A pid is traced with its\n\
     descendants, present and forked later (pre-fork servers: trace the\n\
     master). Hooks: socket tracepoints; where the kernel lacks them, syscall\n\
-    tracepoints (latency = service there; descendants not followed); the\n\
+    tracepoints (latency = service there; descendants followed too); the\n\
     first line says which. Needs root.")]
 pub struct Args {
     /// Process to trace, with its descendants (repeat for several).
@@ -114,11 +114,11 @@ fn select(a: &Args) -> anyhow::Result<Vec<u32>> {
         }
     }
     let refs: Vec<&Match> = matchers.iter().collect();
-    let mut found: Vec<u32> = Finder::new("/")
+    let mut found: Vec<i32> = Finder::new("/")
         .find_all(&refs, &[])
         .into_iter()
         .flatten()
-        .filter_map(|p| u32::try_from(p).ok())
+        .filter(|&p| p > 0)
         .collect();
     found.sort_unstable();
     found.dedup();
@@ -133,12 +133,9 @@ fn select(a: &Args) -> anyhow::Result<Vec<u32>> {
                 .map_or(String::new(), |g| format!(" --cgroup {}", g.display()))
         ));
     }
-    let below: Vec<u32> = found
-        .iter()
-        .flat_map(|&p| qosd_sensors::ebpf::descendants(p))
-        .collect();
-    for p in found {
-        if !below.contains(&p) && !pids.contains(&p) {
+    for p in crate::daemon::discover::topmost(&found) {
+        let p = p as u32; // > 0: filtered above
+        if !pids.contains(&p) {
             pids.push(p);
         }
     }
@@ -201,8 +198,7 @@ pub fn run(mut a: Args) -> anyhow::Result<()> {
                                 request's arrival, service from the first read)"
             .to_string(),
         (Hooks::Syscalls, why) => format!(
-            "hooks: syscalls (fallback: {}; latency = service, from the first read; \
-             descendants not followed)",
+            "hooks: syscalls (fallback: {}; latency = service, from the first read)",
             why.unwrap_or("asked for")
         ),
     };

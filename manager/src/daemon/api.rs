@@ -263,7 +263,8 @@ async fn app(State(api): State<Api>, Path(name): Path<String>) -> Reply {
 #[derive(Deserialize)]
 struct PQuery {
     p: Option<String>,
-    /// `latency` (from arrival, the default) or `service` (pid calls).
+    /// `latency` (from arrival) or `service` (from the first read); pid
+    /// calls default to latency, app calls to the app's configured figure.
     figure: Option<String>,
 }
 
@@ -307,17 +308,34 @@ async fn app_call(
     let sh = api.shared.lock();
     let a = sh.apps.get(&name).ok_or_else(|| no_app(&sh, &name))?;
     let w = sh.info.latency_window_ms;
-    let r = &a.recent;
+    // The policy's figures by default; `figure=` picks either eBPF figure
+    // of an eBPF app (over the same ticks), as the pid calls do.
+    let ebpf = a.feedback == qosd_core::Feedback::Ebpf;
+    let (r, fig) = match (&q.figure, ebpf) {
+        (None, _) => (&a.recent, ebpf.then_some(a.figure)),
+        (Some(_), true) => {
+            let f = figure(&q)?;
+            (&a.ebpf[usize::from(f == Figure::Service)], Some(f))
+        }
+        (Some(_), false) => {
+            return Err(fail(
+                StatusCode::BAD_REQUEST,
+                format!("app {name} takes client feedback: figure= picks an eBPF figure"),
+            ))
+        }
+    };
+    let fs = fig.map(Figure::as_str);
     Ok(Json(match call.as_str() {
         "rps" => json!({ "app": name, "rps": r.rps(), "window_ms": w }),
-        "latest_latency" => json!({ "app": name, "latency_us": r.latest_us() }),
+        "latest_latency" => json!({ "app": name, "figure": fs, "latency_us": r.latest_us() }),
         "average_latency" => {
-            json!({ "app": name, "latency_us": r.mean_us(), "window_ms": w, "requests": r.requests() })
+            json!({ "app": name, "figure": fs, "latency_us": r.mean_us(), "window_ms": w,
+                    "requests": r.requests() })
         }
         "latency_percentile" => {
             let p = percentile(&q)?;
-            json!({ "app": name, "p": p, "latency_us": r.percentile_us(p), "window_ms": w,
-                    "requests": r.requests() })
+            json!({ "app": name, "p": p, "figure": fs, "latency_us": r.percentile_us(p),
+                    "window_ms": w, "requests": r.requests() })
         }
         _ => return Err(unknown_call(&call)),
     }))
@@ -371,7 +389,10 @@ fn traced(api: &Api, pid: i32) -> Result<(Arc<RequestTracer>, Option<String>), F
     if pid <= 0 || !t.pids().contains(&(pid as u32)) {
         return Err(fail(
             StatusCode::NOT_FOUND,
-            format!("pid {pid} is not traced: it is not a process of a configured app (see GET /v1/apps)"),
+            format!(
+                "pid {pid} is not traced: it is not a process of a configured app, or it is \
+                 followed under its topmost matched ancestor (see GET /v1/apps)"
+            ),
         ));
     }
     Ok((t, app))

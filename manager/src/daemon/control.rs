@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use qosd_core::control::{Applied as PlanApplied, ControlLoop, LoopCounters, Node, Sensed, Tick};
 use qosd_core::{Allocations, AppState, Feedback, Limits, NodeCaps, Plan, Policy, Snapshot};
-use qosd_sensors::ebpf::RequestTracer;
+use qosd_sensors::ebpf::{Figure, RequestTracer};
 use qosd_sensors::power::PowerSensor;
 use qosd_sensors::procfs::{CpuMeter, NodeCpu, Procfs};
 use qosd_sensors::stats::LogHistogram;
@@ -22,7 +22,7 @@ use super::jobs::Jobs;
 use super::state::SharedState;
 use crate::config::AppConfig;
 use crate::node::actuate::Actuation;
-use crate::node::latency::{from_tracer, Recent};
+use crate::node::latency::{figures_from_tracer, FigureTick, Recent};
 
 /// One configured app and what the loop keeps about it.
 struct AppRt {
@@ -277,13 +277,18 @@ impl DaemonNode {
     /// of the managed apps. CPU time is read on decision ticks only: the
     /// kernel counts it in 10 ms ticks, too coarse for 100 ms anyway.
     fn measure(&mut self, now_ms: u64, dt_s: f64, decide: bool) -> Snapshot {
-        let mut ticks: Vec<(LogHistogram, Option<u64>)> = Vec::with_capacity(self.apps.len());
+        // Both eBPF figures of eBPF apps (the API offers either); the
+        // policy gets the app's configured one.
+        let mut ticks: Vec<(FigureTick, Option<[FigureTick; 2]>)> =
+            Vec::with_capacity(self.apps.len());
         for a in &self.apps {
             ticks.push(match (a.feedback, &self.tracer) {
                 (Feedback::Ebpf, Some(t)) => {
-                    from_tracer(t, &a.pids, crate::config::figure_of(a.cfg.latency))
+                    let both = figures_from_tracer(t, &a.pids);
+                    let i = usize::from(crate::config::figure_of(a.cfg.latency) == Figure::Service);
+                    (both[i].clone(), Some(both))
                 }
-                _ => (LogHistogram::new(), None),
+                _ => ((LogHistogram::new(), None), None),
             });
         }
         for a in &mut self.apps {
@@ -304,7 +309,7 @@ impl DaemonNode {
         }
         let mut snap = Snapshot::default();
         let mut sh = self.shared.lock();
-        for (i, (a, (hist, latest))) in self.apps.iter_mut().zip(ticks).enumerate() {
+        for (i, (a, ((hist, latest), both))) in self.apps.iter_mut().zip(ticks).enumerate() {
             let util = a.cpu_util;
             let Some(live) = sh.apps.get_mut(&a.cfg.name) else {
                 continue;
@@ -317,6 +322,11 @@ impl DaemonNode {
             // the API's (always the last decision interval).
             a.window.push(hist.clone(), dt_s, latest);
             live.recent.push(hist, dt_s, latest);
+            if let Some(both) = both {
+                for (r, (h, l)) in live.ebpf.iter_mut().zip(both) {
+                    r.push(h, dt_s, l);
+                }
+            }
             live.cpu_util = util;
             live.cpu_seconds_total = a.cpu_total_s;
             if decide {

@@ -10,6 +10,24 @@ use qosd_actuators::proc::kernel_thread;
 
 use crate::config::Match;
 
+/// The topmost of `pids`: those with no ancestor among them. Tracing these
+/// with their descendants followed (present and forked later) covers them
+/// all, each request counted once under its tree's root: how `qosd trace
+/// --pid/--comm/--cgroup` and the daemon's `match:` both select what to
+/// trace.
+pub fn topmost(pids: &[i32]) -> Vec<i32> {
+    let below: BTreeSet<i32> = pids
+        .iter()
+        .filter_map(|&p| u32::try_from(p).ok())
+        .flat_map(qosd_sensors::ebpf::descendants)
+        .filter_map(|p| i32::try_from(p).ok())
+        .collect();
+    pids.iter()
+        .copied()
+        .filter(|p| !below.contains(p))
+        .collect()
+}
+
 /// Reads `/proc` and cgroup files under a root prefix.
 #[derive(Debug, Clone)]
 pub struct Finder {
@@ -200,6 +218,20 @@ mod tests {
             vec![vec![100]]
         );
         assert!(!f.alive(101), "a missing process is gone");
+    }
+
+    #[test]
+    fn topmost_keeps_the_roots_of_process_trees() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let (me, c) = (std::process::id() as i32, child.id() as i32);
+        let top = topmost(&[c, me]);
+        let alone = topmost(&[c]);
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!((top, alone), (vec![me], vec![c]));
     }
 
     #[test]

@@ -28,6 +28,11 @@ pub struct AppLive {
     /// The CPUs of its cores, when cores are managed.
     pub cpus: Option<Vec<u32>>,
     pub recent: Recent,
+    /// The eBPF figure the policy gets (`latency:` in its config).
+    pub figure: qosd_sensors::ebpf::Figure,
+    /// Both eBPF figures over the same ticks as `recent`, `[latency,
+    /// service]` (eBPF apps only: what `?figure=` of the app calls reads).
+    pub ebpf: [Recent; 2],
     pub inbox: Inbox,
     /// Share of its CPUs it used over the last decision interval, 0..=1.
     pub cpu_util: f64,

@@ -186,32 +186,44 @@ impl Inbox {
     }
 }
 
-/// The tracer's latencies (`fig`: from arrival or service) of `pids` since
-/// the last call, merged, and the latest request's among them.
-pub fn from_tracer(
-    tracer: &RequestTracer,
-    pids: &[i32],
-    fig: Figure,
-) -> (LogHistogram, Option<u64>) {
-    let mut hist: Option<LogHistogram> = None;
-    let mut latest = None;
+/// One figure's latencies since the last call, merged over processes,
+/// and the latest request's among them (ns).
+pub type FigureTick = (LogHistogram, Option<u64>);
+
+/// The tracer's latencies of `pids` since the last call, merged, for both
+/// figures: `[latency (from arrival), service (from the first read)]`.
+/// One report is taken per pid, so both come from the same requests.
+pub fn figures_from_tracer(tracer: &RequestTracer, pids: &[i32]) -> [FigureTick; 2] {
+    let mut out: [(Option<LogHistogram>, Option<u64>); 2] = Default::default();
     for &pid in pids {
         let Some(r) = tracer.take_report(pid as u32) else {
             continue;
         };
-        let (k, h) = match fig {
-            Figure::Latency => (&r.interval, r.histogram),
-            Figure::Service => (&r.service_interval, r.service_histogram),
-        };
-        if let Some(l) = k.latest_us {
-            latest = Some((l * 1e3).round() as u64);
-        }
-        match hist.as_mut() {
-            None => hist = Some(h),
-            Some(m) => m.merge(&h),
+        let parts = [
+            (r.interval.latest_us, r.histogram),
+            (r.service_interval.latest_us, r.service_histogram),
+        ];
+        for ((hist, latest), (l, h)) in out.iter_mut().zip(parts) {
+            if let Some(l) = l {
+                *latest = Some((l * 1e3).round() as u64);
+            }
+            match hist.as_mut() {
+                None => *hist = Some(h),
+                Some(m) => m.merge(&h),
+            }
         }
     }
-    (hist.unwrap_or_default(), latest)
+    out.map(|(h, l)| (h.unwrap_or_default(), l))
+}
+
+/// The tracer's latencies (`fig`: from arrival or service) of `pids` since
+/// the last call, merged, and the latest request's among them.
+pub fn from_tracer(tracer: &RequestTracer, pids: &[i32], fig: Figure) -> FigureTick {
+    let [latency, service] = figures_from_tracer(tracer, pids);
+    match fig {
+        Figure::Latency => latency,
+        Figure::Service => service,
+    }
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use libbpf_rs::{MapCore, MapFlags, RingBufferBuilder};
 
 use super::hooks::{self, sock_skel, sys_skel, Hooks, Maps};
+use super::sockfds::SocketFds;
 use super::target::TargetStats;
 use super::uprobes::{attach_grpc, GrpcProbes};
 use super::{seed, Cmd, Mode, Shared, TargetOptions, TraceError, TracerOptions};
@@ -107,8 +108,8 @@ fn cfg_of(opts: &TargetOptions, emit: u8, root: u32) -> target_cfg {
     }
 }
 
-/// Adds `pid` (and on the socket path, with `follow_children`, its live
-/// descendants) to the traced set.
+/// Adds `pid` (and with `follow_children`, its live descendants) to the
+/// traced set.
 fn add_target(
     maps: &Maps<'_>,
     grpc: &mut Result<GrpcProbes<'_>, String>,
@@ -148,7 +149,7 @@ fn add_target(
         .insert(pid, stats);
     let sockets = maps.lports.is_some();
     let mut members = vec![pid];
-    if sockets && opts.follow_children {
+    if opts.follow_children {
         members.extend(seed::descendants(pid));
     }
     for &m in &members {
@@ -160,7 +161,9 @@ fn add_target(
         set_traced(maps, m, true).map_err(bpf_err("marking the pid traced"))?;
     }
     if !sockets {
-        seed_syscall_conns(maps, pid, opts, emit);
+        for &m in &members {
+            seed_syscall_conns(maps, m, opts, emit);
+        }
     }
     // The socket path adopts connections open before tracing at their
     // first event; it needs the listening ports (refreshed by the caller).
@@ -231,79 +234,98 @@ fn members_of(maps: &Maps<'_>, root: u32) -> Vec<u32> {
 /// idle, to write back once it is counted.
 type Pending = Option<(req_record, Vec<u8>)>;
 
-/// Open connections of `root`, as (map key, reply in flight).
-fn open_conns(maps: &Maps<'_>, root: u32) -> Vec<(Vec<u8>, Pending)> {
-    maps.conns
-        .keys()
-        .filter_map(|k| {
-            let v = maps.conns.lookup(&k, MapFlags::ANY).ok()??;
-            let turn = |arrive, start, end, fd, conn_id, turns| req_record {
-                start_ns: start,
-                end_ns: end,
-                arrive_ns: arrive,
-                conn_id,
-                tgid: root,
-                fd,
-                turns,
-                kind: REC_TURN,
-                pad: [0; 3],
-            };
-            if maps.lports.is_some() {
+/// Open connections traced under `root`: (map key, reply in flight) rows,
+/// and on the socket path the socket fds that keep those keys valid.
+struct OpenConns {
+    rows: Vec<(Vec<u8>, Pending)>,
+    _fds: Option<SocketFds>,
+}
+
+/// The TURN record of a reply sent on a connection still open.
+fn pending_turn(root: u32, fd: u32, conn_id: u64, turns: u32, times: [u64; 3]) -> req_record {
+    req_record {
+        arrive_ns: times[0],
+        start_ns: times[1],
+        end_ns: times[2],
+        conn_id,
+        tgid: root,
+        fd,
+        turns,
+        kind: REC_TURN,
+        pad: [0; 3],
+    }
+}
+
+/// Open connections of `root`, whose traced processes are `members`.
+fn open_conns(maps: &Maps<'_>, root: u32, members: &[u32]) -> OpenConns {
+    if maps.lports.is_some() {
+        // Entries live in the sockets' storage: reached through the
+        // members' socket fds, not by walking a map.
+        let fds = SocketFds::of(members);
+        let rows = fds
+            .keys()
+            .filter_map(|k| {
+                let v = maps.conns.lookup(&k, MapFlags::ANY).ok()??;
                 let c: sock_state = read_pod(&v)?;
                 if c.tgid != root {
                     return None;
                 }
                 let pending = (c.state == ST_RESPONDING && c.emit & EMIT_TURN != 0).then(|| {
-                    let r = turn(
-                        c.req_arrive_ns,
-                        c.req_start_ns,
-                        c.last_out_ns,
-                        0,
-                        c.conn_id,
-                        c.turns,
-                    );
+                    let times = [c.req_arrive_ns, c.req_start_ns, c.last_out_ns];
+                    let r = pending_turn(root, 0, c.conn_id, c.turns, times);
                     let mut idle = c;
                     idle.state = ST_IDLE;
                     (r, bytes_of(&idle).to_vec())
                 });
-                Some((k, pending))
-            } else {
-                let key: conn_key = read_pod(&k)?;
-                let c: conn_state = read_pod(&v)?;
-                if key.tgid != root {
-                    return None;
-                }
-                let pending = (c.state == ST_RESPONDING && c.emit & EMIT_TURN != 0).then(|| {
-                    let r = turn(
-                        c.req_start_ns,
-                        c.req_start_ns,
-                        c.last_out_ns,
-                        key.fd,
-                        c.conn_id,
-                        c.turns,
-                    );
-                    let mut idle = c;
-                    idle.state = ST_IDLE;
-                    (r, bytes_of(&idle).to_vec())
-                });
-                Some((k, pending))
+                Some((k.to_vec(), pending))
+            })
+            .collect();
+        return OpenConns {
+            rows,
+            _fds: Some(fds),
+        };
+    }
+    let rows = maps
+        .conns
+        .keys()
+        .filter_map(|k| {
+            let v = maps.conns.lookup(&k, MapFlags::ANY).ok()??;
+            let key: conn_key = read_pod(&k)?;
+            let c: conn_state = read_pod(&v)?;
+            if !members.contains(&key.tgid) {
+                return None;
             }
+            let pending = (c.state == ST_RESPONDING && c.emit & EMIT_TURN != 0).then(|| {
+                let times = [c.req_start_ns, c.req_start_ns, c.last_out_ns];
+                let r = pending_turn(root, key.fd, c.conn_id, c.turns, times);
+                let mut idle = c;
+                idle.state = ST_IDLE;
+                (r, bytes_of(&idle).to_vec())
+            });
+            Some((k, pending))
         })
-        .collect()
+        .collect();
+    OpenConns { rows, _fds: None }
 }
 
 fn remove_target(maps: &Maps<'_>, grpc: &mut Result<GrpcProbes<'_>, String>, pid: u32) {
     if let Ok(g) = grpc.as_mut() {
         g.detach(pid);
     }
+    let mut members = members_of(maps, pid);
+    if !members.contains(&pid) {
+        members.push(pid);
+    }
     // First, so that the programs stop looking at the pids at once.
-    for m in members_of(maps, pid) {
+    for &m in &members {
         let _ = set_traced(maps, m, false);
         let _ = maps.targets.delete(bytes_of(&m));
     }
-    let _ = set_traced(maps, pid, false);
-    for (k, _) in open_conns(maps, pid) {
-        let _ = maps.conns.delete(&k);
+    // A connection left with its entry would carry stale state into a
+    // later trace of the same pid.
+    let open = open_conns(maps, pid, &members);
+    for (k, _) in &open.rows {
+        let _ = maps.conns.delete(k);
     }
     let ports: Vec<Vec<u8>> = maps
         .ports
@@ -318,7 +340,12 @@ fn remove_target(maps: &Maps<'_>, grpc: &mut Result<GrpcProbes<'_>, String>, pid
 /// Turns whose reply went out on connections still open: finished
 /// requests whose end the kernel only learns at the next inbound bytes.
 fn flush_open(maps: &Maps<'_>, pid: u32) -> Vec<req_record> {
-    open_conns(maps, pid)
+    let mut members = members_of(maps, pid);
+    if !members.contains(&pid) {
+        members.push(pid);
+    }
+    let open = open_conns(maps, pid, &members);
+    open.rows
         .into_iter()
         .filter_map(|(k, pending)| {
             let (r, idle) = pending?;

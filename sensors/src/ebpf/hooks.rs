@@ -160,8 +160,10 @@ fn bpf_err(what: &str) -> impl Fn(libbpf_rs::Error) -> TraceError + '_ {
     move |e| TraceError::Bpf(format!("{what}: {e}"))
 }
 
-/// A quarter-full ring buffer wakes the reader at once (a burst must not
-/// fill it before the next timed poll); less waits for the poll.
+/// The ring buffer wakes the reader as it fills to a quarter, a half and
+/// three quarters (a burst must not fill it before the next timed poll);
+/// less waits for the poll. Once per crossing, not per record above it
+/// (bpf/emit.h).
 fn wakeup_bytes(opts: &TracerOptions) -> u64 {
     u64::from(opts.ringbuf_bytes / 4)
 }

@@ -19,6 +19,7 @@ mod grpc;
 pub mod hooks;
 mod probe;
 mod seed;
+mod sockfds;
 mod target;
 mod uprobes;
 
@@ -129,8 +130,7 @@ pub struct TargetOptions {
     /// Only connections accepted on these local ports count (empty: all).
     pub ports: Vec<u16>,
     /// Also trace its descendants, present and forked later, counting
-    /// their requests under this pid (socket path only: the syscall path
-    /// traces the process alone).
+    /// their requests under this pid (on either kernel path).
     pub follow_children: bool,
 }
 

@@ -52,7 +52,7 @@ pub(crate) fn listening_ports(pid: u32) -> Vec<u16> {
 
 /// (fd, socket inode) of every socket among `pid`'s fds (empty if they
 /// cannot be listed).
-fn socket_inodes(pid: u32) -> Vec<(u32, u64)> {
+pub(crate) fn socket_inodes(pid: u32) -> Vec<(u32, u64)> {
     let Ok(dir) = fs::read_dir(format!("/proc/{pid}/fd")) else {
         return Vec::new();
     };
@@ -148,7 +148,8 @@ pub(crate) fn accepted_connections(pid: u32) -> Vec<(u32, u16)> {
             if !accepted.is_empty() {
                 tracing::warn!(
                     pid,
-                    "cannot list /proc/{pid}/fd ({e}): {} connection(s) accepted before                      tracing began are not followed (needs CAP_SYS_PTRACE)",
+                    "cannot list /proc/{pid}/fd ({e}): {} connection(s) accepted before \
+                     tracing began are not followed (needs CAP_SYS_PTRACE)",
                     accepted.len()
                 );
             }

@@ -83,7 +83,11 @@ impl DaemonNode {
         ev
     }
 
-    /// Adds and removes the app's pids in the eBPF tracer.
+    /// Adds and removes the app's pids in the eBPF tracer: the topmost of
+    /// its processes, each with its descendants followed under it (the
+    /// selection `qosd trace` makes, [`crate::daemon::discover::topmost`]),
+    /// so a matched pre-fork master and its matched workers count each
+    /// request once, under the master.
     fn follow(&mut self, i: usize, old: &[i32], new: &[i32]) {
         let Some(t) = &self.tracer else { return };
         // A batch job serves no requests.
@@ -91,10 +95,16 @@ impl DaemonNode {
             return;
         }
         let a = &self.apps[i];
-        let (old, new): (BTreeSet<i32>, BTreeSet<i32>) =
-            (old.iter().copied().collect(), new.iter().copied().collect());
-        for p in old.difference(&new) {
-            if t.connections(*p as u32) == Some(0) {
+        let traced = t.pids();
+        let old: BTreeSet<i32> = old
+            .iter()
+            .copied()
+            .filter(|&p| traced.contains(&(p as u32)))
+            .collect();
+        let roots: BTreeSet<i32> = crate::daemon::discover::topmost(new).into_iter().collect();
+        for p in old.difference(&roots) {
+            // Gone, not merely followed under a newly matched ancestor.
+            if !new.contains(p) && t.connections(*p as u32) == Some(0) {
                 tracing::warn!(
                     "app {}: pid {p} left having served no connection while traced \
                      (check its match: and ports:)",
@@ -103,7 +113,7 @@ impl DaemonNode {
             }
             let _ = t.remove_target(*p as u32);
         }
-        for p in new.difference(&old) {
+        for p in roots.difference(&old) {
             let opts = TargetOptions {
                 ports: a.cfg.ports.clone(),
                 // A matched pre-fork master brings its workers.

@@ -231,6 +231,8 @@ pub fn live_entry(
         share: None::<Share>,
         cpus: None,
         recent: crate::node::latency::Recent::new(nr_slots),
+        figure: crate::config::figure_of(a.latency),
+        ebpf: std::array::from_fn(|_| crate::node::latency::Recent::new(nr_slots)),
         inbox: Default::default(),
         cpu_util: 0.0,
         cpu_seconds_total: 0.0,
