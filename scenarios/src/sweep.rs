@@ -64,7 +64,9 @@ pub fn spec_for(
     Ok(s)
 }
 
-fn measure(
+/// One constant-rate step: the point, and the fraction of requests that
+/// failed.
+pub fn measure(
     app: &AppSpec,
     addr: &str,
     rps: f64,

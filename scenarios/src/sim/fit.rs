@@ -185,15 +185,15 @@ pub fn fit_server(
             FitCheck {
                 nr_cores: c,
                 quota_milli: q,
-                measured: at.map(|p| p.achieved_rps).fold(0.0, f64::max),
-                model: m.capacity_rps(
+                measured: round3(at.map(|p| p.achieved_rps).fold(0.0, f64::max)),
+                model: round3(m.capacity_rps(
                     &Share {
                         nr_cores: c,
                         cpu_quota_milli: q,
                         ..Default::default()
                     },
                     node,
-                ),
+                )),
                 unit: "rps".into(),
             }
         })
@@ -240,8 +240,8 @@ pub fn fit_job(
             FitCheck {
                 nr_cores: p.nr_cores,
                 quota_milli: p.quota_milli,
-                measured: p.ops_per_s,
-                model: m.job_ops_per_s(&a, node, f64::INFINITY).1,
+                measured: round3(p.ops_per_s),
+                model: round3(m.job_ops_per_s(&a, node, f64::INFINITY).1),
                 unit: "ops/s".into(),
             }
         })
