@@ -3,9 +3,11 @@
 //! synthetic points with a known answer.
 //!
 //! A server, from load steps at a few allocations (CPUs, CPU quota):
-//! - `service_us`: CPU time per request (the server's CPU seconds over its
-//!   completed requests), median over the busier unsaturated steps (at
-//!   light load wake-ups inflate it);
+//! - `service_us`: the CPUs of each allocation over the best rate reached
+//!   there when a step saturated the server (median over allocations), so
+//!   that the model's capacity is the measured one; else CPU time per
+//!   request (the server's CPU seconds over its completed requests, median
+//!   over the busier unsaturated steps: at light load wake-ups inflate it);
 //! - `parallelism`: the threads that did work in the saturated steps
 //!   (threads that used at least [`BUSY_THREAD_SHARE`] of a CPU);
 //! - `service_cv` and `network_ms`: the grid point whose steady-state
@@ -122,13 +124,42 @@ pub fn fit_server(
         .iter()
         .filter(|p| !p.saturated() && p.achieved_rps > 0.0 && p.wall_s > 0.0)
         .collect();
+    // Capacity is what the sim's loads are fractions of, so the service
+    // time comes from it where a step saturated the server: the CPUs of
+    // the allocation over the best rate reached there (this also charges
+    // what a request costs outside the server's own threads, e.g. the
+    // loopback stack in softirq). CPU time per request where none did.
+    let saturated_at: Vec<f64> = allocations(points.iter().map(|p| (p.nr_cores, p.quota_milli)))
+        .into_iter()
+        .filter_map(|(c, q)| {
+            let at: Vec<&ServerPoint> = points
+                .iter()
+                .filter(|p| (p.nr_cores, p.quota_milli) == (c, q))
+                .collect();
+            if !at.iter().any(|p| p.saturated()) {
+                return None;
+            }
+            let best = at.iter().map(|p| p.achieved_rps).fold(0.0, f64::max);
+            let cpus = f64::from(c).min(if q == 0 {
+                f64::MAX
+            } else {
+                f64::from(q) / 1000.0
+            });
+            (best > 0.0).then(|| (c, cpus * 1e6 / best))
+        })
+        .map(|(_, s)| s)
+        .collect();
     let top = ok.iter().map(|p| p.achieved_rps).fold(0.0, f64::max);
-    let service_us = median(
+    let cpu_per_req = median(
         ok.iter()
             .filter(|p| p.achieved_rps >= 0.5 * top && p.cpu_s > 0.0)
             .map(|p| p.cpu_s / (p.achieved_rps * p.wall_s) * 1e6)
             .collect(),
-    )?;
+    );
+    if ok.is_empty() {
+        return None;
+    }
+    let service_us = median(saturated_at).or(cpu_per_req)?;
     let busy = |sat: bool| {
         points
             .iter()
@@ -363,6 +394,36 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// Without a saturated step the service time is the CPU time per
+    /// request; with one whose rate fell short of the CPU accounting (time
+    /// spent outside the server's threads), capacity wins.
+    #[test]
+    fn service_time_from_capacity_else_from_cpu_time() {
+        let n = node();
+        let truth = SimModel {
+            service_us: 500.0,
+            parallelism: 4,
+            ..SimModel::generic()
+        };
+        let all = synthetic(&truth, &n);
+        let light: Vec<ServerPoint> = all.iter().filter(|p| !p.saturated()).copied().collect();
+        let (fit, _) = fit_server(&light, 99.0, &truth, &n).unwrap();
+        assert_eq!(fit.service_us, Some(500.0));
+        // The saturated steps reach 80 % of the model's rate.
+        let slow: Vec<ServerPoint> = all
+            .iter()
+            .map(|p| {
+                let mut p = *p;
+                if p.saturated() {
+                    p.achieved_rps *= 0.8;
+                }
+                p
+            })
+            .collect();
+        let (fit, _) = fit_server(&slow, 99.0, &truth, &n).unwrap();
+        assert_eq!(fit.service_us, Some(625.0));
     }
 
     #[test]
