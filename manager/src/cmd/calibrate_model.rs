@@ -144,9 +144,13 @@ fn server_points(c: &mut Ctx, app: &AppSpec) -> anyhow::Result<Vec<ServerPoint>>
     }
     let pct = app.target.as_ref().map_or(99.0, |t| t.percentile);
     let fig = crate::config::figure_of(app.latency);
+    // A short drain: a saturated step's achieved rate is then close to
+    // the rate the server kept (replies after the drain are lost, not
+    // counted over the step).
     let o = SweepOptions {
         step_s: c.step_s,
         seed: c.seed,
+        drain_s: 0.1,
         ..Default::default()
     };
     let mut points = Vec::new();
