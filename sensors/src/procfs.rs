@@ -182,6 +182,16 @@ impl CpuMeter {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn threads_of_this_process_are_read() {
+        let me = std::process::id() as i32;
+        let t = Procfs::new("/").thread_cpu_s(me).unwrap();
+        assert!(t.iter().any(|(tid, _)| *tid == me), "{t:?}");
+        assert!(t.iter().all(|(_, s)| *s >= 0.0));
+        assert!(Procfs::new("/").thread_cpu_s(i32::MAX).unwrap().is_empty());
+    }
+
     use super::*;
 
     fn put(root: &Path, abs: &str, text: &str) {
