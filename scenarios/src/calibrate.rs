@@ -209,14 +209,20 @@ pub fn whole_node(node: &crate::scenario::SimNode) -> Share {
 pub fn sim(sc: &Scenario) -> Calibration {
     let mut apps = BTreeMap::new();
     let all = whole_node(&sc.node);
-    for app in &sc.apps {
+    // A batch job takes no load: nothing to calibrate.
+    for app in sc.apps.iter().filter(|a| a.job.is_none()) {
         let m = SimModel::of(app);
         let cap = m.capacity_rps(&all, &sc.node);
         let s_us = m.service_time_us(&all, &sc.node);
         let pct = app.target.as_ref().map_or(99.0, |t| t.percentile);
         // The steady-state sample at load `x` (fraction of capacity).
         let at = |x: f64| {
-            let q = Queue::new(m.servers(&all), s_us, m.service_cv, x * cap * 1e-6);
+            let q = Queue::new(
+                m.servers(&all, &sc.node),
+                s_us,
+                m.service_cv,
+                x * cap * 1e-6,
+            );
             let net = network_queue_ms(&m, x) * 1000.0 + m.network_ms * 1000.0;
             Sample {
                 queue: q,

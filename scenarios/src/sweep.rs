@@ -23,6 +23,10 @@ pub struct SweepOptions {
     /// Steps added between the last good rate and the saturating one.
     pub refine_steps: usize,
     pub seed: u64,
+    /// How long a step waits for replies after its last send, s: they
+    /// count in its achieved rate, so a saturated step's rate is inflated
+    /// by up to (step + drain) / step.
+    pub drain_s: f64,
 }
 
 impl Default for SweepOptions {
@@ -34,6 +38,7 @@ impl Default for SweepOptions {
             max_rps: 500_000.0,
             refine_steps: 4,
             seed: 1,
+            drain_s: 1.0,
         }
     }
 }
@@ -64,14 +69,17 @@ pub fn spec_for(
     Ok(s)
 }
 
-fn measure(
+/// One constant-rate step: the point, and the fraction of requests that
+/// failed.
+pub fn measure(
     app: &AppSpec,
     addr: &str,
     rps: f64,
     o: &SweepOptions,
     pct: f64,
 ) -> Result<(Point, f64), load::LoadError> {
-    let spec = spec_for(app, addr, rps, o.step_s, o.seed)?;
+    let mut spec = spec_for(app, addr, rps, o.step_s, o.seed)?;
+    spec.drain = Duration::from_secs_f64(o.drain_s);
     let mut hist = Vec::new();
     let r = load::run(&spec, &AtomicBool::new(false), &mut |iv| {
         hist.push(iv.clone())

@@ -59,7 +59,7 @@ fn more_cores_and_higher_frequency_lower_latency() {
         };
         let s = m.service_time_us(&a, node);
         let lambda = 4000.0e-6; // 4000 rps, per µs
-        let q = Queue::new(m.servers(&a), s, m.service_cv, lambda);
+        let q = Queue::new(m.servers(&a, node), s, m.service_cv, lambda);
         percentile(
             &[Sample {
                 queue: q,
@@ -147,4 +147,70 @@ fn static_ramp_numbers() {
     for r in tl.rows.iter().filter(|r| r.app == "search").step_by(40) {
         println!("{}", r.csv());
     }
+}
+
+/// Moves the batch job's CPU quota: 1.5 CPU for the first 10 s, then 0.5.
+struct QuotaSwing;
+
+impl Policy for QuotaSwing {
+    fn name(&self) -> &str {
+        "quota-swing"
+    }
+    fn decide(&mut self, now_ms: u64, _: &Snapshot, cur: &Allocations, _: &NodeCaps) -> Plan {
+        let mut p = Plan::keep(cur);
+        let (job, lc) = if now_ms < 10_000 {
+            (1500, 500)
+        } else {
+            (500, 1500)
+        };
+        for (name, s) in p.allocations.iter_mut() {
+            s.cpu_quota_milli = if name == "batch" { job } else { lc };
+        }
+        p
+    }
+}
+
+/// A best-effort job on the sim fills `be_ops_per_s`, in proportion to
+/// the CPU quota it holds (on CPUs shared with a lightly loaded server),
+/// and a server's rows leave it empty.
+#[test]
+fn a_batch_job_gains_and_loses_with_its_quota() {
+    let text = "name: be\nduration_s: 20\nnode: {nr_cores: 2, freq_min_mhz: 3000, freq_max_mhz: 3000, nr_ways: 0, quota_step_milli: 100, shared_cpus: true}\napps:\n  - name: search\n    class: lc\n    server: {kind: fixture, work_us: 1000}\n    protocol: http\n    target: {ms: 20}\n    load: {kind: constant, level: 0.1}\n  - name: batch\n    class: be\n    job: {kind: hash, threads: 2, op_kib: 16}\n    sim: {ops_per_cpu_s: 1000}\n";
+    let sc = Scenario::parse(Path::new("be.yaml"), text).unwrap();
+    let cal = calibrate::sim(&sc);
+    assert!(!cal.apps.contains_key("batch"), "a job is not calibrated");
+    let opts = SimOptions {
+        feedback: Feedback::Ebpf,
+        seed: 1,
+        duration_s: None,
+    };
+    let tl = sim::run(&sc, &cal, &mut QuotaSwing, &opts);
+    let ops = |from: f64, to: f64| {
+        let v: Vec<f64> = tl
+            .rows
+            .iter()
+            .filter(|r| r.app == "batch" && r.t_s > from && r.t_s <= to)
+            .map(|r| r.be_ops_per_s.expect("a job's row has ops/s"))
+            .collect();
+        v.iter().sum::<f64>() / v.len() as f64
+    };
+    // The first interval runs on the start allocation (1 CPU each).
+    let (high, low) = (ops(1.0, 10.0), ops(11.0, 20.0));
+    assert!((high - 1500.0).abs() < 1.0, "1.5 CPU: {high} ops/s");
+    assert!((low - 500.0).abs() < 1.0, "0.5 CPU: {low} ops/s");
+    for r in tl.rows.iter().filter(|r| r.app == "search") {
+        assert_eq!(r.be_ops_per_s, None);
+    }
+    // Without a quota on shared CPUs, the job gets what the server leaves.
+    let mut greedy = sc.clone();
+    greedy.node.quota_step_milli = 0;
+    let tl = sim::run(&greedy, &cal, &mut StaticPolicy, &opts);
+    let last = tl.rows.iter().rev().find(|r| r.app == "batch").unwrap();
+    let search = tl.rows.iter().rev().find(|r| r.app == "search").unwrap();
+    let left = 2.0 - search.achieved_rps * 1000e-6;
+    let got = last.be_ops_per_s.unwrap();
+    assert!(
+        (got - 1000.0 * left).abs() < 20.0,
+        "{got} ops/s, {left} CPUs left"
+    );
 }

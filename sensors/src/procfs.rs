@@ -80,6 +80,32 @@ impl Procfs {
         Ok(Some(ticks as f64 / self.ticks_per_s))
     }
 
+    /// CPU seconds used so far by each thread of `pid`
+    /// (`/proc/PID/task/TID/stat`), as (tid, seconds); empty when the
+    /// process is gone. Threads that exit while being read are skipped.
+    pub fn thread_cpu_s(&self, pid: i32) -> io::Result<Vec<(i32, f64)>> {
+        let dir = self.path(&format!("/proc/{pid}/task"));
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if not_found(&e) => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        };
+        let mut out = Vec::new();
+        for e in entries.flatten() {
+            let Some(tid) = e.file_name().to_str().and_then(|t| t.parse::<i32>().ok()) else {
+                continue;
+            };
+            let Ok(s) = std::fs::read_to_string(e.path().join("stat")) else {
+                continue;
+            };
+            if let Some(t) = parse_stat_cpu_ticks(&s) {
+                out.push((tid, t as f64 / self.ticks_per_s));
+            }
+        }
+        out.sort_by_key(|(t, _)| *t);
+        Ok(out)
+    }
+
     /// The node's CPU time from the first line of `/proc/stat`.
     pub fn node_cpu(&self) -> io::Result<NodeCpu> {
         let p = self.path("/proc/stat");
@@ -156,6 +182,16 @@ impl CpuMeter {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn threads_of_this_process_are_read() {
+        let me = std::process::id() as i32;
+        let t = Procfs::new("/").thread_cpu_s(me).unwrap();
+        assert!(t.iter().any(|(tid, _)| *tid == me), "{t:?}");
+        assert!(t.iter().all(|(_, s)| *s >= 0.0));
+        assert!(Procfs::new("/").thread_cpu_s(i32::MAX).unwrap().is_empty());
+    }
+
     use super::*;
 
     fn put(root: &Path, abs: &str, text: &str) {

@@ -21,6 +21,8 @@ use crate::usage;
     qosd calibrate scenarios/ramp.yaml                   sweep each app's server on this machine\n  \
     qosd calibrate scenarios/ramp.yaml --app memcached   one app only\n  \
     qosd calibrate scenarios/ramp.yaml --sim             the simulated node's model\n  \
+    qosd calibrate scenarios/ramp.yaml --model out/model.yaml --step-s 1   fit the sim to this machine\n  \
+    qosd replay scenarios/ramp.yaml --sim --model out/model.yaml\n  \
     qosd replay scenarios/ramp.yaml --calibration out/calibration-ramp.json\n\n\
     Each server runs on the CPUs it can hold in a replay beside the scenario's other apps\n\
     (all but one per other app), so capacity is what it can reach there.\n\
@@ -36,8 +38,19 @@ pub struct Args {
     #[arg(long)]
     pub app: Option<String>,
     /// Calibrate the simulated node's model instead of real servers.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "model")]
     pub sim: bool,
+    /// Fit each app's sim model on this machine (load steps at 1 CPU, 2
+    /// CPUs and half a CPU of quota; a batch job's ops per CPU-second) and
+    /// write it to FILE for `qosd replay --sim --model FILE`.
+    #[arg(long, value_name = "FILE")]
+    pub model: Option<PathBuf>,
+    /// With --model: the knobs the fitted node offers, comma-separated
+    /// (as a real replay's `--resources`; without `cores` its apps share
+    /// the CPUs). Default: every knob this machine has.
+    #[arg(long, value_name = "LIST", value_delimiter = ',', requires = "model",
+          value_parser = crate::cmd::replay::parse_resource)]
+    pub resources: Option<Vec<qosd_core::Resource>>,
     /// Length of each load step, seconds.
     #[arg(long, default_value_t = 2.0)]
     pub step_s: f64,
@@ -197,6 +210,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     crate::cmd::secs::secs("--step-s", args.step_s, 0.0, 60.0)?;
+    if let Some(file) = &args.model {
+        // The knobs the scenario's real replays turn (`--resources`, then
+        // the scenario's `resources:`, then all), so the fit measures them.
+        let res = crate::cmd::replay::resources(&sc, args.resources.as_deref())?;
+        return crate::cmd::calibrate_model::run(&sc, args.app.as_deref(), args.step_s, &res, file);
+    }
     let mut cal = if args.sim {
         calibrate::sim(&sc)
     } else {

@@ -13,11 +13,13 @@ use crate::yamlfile::{self, FileError};
 /// What a file is; `auto` guesses from its top-level keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Kind {
-    /// `parties:` or `rules:` → policy; `duration_s:` → scenario; `apps:` → config.
+    /// `parties:` or `rules:` → policy; `duration_s:` → scenario; `node:` → sim model; `apps:` → config.
     Auto,
     Config,
     Policy,
     Scenario,
+    /// A sim model fitted by `qosd calibrate --model`.
+    Model,
 }
 
 #[derive(ClapArgs, Debug)]
@@ -80,6 +82,19 @@ pub fn check_file(path: &Path, kind: Kind) -> Result<String, FileError> {
             Ok(format!("policy `{}` ({engine})", p.name))
         }
         Kind::Scenario => check_scenario(path, &text),
+        Kind::Model => {
+            let m = qosd_scenarios::sim::fitted::ModelFile::parse(path, &text)?;
+            Ok(format!(
+                "sim model: {} CPUs, app(s) {}{}",
+                m.node.nr_cores,
+                m.apps.keys().cloned().collect::<Vec<_>>().join(", "),
+                if m.source.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", m.source)
+                }
+            ))
+        }
         // Auto falls back to config: its errors are the most telling.
         Kind::Config | Kind::Auto => {
             let (c, policy) = Config::load(path)?;
@@ -122,6 +137,8 @@ fn guess(text: &str) -> Kind {
         Kind::Policy
     } else if has("duration_s") {
         Kind::Scenario
+    } else if has("node") {
+        Kind::Model
     } else {
         Kind::Config
     }

@@ -2,6 +2,7 @@
 
 pub mod batch;
 pub mod calibrate;
+pub mod calibrate_model;
 pub mod caps;
 pub mod check;
 pub mod compare;

@@ -10,6 +10,7 @@ use qosd_core::{Feedback, Policy, Resource};
 use qosd_scenarios::calibrate::{self, Calibration};
 use qosd_scenarios::output;
 use qosd_scenarios::scenario::Scenario;
+use qosd_scenarios::sim::fitted::ModelFile;
 use qosd_scenarios::sim::{self, SimOptions, StaticPolicy};
 
 use crate::usage;
@@ -22,6 +23,7 @@ use crate::usage;
     qosd compare out/ramp-ebpf out/ramp-client                 table and overlay plot\n  \
     qosd replay scenarios/ramp.yaml --sim --policy static      the static-allocation baseline\n  \
     qosd replay scenarios/ramp.yaml --sim --duration 60        the scenario compressed into 60 s\n  \
+    qosd replay scenarios/ramp.yaml --sim --model out/model.yaml   on the sim fitted to a machine\n  \
     qosd replay scenarios/ramp.yaml --out out/ramp             on this machine's real servers\n  \
     qosd replay scenarios/demo.yaml --resources cores,cpu_quota  only these knobs (real replays)\n  \
     qosd restore --state-file out/ramp/state.json              undo a real replay that was killed\n\n\
@@ -51,6 +53,11 @@ pub struct Args {
     /// Replay on the simulated node (deterministic, faster than real time).
     #[arg(long)]
     pub sim: bool,
+    /// With --sim: the node and app models fitted to a machine by
+    /// `qosd calibrate --model FILE` (instead of the scenario's node and
+    /// the server kinds' defaults).
+    #[arg(long, value_name = "FILE", requires = "sim")]
+    pub model: Option<PathBuf>,
     /// Seed (arrivals, noise, the policy's choices). Default: the scenario's.
     #[arg(long)]
     pub seed: Option<u64>,
@@ -93,7 +100,7 @@ fn parse_feedback(s: &str) -> Result<Feedback, String> {
     }
 }
 
-fn parse_resource(s: &str) -> Result<Resource, String> {
+pub fn parse_resource(s: &str) -> Result<Resource, String> {
     serde_yaml_ng::from_str::<Resource>(s.trim()).map_err(|_| {
         format!("{s:?}: one of cores, frequency, cache_ways, memory_bandwidth, cpu_quota")
     })
@@ -204,9 +211,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(n) = args.seeds {
         return run_seeds(args, n);
     }
-    let sc = read_scenario(&args.scenario)?;
+    let mut sc = read_scenario(&args.scenario)?;
     if let Some(d) = args.duration {
         crate::cmd::secs::secs("--duration", d, 0.0, 86_400.0)?;
+    }
+    if let Some(p) = &args.model {
+        let m = ModelFile::from_file(p).map_err(|e| usage!("{e}"))?;
+        m.apply(&mut sc)
+            .map_err(|e| usage!("--model {}: {e}", p.display()))?;
     }
     let feedback = args.feedback.unwrap_or(sc.feedback);
     let seed = args.seed.unwrap_or(sc.seed);
@@ -217,14 +229,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .unwrap_or_else(|| PathBuf::from(format!("out/{}", sc.name)));
     if !args.sim {
         return crate::cmd::replay_real::run(&sc, &args, feedback, seed, policy.as_mut(), &out);
-    }
-    // Batch jobs run in real replays; the simulated node has no model of
-    // them yet: say so rather than replay the app as an idle server.
-    if let Some(a) = sc.apps.iter().find(|a| a.job.is_some()) {
-        anyhow::bail!(
-            "app {}: best-effort batch jobs (`job:`) are not simulated yet (issue 14); replay without --sim to run them",
-            a.name
-        );
     }
     let cal = match &args.calibration {
         Some(p) => Calibration::read(p).map_err(|e| usage!("{}: {e:#}", p.display()))?,
@@ -250,12 +254,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let simulated = tl.rows.len() as f64 / tl.apps.len().max(1) as f64 * tl.interval_s;
     println!(
-        "{} on the simulated node ({} cores, {}-{} MHz, {} ways): policy {}, feedback {feedback}, seed {seed}",
+        "{} on the simulated node ({} {}, {}-{} MHz, {} ways, {}){}: policy {}, feedback {feedback}, seed {seed}",
         sc.name,
         sc.node.nr_cores,
+        if sc.node.shared_cpus { "shared CPUs" } else { "cores" },
         sc.node.freq_min_mhz,
         sc.node.freq_max_mhz,
         sc.node.nr_ways,
+        match sc.node.quota_step_milli {
+            0 => "no quota".to_string(),
+            q => format!("quota step {q} m-CPU"),
+        },
+        args.model
+            .as_ref()
+            .map_or(String::new(), |p| format!(" fitted by {}", p.display())),
         tl.policy
     );
     println!(

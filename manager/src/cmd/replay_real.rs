@@ -396,7 +396,7 @@ fn progress(tl: &Timeline, nr_apps: usize, duration: f64) {
 /// The actuators with their defaults but journalling to `state` (the
 /// replay's own state file, not the daemon's), behind the daemon's
 /// actuation. Knobs the machine lacks are simply absent from the node.
-fn start_actuation(state: &Path, enabled: &[Resource]) -> anyhow::Result<Actuation> {
+pub(crate) fn start_actuation(state: &Path, enabled: &[Resource]) -> anyhow::Result<Actuation> {
     let cfg = qosd_actuators::Config {
         state_file: Some(state.to_owned()),
         ..Default::default()

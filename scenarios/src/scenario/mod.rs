@@ -5,7 +5,7 @@
 //! every error names `file:line:col` and the key.
 
 pub mod shape;
-mod validate;
+pub(crate) mod validate;
 
 use std::path::{Path, PathBuf};
 
@@ -89,6 +89,12 @@ pub struct SimNode {
     pub core_busy_w: f64,
     /// Power of one allocated but idle core at the highest frequency, W.
     pub core_idle_w: f64,
+    /// Apps share the node's `nr_cores` CPUs (no cores knob, as on a
+    /// machine without a usable cpuset); else each holds its own cores.
+    pub shared_cpus: bool,
+    /// One unit of the CPU quota knob, milli-CPUs (100 = 0.1 CPU); 0: the
+    /// node has no quota knob.
+    pub quota_step_milli: u32,
 }
 
 impl Default for SimNode {
@@ -102,6 +108,8 @@ impl Default for SimNode {
             idle_w: 40.0,
             core_busy_w: 6.0,
             core_idle_w: 1.0,
+            shared_cpus: false,
+            quota_step_milli: 0,
         }
     }
 }
@@ -350,6 +358,8 @@ pub struct SimModelSpec {
     pub network_tau_s: Option<f64>,
     /// Log-normal sigma of each sample's latency noise.
     pub noise: Option<f64>,
+    /// A batch job's operations per CPU-second.
+    pub ops_per_cpu_s: Option<f64>,
 }
 
 /// An invalid scenario file: `path:line:col: key: message` (the same

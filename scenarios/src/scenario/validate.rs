@@ -6,10 +6,10 @@ use std::collections::HashSet;
 
 use qosd_core::AppClass;
 
-use super::{AppSpec, JobSpec, Scenario, Seg, Server, Shape};
+use super::{AppSpec, JobSpec, Scenario, Seg, Server, Shape, SimModelSpec, SimNode};
 use crate::load::{self, Protocol};
 
-type Fail = (Vec<Seg>, String);
+pub(crate) type Fail = (Vec<Seg>, String);
 
 fn at(path: &[&dyn AsSeg]) -> Vec<Seg> {
     path.iter().map(|s| s.seg()).collect()
@@ -76,52 +76,7 @@ pub fn validate(s: &mut Scenario) -> Result<(), Fail> {
             })?;
         }
     }
-    let n = &s.node;
-    check(
-        n.nr_cores as usize >= s.apps.len() && n.nr_cores <= 1024,
-        at(&[&"node", &"nr_cores"]),
-        || {
-            format!(
-                "{}: need at least one core per app ({} apps), at most 1024",
-                n.nr_cores,
-                s.apps.len()
-            )
-        },
-    )?;
-    check(
-        n.freq_min_mhz > 0 && n.freq_min_mhz <= n.freq_max_mhz,
-        at(&[&"node", &"freq_min_mhz"]),
-        || {
-            format!(
-                "{}..{} MHz: need 0 < min <= max",
-                n.freq_min_mhz, n.freq_max_mhz
-            )
-        },
-    )?;
-    check(
-        n.freq_step_mhz > 0,
-        at(&[&"node", &"freq_step_mhz"]),
-        || "must be > 0".into(),
-    )?;
-    check(
-        n.nr_ways == 0 || n.nr_ways as usize >= s.apps.len(),
-        at(&[&"node", &"nr_ways"]),
-        || {
-            format!(
-                "{}: 0 (no cache partitioning) or at least one way per app",
-                n.nr_ways
-            )
-        },
-    )?;
-    for (k, v) in [
-        ("idle_w", n.idle_w),
-        ("core_busy_w", n.core_busy_w),
-        ("core_idle_w", n.core_idle_w),
-    ] {
-        check(v.is_finite() && v >= 0.0, at(&[&"node", &k]), || {
-            format!("{v}: must be >= 0")
-        })?;
-    }
+    node_ok(&s.node, s.apps.len(), &[Seg::Key("node".into())])?;
     check(
         !s.apps.is_empty() && s.apps.len() <= 16,
         at(&[&"apps"]),
@@ -248,16 +203,90 @@ fn app(i: usize, a: &AppSpec) -> Result<(), Fail> {
         (AppClass::Be, None) => {}
     }
     shape(i, &a.load)?;
-    let m = &a.sim;
-    let sp = |k: &'static str| at(&[&"apps", &i, &"sim", &k]);
+    if matches!(a.server, Some(Server::Command { .. })) {
+        check(a.sim.service_us.is_some(), p("sim"), || {
+            "a `command` server needs sim.service_us for --sim".into()
+        })?;
+    }
+    sim_spec_ok(&a.sim, &at(&[&"apps", &i, &"sim"]))?;
+    Ok(())
+}
+
+/// The simulated node's values, under `base` (`node` in a scenario, a
+/// model file's `node`): at least one core per app, sane ranges.
+pub(crate) fn node_ok(n: &SimNode, nr_apps: usize, base: &[Seg]) -> Result<(), Fail> {
+    let k = |key: &str| {
+        let mut v = base.to_vec();
+        v.push(Seg::Key(key.into()));
+        v
+    };
+    check(
+        n.nr_cores as usize >= nr_apps && n.nr_cores <= 1024,
+        k("nr_cores"),
+        || {
+            format!(
+                "{}: need at least one core per app ({nr_apps} apps), at most 1024",
+                n.nr_cores,
+            )
+        },
+    )?;
+    check(
+        n.freq_min_mhz > 0 && n.freq_min_mhz <= n.freq_max_mhz,
+        k("freq_min_mhz"),
+        || {
+            format!(
+                "{}..{} MHz: need 0 < min <= max",
+                n.freq_min_mhz, n.freq_max_mhz
+            )
+        },
+    )?;
+    check(n.freq_step_mhz > 0, k("freq_step_mhz"), || {
+        "must be > 0".into()
+    })?;
+    check(
+        n.nr_ways == 0 || n.nr_ways as usize >= nr_apps,
+        k("nr_ways"),
+        || {
+            format!(
+                "{}: 0 (no cache partitioning) or at least one way per app",
+                n.nr_ways
+            )
+        },
+    )?;
+    check(
+        n.quota_step_milli == 0
+            || (10..=1000).contains(&n.quota_step_milli) && n.quota_step_milli < n.nr_cores * 1000,
+        k("quota_step_milli"),
+        || {
+            format!(
+                "{}: 0 (no quota knob) or 10..=1000 milli-CPUs, below the node's CPUs",
+                n.quota_step_milli
+            )
+        },
+    )?;
+    for (key, v) in [
+        ("idle_w", n.idle_w),
+        ("core_busy_w", n.core_busy_w),
+        ("core_idle_w", n.core_idle_w),
+    ] {
+        check(v.is_finite() && v >= 0.0, k(key), || {
+            format!("{v}: must be >= 0")
+        })?;
+    }
+    Ok(())
+}
+
+/// Overrides of an app's service model, under `base` (`apps[i].sim` in a
+/// scenario, `apps.<name>` in a model file).
+pub(crate) fn sim_spec_ok(m: &SimModelSpec, base: &[Seg]) -> Result<(), Fail> {
+    let sp = |key: &str| {
+        let mut v = base.to_vec();
+        v.push(Seg::Key(key.into()));
+        v
+    };
     if let Some(v) = m.service_us {
         check(v > 0.0 && v <= 1e7, sp("service_us"), || {
             format!("{v}: must be in (0, 1e7]")
-        })?;
-    }
-    if matches!(a.server, Some(Server::Command { .. })) {
-        check(m.service_us.is_some(), p("sim"), || {
-            "a `command` server needs sim.service_us for --sim".into()
         })?;
     }
     if let Some(v) = m.service_cv {
@@ -294,6 +323,11 @@ fn app(i: usize, a: &AppSpec) -> Result<(), Fail> {
     }
     if let Some(v) = m.ways_needed {
         check(v >= 1, sp("ways_needed"), || "must be >= 1".into())?;
+    }
+    if let Some(v) = m.ops_per_cpu_s {
+        check(v.is_finite() && v > 0.0, sp("ops_per_cpu_s"), || {
+            format!("{v}: must be > 0")
+        })?;
     }
     Ok(())
 }

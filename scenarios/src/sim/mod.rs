@@ -5,6 +5,8 @@
 //! real replay. Deterministic for a seed and much faster than real time
 //! (no sleeping, closed-form queues).
 
+pub mod fit;
+pub mod fitted;
 pub mod model;
 pub mod node;
 
@@ -46,10 +48,12 @@ impl Policy for StaticPolicy {
     }
 }
 
-/// What the node offers a policy.
+/// What the node offers a policy: cores unless its apps share the CPUs,
+/// frequency when its range is not a single value, ways, and a CPU quota
+/// over all its CPUs when it has a quota step.
 pub fn node_caps(node: &SimNode) -> NodeCaps {
     NodeCaps {
-        nr_cores: node.nr_cores,
+        nr_cores: if node.shared_cpus { 0 } else { node.nr_cores },
         nr_ways: node.nr_ways,
         freq: Some(FreqRange {
             min_mhz: node.freq_min_mhz,
@@ -57,7 +61,10 @@ pub fn node_caps(node: &SimNode) -> NodeCaps {
             step_mhz: node.freq_step_mhz,
         }),
         mb: None,
-        quota: None,
+        quota: (node.quota_step_milli > 0).then(|| qosd_core::QuotaRange {
+            step_milli: node.quota_step_milli,
+            max_milli: node.nr_cores * qosd_core::quota::MILLI_PER_CPU,
+        }),
     }
 }
 

@@ -5,11 +5,18 @@
 //! capacity scales with `min(cores, quota)`); plus a backlog that carries
 //! overload from one sample to the next, and a network term only the client
 //! sees (its queue follows the load with a lag, as in the paper's Fig. 11).
+//! A best-effort batch job is no queue: its throughput is the CPUs it gets
+//! times its operations per CPU-second ([`SimModel::job_ops_per_s`]).
 
 use qosd_core::Share;
 use serde::{Deserialize, Serialize};
 
-use crate::scenario::{AppSpec, Server, SimModelSpec, SimNode};
+use crate::scenario::{AppSpec, JobSpec, Server, SimModelSpec, SimNode};
+
+/// Bytes per second one CPU hashes in `qosd batch` (FNV-1a, one byte per
+/// multiply): about 450 MB/s on the development VM. Only the default of an
+/// unfitted model; `qosd calibrate --model` measures it.
+const HASH_BYTES_PER_CPU_S: f64 = 450e6;
 
 /// Resolved service model of one app (defaults of its server kind, then the
 /// scenario's `sim:` overrides). Field meanings as in [`SimModelSpec`].
@@ -26,6 +33,8 @@ pub struct SimModel {
     pub network_capacity_x: f64,
     pub network_tau_s: f64,
     pub noise: f64,
+    /// A batch job's operations per CPU-second (unused for servers).
+    pub ops_per_cpu_s: f64,
 }
 
 impl SimModel {
@@ -34,8 +43,17 @@ impl SimModel {
         // Defaults: memcached spends ~10 µs in the server and ~0.1 ms on the
         // network; vSwarm-like HTTP services ~0.75 ms (paper 000, §IV-A).
         let Some(server) = &app.server else {
-            // A batch job takes no requests: the generic model, never fed.
-            return SimModel::generic().with(&app.sim);
+            // A batch job takes no requests: its threads bound the CPUs
+            // it can use, and its rate per CPU is what it gains.
+            let base = match &app.job {
+                Some(JobSpec::Hash { threads, op_kib }) => SimModel {
+                    parallelism: *threads,
+                    ops_per_cpu_s: HASH_BYTES_PER_CPU_S / (f64::from(*op_kib).max(1.0) * 1024.0),
+                    ..SimModel::generic()
+                },
+                None => SimModel::generic(),
+            };
+            return base.with(&app.sim);
         };
         let base = match server {
             Server::Memcached { threads, .. } => SimModel {
@@ -73,7 +91,8 @@ impl SimModel {
         base.with(&app.sim)
     }
 
-    fn generic() -> SimModel {
+    /// The model of a server of unknown kind.
+    pub fn generic() -> SimModel {
         SimModel {
             service_us: 100.0,
             service_cv: 0.5,
@@ -86,6 +105,7 @@ impl SimModel {
             network_capacity_x: 1.3,
             network_tau_s: 3.0,
             noise: 0.05,
+            ops_per_cpu_s: 1000.0,
         }
     }
 
@@ -104,14 +124,19 @@ impl SimModel {
             network_ms,
             network_capacity_x,
             network_tau_s,
-            noise
+            noise,
+            ops_per_cpu_s
         );
         self
     }
 
     /// Mean service time under an allocation, µs.
     pub fn service_time_us(&self, a: &Share, node: &SimNode) -> f64 {
-        let f = (a.freq_mhz.max(1) as f64).min(node.freq_max_mhz as f64);
+        // 0: no frequency knob (the node runs at its highest frequency).
+        let f = match a.freq_mhz {
+            0 => node.freq_max_mhz as f64,
+            f => (f as f64).min(node.freq_max_mhz as f64),
+        };
         let fs = self.freq_sensitivity;
         let freq = (1.0 - fs) + fs * node.freq_max_mhz as f64 / f;
         let cache = if node.nr_ways == 0 {
@@ -120,20 +145,26 @@ impl SimModel {
             let need = self.ways_needed.max(1) as f64;
             1.0 + self.cache_slowdown * (1.0 - (a.nr_ways as f64).min(need) / need)
         };
-        self.service_us * freq * cache * self.quota_stretch(a)
+        self.service_us * freq * cache * self.quota_stretch(a, node)
     }
 
-    /// Servers of the queue: cores, up to the app's parallelism.
-    pub fn servers(&self, a: &Share) -> u32 {
-        a.nr_cores.min(self.parallelism).max(1)
+    /// Servers of the queue: the CPUs the app may run on (its cores, or
+    /// every CPU of a node whose apps share them), up to its parallelism.
+    pub fn servers(&self, a: &Share, node: &SimNode) -> u32 {
+        let cpus = if node.shared_cpus {
+            node.nr_cores
+        } else {
+            a.nr_cores
+        };
+        cpus.min(self.parallelism).max(1)
     }
 
     /// CPUs' worth of time the app can use: its servers, or its CPU quota
     /// when that is lower (`cpu_quota_milli` 0 = no quota). The quota
     /// bounds the CPU time of all threads together, so it caps cores and
     /// parallelism alike.
-    pub fn effective_cpus(&self, a: &Share) -> f64 {
-        let c = self.servers(a) as f64;
+    pub fn effective_cpus(&self, a: &Share, node: &SimNode) -> f64 {
+        let c = self.servers(a, node) as f64;
         if a.cpu_quota_milli == 0 {
             c
         } else {
@@ -146,14 +177,34 @@ impl SimModel {
     /// time. This is CFS bandwidth control averaged over its period; the
     /// bursts it makes within a period (run at full speed, then throttled
     /// until the next period) are not modelled.
-    fn quota_stretch(&self, a: &Share) -> f64 {
-        self.servers(a) as f64 / self.effective_cpus(a).max(1e-3)
+    fn quota_stretch(&self, a: &Share, node: &SimNode) -> f64 {
+        self.servers(a, node) as f64 / self.effective_cpus(a, node).max(1e-3)
     }
 
     /// Throughput at which the app saturates under `a`, requests/s:
     /// `min(cores, parallelism, quota)` CPUs over the per-request CPU time.
     pub fn capacity_rps(&self, a: &Share, node: &SimNode) -> f64 {
-        self.servers(a) as f64 * 1e6 / self.service_time_us(a, node)
+        self.servers(a, node) as f64 * 1e6 / self.service_time_us(a, node)
+    }
+
+    /// A batch job under `a`: the CPUs it runs on and its operations per
+    /// second. It can use `min(CPUs it may run on, threads, quota)`; where
+    /// apps share the node's CPUs, no more than `free_cpus` (what the
+    /// latency-critical apps leave: they are not slowed by the job, the
+    /// job gets the rest). Frequency scales it like a server's CPU time.
+    pub fn job_ops_per_s(&self, a: &Share, node: &SimNode, free_cpus: f64) -> (f64, f64) {
+        let mut cpus = self.effective_cpus(a, node);
+        if node.shared_cpus {
+            cpus = cpus.min(free_cpus.max(0.0));
+        }
+        let fmax = node.freq_max_mhz.max(1) as f64;
+        let f = match a.freq_mhz {
+            0 => fmax,
+            f => (f as f64).min(fmax),
+        };
+        let fs = self.freq_sensitivity;
+        let slow = (1.0 - fs) + fs * fmax / f.max(1.0);
+        (cpus, cpus * self.ops_per_cpu_s / slow)
     }
 }
 
@@ -306,7 +357,7 @@ mod tests {
         for (cores, q, cpus) in [(1, 300, 0.3), (2, 1500, 1.5), (4, 2000, 2.0), (2, 500, 0.5)] {
             let c = m.capacity_rps(&share(cores, q), &n);
             assert!((c / one - cpus).abs() < 1e-9, "{cores} cores {q} m: {c}");
-            assert!((m.effective_cpus(&share(cores, q)) - cpus).abs() < 1e-12);
+            assert!((m.effective_cpus(&share(cores, q), &n) - cpus).abs() < 1e-12);
         }
         // Quota above cores buys nothing; 0 means no quota.
         for q in [0, 2000, 3000] {
@@ -334,7 +385,7 @@ mod tests {
             let a = share(2, q);
             let s = Sample {
                 queue: Queue::new(
-                    m.servers(&a),
+                    m.servers(&a, &n),
                     m.service_time_us(&a, &n),
                     m.service_cv,
                     lambda,

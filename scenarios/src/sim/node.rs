@@ -1,11 +1,14 @@
 //! The simulated node as a [`Node`]: each app's queueing model
 //! ([`super::model`]) advanced one monitoring tick per `sense`, plans put
 //! in force at once by `apply` when they fit the node. Time is the loop's:
-//! the node never looks at a clock.
+//! the node never looks at a clock. A best-effort batch job runs on the
+//! CPUs its allocation gives it; where apps share the node's CPUs, on what
+//! the latency-critical apps leave (they are served first: the sim does not
+//! model the job slowing them down).
 
 use qosd_core::admit::{admit, even_share, Peers};
 use qosd_core::control::{AppInterval, Applied, Node, Sensed, Tick};
-use qosd_core::{Allocations, AppState, Limits, NodeCaps, Plan, QosTarget};
+use qosd_core::{Allocations, AppState, Limits, NodeCaps, Plan, QosTarget, Resource, Share};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -30,6 +33,8 @@ struct AppSim {
     served: f64,
     busy_core_s: f64,
     energy_j: f64,
+    /// A batch job's operations since the interval began.
+    ops: f64,
 }
 
 /// A scenario's apps on the simulated node.
@@ -102,6 +107,7 @@ impl SimulatedNode {
                 served: 0.0,
                 busy_core_s: 0.0,
                 energy_j: 0.0,
+                ops: 0.0,
             })
             .collect();
         SimulatedNode {
@@ -116,19 +122,22 @@ impl SimulatedNode {
         }
     }
 
-    /// Whether a plan stays within the node.
+    /// Whether a plan stays within the node (the knobs it has, the quota
+    /// rule of `qosd_core::quota`).
     fn fits(&self, plan: &Plan) -> bool {
-        let (a, node) = (&plan.allocations, &self.node);
+        let (a, node, caps) = (&plan.allocations, &self.node, &self.caps);
         let same_apps =
             a.len() == self.allocs.len() && self.allocs.keys().all(|k| a.contains_key(k));
         let cores: u32 = a.values().map(|x| x.nr_cores).sum();
         let ways: u32 = a.values().map(|x| x.nr_ways).sum();
         same_apps
-            && cores <= node.nr_cores
-            && a.values().all(|x| x.nr_cores >= 1)
+            && (!caps.has(Resource::Cores)
+                || (cores <= node.nr_cores && a.values().all(|x| x.nr_cores >= 1)))
             && (node.nr_ways == 0 || (ways <= node.nr_ways && a.values().all(|x| x.nr_ways >= 1)))
-            && a.values()
-                .all(|x| (node.freq_min_mhz..=node.freq_max_mhz).contains(&x.freq_mhz))
+            && (!caps.has(Resource::Frequency)
+                || a.values()
+                    .all(|x| (node.freq_min_mhz..=node.freq_max_mhz).contains(&x.freq_mhz)))
+            && qosd_core::quota::check(a, caps).is_ok()
     }
 
     /// Advances every app by one tick; returns each app's state.
@@ -136,16 +145,18 @@ impl SimulatedNode {
         let node = &self.node;
         let dt = tick.dt_s;
         let t0 = tick.now_ms as f64 / 1000.0 - dt;
-        let fmax = node.freq_max_mhz as f64;
         self.node_energy_j += node.idle_w * dt;
         let mut states = Vec::with_capacity(self.apps.len());
-        for st in &mut self.apps {
+        // CPUs the latency-critical apps keep busy: what a batch job on
+        // shared CPUs cannot have. Servers first, then jobs.
+        let mut lc_busy = 0.0;
+        for st in self.apps.iter_mut().filter(|st| st.spec.job.is_none()) {
             let Some(&a) = self.allocs.get(&st.spec.name) else {
                 continue;
             };
             let lambda = st.spec.load.level_at((t0 + dt / 2.0) * self.scale) * st.capacity_rps;
             let s_us = st.model.service_time_us(&a, node);
-            let c = st.model.servers(&a);
+            let c = st.model.servers(&a, node);
             let cap = c as f64 * 1e6 / s_us;
             let before = st.backlog;
             let served = (st.backlog + lambda * dt).min(cap * dt);
@@ -169,11 +180,12 @@ impl SimulatedNode {
             st.samples.push(sample);
             st.offered += lambda * dt;
             st.served += served;
-            let busy = (served / dt) * s_us * 1e-6; // cores busy
+            // CPUs busy: the share of capacity served, of the CPUs the
+            // app can use (a quota stretches holding times, not CPU time).
+            let busy = (served / dt) / cap * st.model.effective_cpus(&a, node);
+            lc_busy += busy;
             st.busy_core_s += busy * dt;
-            let fr = a.freq_mhz as f64 / fmax;
-            let p = a.nr_cores as f64 * node.core_idle_w * fr
-                + busy.min(c as f64) * node.core_busy_w * fr.powi(3);
+            let p = app_power(node, &a, busy.min(c as f64));
             st.energy_j += p * dt;
             self.node_energy_j += p * dt;
             states.push(state(
@@ -181,9 +193,23 @@ impl SimulatedNode {
                 &[sample],
                 self.client_feedback,
                 served / dt,
-                busy / c as f64,
+                busy / st.model.effective_cpus(&a, node).max(1e-9),
                 p,
             ));
+        }
+        for st in self.apps.iter_mut().filter(|st| st.spec.job.is_some()) {
+            let Some(&a) = self.allocs.get(&st.spec.name) else {
+                continue;
+            };
+            let free = node.nr_cores as f64 - lc_busy;
+            let (cpus, ops_per_s) = st.model.job_ops_per_s(&a, node, free);
+            st.ops += ops_per_s * dt;
+            st.busy_core_s += cpus * dt;
+            let p = app_power(node, &a, cpus);
+            st.energy_j += p * dt;
+            self.node_energy_j += p * dt;
+            let util = cpus / st.model.effective_cpus(&a, node).max(1e-9);
+            states.push(state(st, &[], self.client_feedback, 0.0, util, p));
         }
         states
     }
@@ -200,18 +226,19 @@ impl SimulatedNode {
                 continue;
             };
             let power = st.energy_j / iv_s;
+            let job = st.spec.job.is_some();
             rows.push(AppInterval {
                 app: st.spec.name.clone(),
-                offered_rps: Some(st.offered / iv_s),
+                offered_rps: (!job).then_some(st.offered / iv_s),
                 achieved_rps: st.served / iv_s,
                 client_us: percentile(&st.samples, st.percentile, true),
                 ebpf_us: percentile(&st.samples, st.percentile, false),
                 client_target_us: st.target_us,
                 ebpf_target_us: st.ebpf_target_us,
                 power_w: Some(power),
-                be_ops_per_s: None,
+                be_ops_per_s: job.then_some(st.ops / iv_s),
             });
-            let util = st.busy_core_s / iv_s / st.model.servers(&a) as f64;
+            let util = st.busy_core_s / iv_s / st.model.effective_cpus(&a, &self.node).max(1e-9);
             let samples = std::mem::take(&mut st.samples);
             states.push(state(
                 st,
@@ -221,7 +248,8 @@ impl SimulatedNode {
                 util,
                 power,
             ));
-            (st.offered, st.served, st.busy_core_s, st.energy_j) = (0.0, 0.0, 0.0, 0.0);
+            (st.offered, st.served, st.busy_core_s, st.energy_j, st.ops) =
+                (0.0, 0.0, 0.0, 0.0, 0.0);
         }
         let node_w = self.node_energy_j / iv_s;
         self.node_energy_j = 0.0;
@@ -272,6 +300,23 @@ impl Node for SimulatedNode {
             }
         }
     }
+}
+
+/// Power of an app's CPUs: its cores idle (where it holds cores) plus
+/// the CPUs it keeps busy, at its frequency (0: the highest).
+fn app_power(node: &SimNode, a: &Share, busy_cpus: f64) -> f64 {
+    let fmax = node.freq_max_mhz.max(1) as f64;
+    let fr = if a.freq_mhz == 0 {
+        1.0
+    } else {
+        a.freq_mhz as f64 / fmax
+    };
+    let held = if node.shared_cpus {
+        0.0
+    } else {
+        a.nr_cores as f64
+    };
+    held * node.core_idle_w * fr + busy_cpus * node.core_busy_w * fr.powi(3)
 }
 
 fn state(

@@ -1,0 +1,471 @@
+//! Fitting an app's sim model to runs on a real machine (`qosd calibrate
+//! --model`): pure functions of measured points, so that they are tested on
+//! synthetic points with a known answer.
+//!
+//! A server, from load steps at a few allocations (CPUs, CPU quota):
+//! - `service_us`: the CPUs of each allocation over the best rate reached
+//!   there when a step saturated the server (median over allocations), so
+//!   that the model's capacity is the measured one; else CPU time per
+//!   request (the server's CPU seconds over its completed requests, median
+//!   over the busier unsaturated steps: at light load wake-ups inflate it);
+//! - `parallelism`: the threads that did work in the saturated steps
+//!   (threads that used at least [`BUSY_THREAD_SHARE`] of a CPU);
+//! - `service_cv` and `network_ms`: the grid point whose steady-state
+//!   queue (the sim's own, [`super::model::Queue`]) best matches the
+//!   measured client and server-side percentiles of the unsaturated steps
+//!   (least squares on log latency).
+//!
+//! How capacity scales with cores and quota is the model's rule
+//! (`min(CPUs, parallelism, quota)` over the service time); the fit checks
+//! it against the best throughput measured at each allocation
+//! ([`FitCheck`]) rather than bending it. A batch job: operations per
+//! CPU-second (its ops/s over the CPUs it used), checked the same way.
+
+use qosd_core::Share;
+
+use super::fitted::FitCheck;
+use super::model::{percentile, Queue, Sample, SimModel};
+use crate::calibrate::network_queue_ms;
+use crate::scenario::{SimModelSpec, SimNode};
+
+/// A thread counts towards parallelism when it used this share of a CPU
+/// over a saturated step.
+pub const BUSY_THREAD_SHARE: f64 = 0.02;
+
+/// One load step of a server at one allocation.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ServerPoint {
+    /// CPUs it ran on (its cpuset).
+    pub nr_cores: u32,
+    /// CPU quota, milli-CPUs (0: none).
+    pub quota_milli: u32,
+    pub offered_rps: f64,
+    pub achieved_rps: f64,
+    /// Client latency at the target percentile, µs.
+    pub client_us: f64,
+    /// Server-side (eBPF, from arrival) latency at the percentile, µs.
+    pub ebpf_us: Option<f64>,
+    /// The server's CPU time over the step, s.
+    pub cpu_s: f64,
+    /// Length of the step, s.
+    pub wall_s: f64,
+    /// Threads that used at least [`BUSY_THREAD_SHARE`] of a CPU.
+    pub busy_threads: u32,
+}
+
+impl ServerPoint {
+    fn saturated(&self) -> bool {
+        self.achieved_rps < 0.9 * self.offered_rps
+    }
+    fn share(&self) -> Share {
+        Share {
+            nr_cores: self.nr_cores,
+            cpu_quota_milli: self.quota_milli,
+            ..Default::default()
+        }
+    }
+}
+
+/// One run of a batch job at one allocation.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct JobPoint {
+    pub nr_cores: u32,
+    pub quota_milli: u32,
+    pub ops_per_s: f64,
+    /// CPUs the job used on average (CPU seconds per second).
+    pub cpus_used: f64,
+}
+
+fn median(mut v: Vec<f64>) -> Option<f64> {
+    v.retain(|x| x.is_finite());
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    Some(if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        0.5 * (v[n / 2 - 1] + v[n / 2])
+    })
+}
+
+/// The model's steady-state latency at a point, µs: (client, server side).
+fn predict(m: &SimModel, p: &ServerPoint, pct: f64, node: &SimNode) -> (f64, f64) {
+    let a = p.share();
+    let s = m.service_time_us(&a, node);
+    let c = m.servers(&a, node);
+    let cap = m.capacity_rps(&a, node);
+    let lambda = p.achieved_rps.min(cap);
+    let sample = Sample {
+        queue: Queue::new(c, s, m.service_cv, lambda * 1e-6),
+        shift_us: m.fixed_us,
+        network_us: (m.network_ms + network_queue_ms(m, lambda / cap)) * 1000.0,
+        noise: 1.0,
+        weight: 1.0,
+    };
+    (
+        percentile(&[sample], pct, true).unwrap_or(f64::INFINITY),
+        percentile(&[sample], pct, false).unwrap_or(f64::INFINITY),
+    )
+}
+
+/// Fits a server's model; `base` holds what is not fitted (its server
+/// kind's defaults: fixed delay, cache and frequency terms). Returns the
+/// fitted values and the capacity check per allocation; `None` without
+/// a usable unsaturated step.
+pub fn fit_server(
+    points: &[ServerPoint],
+    pct: f64,
+    base: &SimModel,
+    node: &SimNode,
+) -> Option<(SimModelSpec, Vec<FitCheck>)> {
+    let ok: Vec<&ServerPoint> = points
+        .iter()
+        .filter(|p| !p.saturated() && p.achieved_rps > 0.0 && p.wall_s > 0.0)
+        .collect();
+    // Capacity is what the sim's loads are fractions of, so the service
+    // time comes from it where a step saturated the server: the CPUs of
+    // the allocation over the best rate reached there (this also charges
+    // what a request costs outside the server's own threads, e.g. the
+    // loopback stack in softirq). CPU time per request where none did.
+    let saturated_at: Vec<f64> = allocations(points.iter().map(|p| (p.nr_cores, p.quota_milli)))
+        .into_iter()
+        .filter_map(|(c, q)| {
+            let at: Vec<&ServerPoint> = points
+                .iter()
+                .filter(|p| (p.nr_cores, p.quota_milli) == (c, q))
+                .collect();
+            if !at.iter().any(|p| p.saturated()) {
+                return None;
+            }
+            let best = at.iter().map(|p| p.achieved_rps).fold(0.0, f64::max);
+            let cpus = f64::from(c).min(if q == 0 {
+                f64::MAX
+            } else {
+                f64::from(q) / 1000.0
+            });
+            (best > 0.0).then(|| (c, cpus * 1e6 / best))
+        })
+        .map(|(_, s)| s)
+        .collect();
+    let top = ok.iter().map(|p| p.achieved_rps).fold(0.0, f64::max);
+    let cpu_per_req = median(
+        ok.iter()
+            .filter(|p| p.achieved_rps >= 0.5 * top && p.cpu_s > 0.0)
+            .map(|p| p.cpu_s / (p.achieved_rps * p.wall_s) * 1e6)
+            .collect(),
+    );
+    if ok.is_empty() {
+        return None;
+    }
+    let service_us = median(saturated_at).or(cpu_per_req)?;
+    let busy = |sat: bool| {
+        points
+            .iter()
+            .filter(|p| p.saturated() == sat)
+            .map(|p| p.busy_threads)
+            .max()
+            .unwrap_or(0)
+    };
+    // Saturated steps show how many threads can work at once; without
+    // one, the busiest step is a lower bound.
+    let threads = match busy(true) {
+        0 => busy(false),
+        n => n,
+    };
+    let parallelism = if threads == 0 {
+        base.parallelism
+    } else {
+        threads
+    };
+    let mut m = SimModel {
+        service_us,
+        parallelism,
+        noise: 0.0,
+        ..base.clone()
+    };
+    // Least squares on log latency over a grid of (cv, network).
+    let mut best = (f64::INFINITY, base.service_cv, base.network_ms);
+    for i in 1..=20 {
+        let cv = i as f64 * 0.05;
+        for j in 0..=48 {
+            let net_ms = 0.002 * 10f64.powf(j as f64 / 12.0); // 2 µs .. 20 ms
+            m.service_cv = cv;
+            m.network_ms = net_ms;
+            let mut err = 0.0;
+            for p in &ok {
+                let (client, server) = predict(&m, p, pct, node);
+                err += (client / p.client_us).ln().powi(2);
+                if let Some(e) = p.ebpf_us {
+                    err += (server / e).ln().powi(2);
+                }
+            }
+            if err < best.0 {
+                best = (err, cv, net_ms);
+            }
+        }
+    }
+    (m.service_cv, m.network_ms) = (best.1, best.2);
+    let checks = allocations(points.iter().map(|p| (p.nr_cores, p.quota_milli)))
+        .into_iter()
+        .map(|(c, q)| {
+            let at = points
+                .iter()
+                .filter(|p| (p.nr_cores, p.quota_milli) == (c, q));
+            FitCheck {
+                nr_cores: c,
+                quota_milli: q,
+                measured: round3(at.map(|p| p.achieved_rps).fold(0.0, f64::max)),
+                model: round3(m.capacity_rps(
+                    &Share {
+                        nr_cores: c,
+                        cpu_quota_milli: q,
+                        ..Default::default()
+                    },
+                    node,
+                )),
+                unit: "rps".into(),
+            }
+        })
+        .collect();
+    Some((
+        SimModelSpec {
+            service_us: Some(round3(m.service_us)),
+            service_cv: Some(round3(m.service_cv)),
+            parallelism: Some(m.parallelism),
+            network_ms: Some(round3(m.network_ms)),
+            ..Default::default()
+        },
+        checks,
+    ))
+}
+
+/// Fits a batch job's operations per CPU-second; `threads` is its spec's.
+pub fn fit_job(
+    points: &[JobPoint],
+    threads: u32,
+    node: &SimNode,
+) -> Option<(SimModelSpec, Vec<FitCheck>)> {
+    let rate = median(
+        points
+            .iter()
+            .filter(|p| p.cpus_used > 0.05)
+            .map(|p| p.ops_per_s / p.cpus_used)
+            .collect(),
+    )?;
+    let m = SimModel {
+        parallelism: threads.max(1),
+        ops_per_cpu_s: rate,
+        freq_sensitivity: 0.0,
+        ..SimModel::generic()
+    };
+    let checks = points
+        .iter()
+        .map(|p| {
+            let a = Share {
+                nr_cores: p.nr_cores,
+                cpu_quota_milli: p.quota_milli,
+                ..Default::default()
+            };
+            FitCheck {
+                nr_cores: p.nr_cores,
+                quota_milli: p.quota_milli,
+                measured: round3(p.ops_per_s),
+                model: round3(m.job_ops_per_s(&a, node, f64::INFINITY).1),
+                unit: "ops/s".into(),
+            }
+        })
+        .collect();
+    Some((
+        SimModelSpec {
+            parallelism: Some(m.parallelism),
+            ops_per_cpu_s: Some(round3(rate)),
+            ..Default::default()
+        },
+        checks,
+    ))
+}
+
+/// Distinct allocations in first-seen order.
+fn allocations(it: impl Iterator<Item = (u32, u32)>) -> Vec<(u32, u32)> {
+    let mut v = Vec::new();
+    for a in it {
+        if !v.contains(&a) {
+            v.push(a);
+        }
+    }
+    v
+}
+
+/// Three significant digits: a model file for people to read.
+fn round3(x: f64) -> f64 {
+    if x == 0.0 || !x.is_finite() {
+        return x;
+    }
+    let mag = 10f64.powi(2 - x.abs().log10().floor() as i32);
+    (x * mag).round() / mag
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node() -> SimNode {
+        SimNode {
+            nr_cores: 2,
+            freq_min_mhz: 3000,
+            freq_max_mhz: 3000,
+            nr_ways: 0,
+            quota_step_milli: 100,
+            ..SimNode::default()
+        }
+    }
+
+    /// Points a server with a known model would give: its steady-state
+    /// percentiles, CPU time and busy threads, at three allocations.
+    fn synthetic(truth: &SimModel, n: &SimNode) -> Vec<ServerPoint> {
+        let mut pts = Vec::new();
+        for (cores, quota) in [(1, 0), (2, 0), (1, 500)] {
+            let probe = ServerPoint {
+                nr_cores: cores,
+                quota_milli: quota,
+                offered_rps: 0.0,
+                achieved_rps: 0.0,
+                client_us: 0.0,
+                ebpf_us: None,
+                cpu_s: 0.0,
+                wall_s: 2.0,
+                busy_threads: 0,
+            };
+            let cap = truth.capacity_rps(&probe.share(), n);
+            let cpus = truth.effective_cpus(&probe.share(), n);
+            for x in [0.2f64, 0.4, 0.6, 0.75, 1.5] {
+                let achieved = cap * x.min(1.0);
+                let mut p = ServerPoint {
+                    offered_rps: cap * x,
+                    achieved_rps: achieved,
+                    cpu_s: achieved * probe.wall_s * truth.service_us * 1e-6,
+                    busy_threads: truth.parallelism.min(cores),
+                    ..probe
+                };
+                if x < 1.0 {
+                    let (c, s) = predict(truth, &p, 99.0, n);
+                    (p.client_us, p.ebpf_us) = (c, Some(s));
+                } else {
+                    (p.client_us, p.ebpf_us) = (1e6, Some(1e6));
+                    p.cpu_s = cpus * p.wall_s;
+                }
+                pts.push(p);
+            }
+        }
+        pts
+    }
+
+    #[test]
+    fn a_server_fit_recovers_a_known_model() {
+        let n = node();
+        for (s_us, cv, par, net) in [(800.0, 0.4, 4, 0.3), (12.0, 0.7, 1, 0.05)] {
+            let truth = SimModel {
+                service_us: s_us,
+                service_cv: cv,
+                parallelism: par,
+                network_ms: net,
+                ..SimModel::generic()
+            };
+            let pts = synthetic(&truth, &n);
+            let base = SimModel::generic();
+            let (fit, checks) = fit_server(&pts, 99.0, &base, &n).unwrap();
+            let got = fit.service_us.unwrap();
+            assert!((got - s_us).abs() / s_us < 0.01, "service {got} vs {s_us}");
+            assert_eq!(fit.parallelism, Some(par.min(2)));
+            let got_cv = fit.service_cv.unwrap();
+            assert!((got_cv - cv).abs() <= 0.051, "cv {got_cv} vs {cv}");
+            let got_net = fit.network_ms.unwrap();
+            assert!(
+                (got_net / net).ln().abs() < 0.25,
+                "network {got_net} vs {net}"
+            );
+            assert_eq!(checks.len(), 3);
+            for c in &checks {
+                assert!(
+                    (c.model - c.measured).abs() / c.measured < 0.02,
+                    "{c:?}: the synthetic server runs at its model capacity"
+                );
+            }
+        }
+    }
+
+    /// Without a saturated step the service time is the CPU time per
+    /// request; with one whose rate fell short of the CPU accounting (time
+    /// spent outside the server's threads), capacity wins.
+    #[test]
+    fn service_time_from_capacity_else_from_cpu_time() {
+        let n = node();
+        let truth = SimModel {
+            service_us: 500.0,
+            parallelism: 4,
+            ..SimModel::generic()
+        };
+        let all = synthetic(&truth, &n);
+        let light: Vec<ServerPoint> = all.iter().filter(|p| !p.saturated()).copied().collect();
+        let (fit, _) = fit_server(&light, 99.0, &truth, &n).unwrap();
+        assert_eq!(fit.service_us, Some(500.0));
+        // The saturated steps reach 80 % of the model's rate.
+        let slow: Vec<ServerPoint> = all
+            .iter()
+            .map(|p| {
+                let mut p = *p;
+                if p.saturated() {
+                    p.achieved_rps *= 0.8;
+                }
+                p
+            })
+            .collect();
+        let (fit, _) = fit_server(&slow, 99.0, &truth, &n).unwrap();
+        assert_eq!(fit.service_us, Some(625.0));
+    }
+
+    #[test]
+    fn no_unsaturated_step_no_fit() {
+        let n = node();
+        let truth = SimModel::generic();
+        let pts: Vec<ServerPoint> = synthetic(&truth, &n)
+            .into_iter()
+            .filter(|p| p.saturated())
+            .collect();
+        assert!(fit_server(&pts, 99.0, &truth, &n).is_none());
+    }
+
+    #[test]
+    fn a_job_fit_recovers_ops_per_cpu() {
+        let n = node();
+        let pts: Vec<JobPoint> = [(1, 0, 1.0), (1, 500, 0.5), (2, 0, 2.0), (2, 300, 0.3)]
+            .iter()
+            .map(|&(c, q, cpus)| JobPoint {
+                nr_cores: c,
+                quota_milli: q,
+                ops_per_s: 27_000.0 * cpus,
+                cpus_used: cpus,
+            })
+            .collect();
+        let (fit, checks) = fit_job(&pts, 2, &n).unwrap();
+        assert_eq!(fit.ops_per_cpu_s, Some(27_000.0));
+        assert_eq!(fit.parallelism, Some(2));
+        for c in checks {
+            assert!((c.model - c.measured).abs() < 1e-6, "{c:?}");
+        }
+        // One thread: two cores buy nothing, as the model has it.
+        let (fit1, checks) = fit_job(&pts[..1], 1, &n).unwrap();
+        assert_eq!(fit1.parallelism, Some(1));
+        assert!((checks[0].model - 27_000.0).abs() < 1e-6);
+        assert!(fit_job(&[], 1, &n).is_none());
+    }
+
+    #[test]
+    fn three_significant_digits() {
+        assert_eq!(round3(1234.5), 1230.0);
+        assert_eq!(round3(0.012345), 0.0123);
+        assert_eq!(round3(0.0), 0.0);
+    }
+}
