@@ -362,3 +362,47 @@ fn seeds_runs_n_seeds_and_aggregates_them() {
     assert_eq!(m["n"], 3);
     assert!(m["ci95"].as_f64().unwrap() >= 0.0);
 }
+
+/// The oracle (each interval the least allocation that meets every target
+/// by the model) is the lower bound on core·s: no shipped policy, nor the
+/// static split, uses fewer on the same load (a policy could only by
+/// missing targets the oracle meets); summary.json and the table carry it
+/// with the policy's ratio to it.
+#[test]
+fn the_oracle_is_below_every_policy() {
+    let t = tempfile::tempdir().unwrap();
+    for sc in ["ramp", "constant", "spike"] {
+        for policy in [
+            "static",
+            "policies/parties.yaml",
+            "policies/parties-original.yaml",
+            "policies/power-saver.yaml",
+            "policies/cpu-util.yaml",
+        ] {
+            let dir = t.path().join(format!("{sc}-{}", policy.replace('/', "-")));
+            let text = ok(&[
+                "replay",
+                &format!("scenarios/{sc}.yaml"),
+                "--sim",
+                "--policy",
+                policy,
+                "--out",
+                dir.to_str().unwrap(),
+            ]);
+            let s = summary(&dir);
+            let o = &s["oracle"];
+            let (oc, pc) = (
+                o["core_seconds"].as_f64().unwrap(),
+                s["total"]["core_seconds"].as_f64().unwrap(),
+            );
+            println!(
+                "{sc} {policy}: {pc:.0} core·s, {:.1} % violations; oracle {oc:.0} core·s, {:.1} %",
+                s["total"]["violation_fraction"].as_f64().unwrap() * 100.0,
+                o["violation_fraction"].as_f64().unwrap() * 100.0
+            );
+            assert!(oc > 0.0 && oc <= pc, "{sc} {policy}: oracle {oc} vs {pc}");
+            assert!((o["policy_ratio"].as_f64().unwrap() - pc / oc).abs() < 1e-9);
+            assert!(text.contains("\noracle "), "{text}");
+        }
+    }
+}

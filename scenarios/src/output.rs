@@ -96,10 +96,28 @@ pub fn summary_table(s: &Summary) -> String {
         fmt_row(&mut out, name, a);
     }
     fmt_row(&mut out, "total", &s.total);
+    if let Some(o) = &s.oracle {
+        let _ = writeln!(
+            out,
+            "{:<12} {:>9.1}% {:>10} {:>10.0} {:>10.2}  (policy used {:.2}x its core·s)",
+            "oracle",
+            o.violation_fraction * 100.0,
+            "",
+            o.core_seconds,
+            o.mean_cores,
+            o.policy_ratio
+        );
+    }
     out.push_str(
         "(violation: client latency vs the client-side target, what users see; fed viol.: the\n \
          latency that fed the policy vs its own side's target)\n",
     );
+    if s.oracle.is_some() {
+        out.push_str(
+            "(oracle: each interval the least allocation that meets every target by the model,\n \
+             the lower bound on core·s; its violation: intervals no allocation of the node meets)\n",
+        );
+    }
     if s.energy_is_estimate {
         out.push_str("(energy is a model estimate, not a measurement)\n");
     }

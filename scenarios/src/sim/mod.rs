@@ -7,6 +7,7 @@
 
 pub mod model;
 pub mod node;
+pub mod oracle;
 
 use qosd_core::control::{Cadence, ControlLoop};
 use qosd_core::{Allocations, Feedback, FreqRange, NodeCaps, Plan, Policy, Snapshot};
@@ -116,5 +117,12 @@ pub fn run_with(
     };
     ctl.run_simulated(&mut node, &mut rec, cadence, nr_iv);
     rec.finish(ctl.counters());
+    let clock = oracle::Clock {
+        monitor_ms: cadence.monitor_ms,
+        ticks_per_interval: cadence.ticks_per_decision(),
+        nr_intervals: nr_iv,
+        scale,
+    };
+    rec.tl.oracle = Some(oracle::baseline(sc, cal, clock));
     rec.tl
 }
