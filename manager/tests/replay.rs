@@ -361,6 +361,41 @@ fn seeds_runs_n_seeds_and_aggregates_them() {
     assert!((m["mean"].as_f64().unwrap() - mean).abs() < 1e-6, "{m}");
     assert_eq!(m["n"], 3);
     assert!(m["ci95"].as_f64().unwrap() >= 0.0);
+    // `qosd compare` on the seeds folder: the same mean ± CI per figure
+    // (recomputed from the seeds' summaries), beside a single run.
+    let one = out.join("seed-7");
+    let table = ok(&[
+        "compare",
+        out.to_str().unwrap(),
+        one.to_str().unwrap(),
+        "--out",
+        t.path().to_str().unwrap(),
+    ]);
+    let total: Vec<&str> = table.lines().filter(|l| l.contains(" total ")).collect();
+    assert_eq!(total.len(), 2, "{table}");
+    let pm = |v: &serde_json::Value, scale: f64, d: usize| {
+        format!(
+            "{:.d$} ± {:.d$}",
+            v["mean"].as_f64().unwrap() * scale,
+            v["ci95"].as_f64().unwrap() * scale
+        )
+    };
+    let tot = &agg["total"];
+    for cell in [
+        pm(&tot["core_seconds"], 1.0, 0),
+        pm(&tot["violation_fraction"], 100.0, 1),
+        pm(&tot["mean_cores"], 1.0, 2),
+        pm(&agg["oracle_ratio"], 1.0, 2),
+    ] {
+        assert!(total[0].contains(&cell), "{cell} in {table}");
+    }
+    // "ramp sim ebpf parties total 3 ...": the runs column.
+    assert_eq!(total[0].split_whitespace().nth(5), Some("3"), "{table}");
+    assert_eq!(total[1].split_whitespace().nth(5), Some("1"), "{table}");
+    // The single run: its own figures, no interval.
+    let s7 = summary(&one);
+    let c7 = format!("{:.0}", s7["total"]["core_seconds"].as_f64().unwrap());
+    assert!(total[1].contains(&c7) && !total[1].contains('±'), "{table}");
 }
 
 /// The oracle (each interval the least allocation that meets every target
