@@ -12,7 +12,6 @@
 pub mod capacities;
 pub mod caps;
 pub mod cores;
-pub mod cpulist;
 pub mod ctx;
 pub mod error;
 pub mod freq;

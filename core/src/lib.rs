@@ -8,6 +8,7 @@
 
 pub mod admit;
 pub mod control;
+pub mod cpulist;
 pub mod measure;
 pub mod policy;
 pub mod power;

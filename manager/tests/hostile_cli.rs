@@ -155,3 +155,55 @@ fn load_with_no_listener_exits_2_naming_the_target_for_every_protocol() {
         }
     }
 }
+
+/// `qosd ... | head`: a reader that goes away ends qosd as it ends any
+/// Unix tool, by SIGPIPE and silently, never with a panic; a real replay
+/// would put its knobs back first (the command returns before it dies).
+#[test]
+fn a_closed_stdout_ends_quietly_by_sigpipe() {
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::{Command, Stdio};
+    let t = tempfile::tempdir().unwrap();
+    let out = t.path().join("r");
+    let out = out.to_str().unwrap();
+    let cases: [&[&str]; 6] = [
+        &["replay", "scenarios/ramp.yaml", "--sim", "--out", out],
+        &[
+            "replay",
+            "scenarios/ramp.yaml",
+            "--sim",
+            "--duration",
+            "10",
+            "--seeds",
+            "2",
+            "--out",
+            out,
+        ],
+        &["caps"],
+        &["check", "config.yaml", "policies/parties.yaml"],
+        &["compare", &format!("{out}/seed-1"), "--out", out],
+        &["trace", "--pid", "1", "--duration", "2"],
+    ];
+    for args in cases {
+        let mut child = Command::new(QOSD)
+            .current_dir(repo())
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take()); // the reader is gone before any write
+        let o = child.wait_with_output().unwrap();
+        let stderr = text(&o.stderr);
+        assert_eq!(
+            o.status.signal(),
+            Some(libc::SIGPIPE),
+            "qosd {args:?}: {:?}\n{stderr}",
+            o.status
+        );
+        assert!(
+            !stderr.contains("panicked") && !stderr.contains("error"),
+            "qosd {args:?}: {stderr}"
+        );
+    }
+}

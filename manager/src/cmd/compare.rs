@@ -36,7 +36,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     let table = qosd_scenarios::output::compare(&args.runs, &args.out)?;
-    print!("{table}");
-    println!("\nwrote {}/compare.svg and compare.png", args.out.display());
+    crate::out!("{table}")?;
+    crate::outln!("\nwrote {}/compare.svg and compare.png", args.out.display())?;
     Ok(())
 }
