@@ -11,6 +11,7 @@
 
 pub mod capacities;
 pub mod caps;
+pub mod cgroup;
 pub mod cores;
 pub mod ctx;
 pub mod error;
