@@ -10,6 +10,7 @@ pub mod admit;
 pub mod control;
 pub mod cpulist;
 pub mod measure;
+pub mod plan;
 pub mod policy;
 pub mod power;
 pub mod quota;
