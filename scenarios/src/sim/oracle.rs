@@ -249,6 +249,16 @@ mod tests {
     use super::*;
     use crate::calibrate;
 
+    /// 100 ms ticks, 500 ms intervals, on the scenario's own time axis.
+    fn clock(nr_intervals: u64) -> Clock {
+        Clock {
+            monitor_ms: 100,
+            ticks_per_interval: 5,
+            nr_intervals,
+            scale: 1.0,
+        }
+    }
+
     fn scenario(yaml: &str) -> Scenario {
         Scenario::parse(std::path::Path::new("t.yaml"), yaml).unwrap()
     }
@@ -263,12 +273,7 @@ mod tests {
                 "name: c\nduration_s: 60\nnode: {{nr_cores: 16, nr_ways: 0}}\napps:\n  - name: s\n    class: lc\n    server: {{kind: fixture, work_us: 1000}}\n    protocol: http\n    connections: 16\n    target: {{percentile: 99, ms: {target_ms}}}\n    load: {{kind: constant, level: 0.5}}\n"
             ));
             let cal = calibrate::sim(&sc);
-            let clock = Clock {
-                monitor_ms: 100,
-                ticks_per_interval: 5,
-                nr_intervals: 120,
-                scale: 1.0,
-            };
+            let clock = clock(120);
             let last = least_allocations(&sc, &cal, clock).pop().unwrap().unwrap();
             let got = last[0].1.nr_cores;
             let m = SimModel::of(&sc.apps[0]);
@@ -314,12 +319,7 @@ mod tests {
             "name: c\nduration_s: 10\nnode: {nr_cores: 8, nr_ways: 4}\napps:\n  - name: a\n    class: lc\n    server: {kind: fixture, work_us: 1000}\n    protocol: http\n    connections: 8\n    target: {percentile: 99, ms: 0.5}\n    load: {kind: constant, level: 0.5}\n",
         );
         let cal = calibrate::sim(&sc);
-        let clock = Clock {
-            monitor_ms: 100,
-            ticks_per_interval: 5,
-            nr_intervals: 20,
-            scale: 1.0,
-        };
+        let clock = clock(20);
         let o = baseline(&sc, &cal, clock);
         assert_eq!((o.intervals, o.infeasible_intervals), (20, 20));
         assert!((o.mean_cores - 8.0).abs() < 1e-9 && (o.violation_fraction - 1.0).abs() < 1e-12);

@@ -37,18 +37,21 @@ pub(crate) fn read_trimmed(path: &Path) -> Result<String, PowerError> {
         })
 }
 
+/// A file holding a kernel CPU list (`possible`, `thread_siblings_list`,
+/// a PMU's `cpumask`).
+pub(crate) fn read_cpu_list(path: &Path) -> Result<Vec<u32>, PowerError> {
+    let list = read_trimmed(path)?;
+    qosd_core::cpulist::parse(&list).map_err(|e| PowerError::Parse {
+        path: path.to_owned(),
+        what: e.to_string(),
+    })
+}
+
 impl Topology {
     /// Reads `possible` and each CPU's `topology/` under `root`.
     pub fn read(root: &Path) -> Result<Topology, PowerError> {
         let base = root.join("sys/devices/system/cpu");
-        let possible_path = base.join("possible");
-        let possible = read_trimmed(&possible_path)?;
-        let ids = qosd_core::cpulist::parse(&possible)
-            .ok()
-            .ok_or_else(|| PowerError::Parse {
-                path: possible_path.clone(),
-                what: format!("CPU list {possible:?}"),
-            })?;
+        let ids = read_cpu_list(&base.join("possible"))?;
         let n = ids.iter().max().map_or(0, |m| *m as usize + 1);
         let mut packages = vec![None; n];
         let mut siblings = vec![None; n];
@@ -65,14 +68,7 @@ impl Topology {
             })?;
             // -1 on some virtual machines: one socket.
             packages[cpu as usize] = Some(pkg.max(0) as u32);
-            let list_path = t.join("thread_siblings_list");
-            let list = read_trimmed(&list_path)?;
-            let sibs = qosd_core::cpulist::parse(&list)
-                .ok()
-                .ok_or_else(|| PowerError::Parse {
-                    path: list_path.clone(),
-                    what: format!("CPU list {list:?}"),
-                })?;
+            let sibs = read_cpu_list(&t.join("thread_siblings_list"))?;
             match sibs.as_slice() {
                 [a, b] => siblings[cpu as usize] = Some(if *a == cpu { *b } else { *a }),
                 [_] | [] => {}
