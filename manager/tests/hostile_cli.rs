@@ -185,14 +185,13 @@ fn a_closed_stdout_ends_quietly_by_sigpipe() {
         &["trace", "--pid", "1", "--duration", "2"],
     ];
     for args in cases {
-        let mut child = Command::new(QOSD)
+        let child = Command::new(QOSD)
             .current_dir(repo())
             .args(args)
-            .stdout(Stdio::piped())
+            .stdout(Stdio::from(reader_gone_pipe()))
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        drop(child.stdout.take()); // the reader is gone before any write
         let o = child.wait_with_output().unwrap();
         let stderr = text(&o.stderr);
         assert_eq!(
@@ -206,4 +205,29 @@ fn a_closed_stdout_ends_quietly_by_sigpipe() {
             "qosd {args:?}: {stderr}"
         );
     }
+}
+
+/// The writing end of a pipe whose reading end is closed everywhere: in
+/// this process at once, and in any child another test thread forked
+/// meanwhile once it has exec'd (close-on-exec), which poll's POLLERR on
+/// the writing end tells.
+fn reader_gone_pipe() -> std::os::fd::OwnedFd {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let mut fds = [0; 2];
+    // SAFETY: a two-int array for pipe2 to fill.
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    // SAFETY: both fds were just made by pipe2 and are owned here.
+    let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    drop(r);
+    let gone = wait_for(std::time::Duration::from_secs(5), || {
+        let mut p = libc::pollfd {
+            fd: w.as_raw_fd(),
+            events: 0,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, zero timeout.
+        unsafe { libc::poll(&mut p, 1, 0) == 1 && p.revents & libc::POLLERR != 0 }
+    });
+    assert!(gone, "the pipe's reading end stayed open");
+    w
 }
