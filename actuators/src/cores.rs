@@ -6,97 +6,24 @@
 
 use std::path::{Path, PathBuf};
 
-use qosd_core::{Allocation, Resource};
+use qosd_core::{cpulist, Allocation, Resource};
 
 use crate::error::{Error, Result};
 use crate::root::Root;
 use crate::topology::Topology;
-use crate::{cpulist, proc, Actuator, AppTarget, Ctx, KnobPlan};
+use crate::{cgroup, proc, Actuator, AppTarget, Ctx, KnobPlan};
 
 const R: Resource = Resource::Cores;
-
-/// A mounted filesystem from `/proc/self/mounts`: (mount point, fstype, options).
-fn mounts(root: &Root) -> Vec<(String, String, String)> {
-    let Ok(s) = root.read("/proc/self/mounts") else {
-        return Vec::new();
-    };
-    s.lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            (f.len() >= 4).then(|| (f[1].to_owned(), f[2].to_owned(), f[3].to_owned()))
-        })
-        .collect()
-}
 
 /// Finds the cgroup2 mount with the cpuset controller usable: the
 /// prefixed mount directory, or why not.
 pub fn probe_cgroup2(root: &Root) -> std::result::Result<PathBuf, String> {
-    cgroup2_with(root, "cpuset")
-}
-
-/// Finds the cgroup2 mount where `controller` is available and enabled for
-/// child groups (the cores and quota knobs share it).
-pub(crate) fn cgroup2_with(root: &Root, controller: &str) -> std::result::Result<PathBuf, String> {
-    let mut cands: Vec<String> = mounts(root)
-        .into_iter()
-        .filter(|(_, t, _)| t == "cgroup2")
-        .map(|(m, _, _)| m)
-        .collect();
-    if cands.is_empty() {
-        cands = vec!["/sys/fs/cgroup".into(), "/sys/fs/cgroup/unified".into()];
-    }
-    let Some(m) = cands
-        .iter()
-        .find(|m| root.exists(format!("{m}/cgroup.controllers")))
-    else {
-        return Err(format!(
-            "no cgroup2 mount (no cgroup.controllers in {})",
-            cands.join(" or ")
-        ));
-    };
-    let ctrls = root
-        .read(format!("{m}/cgroup.controllers"))
-        .unwrap_or_default();
-    if !ctrls.split_whitespace().any(|c| c == controller) {
-        return Err(format!(
-            "cgroup2 at {m}: {controller} not in cgroup.controllers (the controller is bound to a cgroup v1 hierarchy or not built)"
-        ));
-    }
-    let sub = root
-        .read(format!("{m}/cgroup.subtree_control"))
-        .unwrap_or_default();
-    if !sub.split_whitespace().any(|c| c == controller) {
-        return Err(format!(
-            "cgroup2 at {m}: {controller} not enabled in cgroup.subtree_control (echo +{controller} > {m}/cgroup.subtree_control)"
-        ));
-    }
-    Ok(root.path(m))
+    cgroup::cgroup2_with(root, "cpuset")
 }
 
 /// Finds the cgroup v1 hierarchy that has the cpuset controller.
 pub fn probe_cgroup1(root: &Root) -> std::result::Result<PathBuf, String> {
-    cgroup1_with(root, "cpuset", "cpuset.cpus")
-}
-
-/// Finds the cgroup v1 hierarchy with `controller` among its mount
-/// options (alone or co-mounted, e.g. `cpu,cpuacct`) and `file` in it.
-pub(crate) fn cgroup1_with(
-    root: &Root,
-    controller: &str,
-    file: &str,
-) -> std::result::Result<PathBuf, String> {
-    let m = mounts(root)
-        .into_iter()
-        .find(|(_, t, o)| t == "cgroup" && o.split(',').any(|x| x == controller))
-        .map(|(m, _, _)| m)
-        .unwrap_or_else(|| format!("/sys/fs/cgroup/{controller}"));
-    if root.exists(format!("{m}/{file}")) && root.exists(format!("{m}/cgroup.procs")) {
-        Ok(root.path(m))
-    } else {
-        Err(format!(
-            "no cgroup v1 {controller} hierarchy (no {m}/{file})"
-        ))
-    }
+    cgroup::cgroup1_with(root, "cpuset", "cpuset.cpus")
 }
 
 /// Affinity needs `/proc/PID/task` under the root to find the threads.
@@ -159,20 +86,7 @@ impl CoresActuator {
             ctx.write(R, &mems, m.trim(), false)?;
         }
         let controller = if v2 { None } else { Some("cpuset") };
-        for &pid in &app.pids {
-            let current = proc::cgroup_of(&ctx.root, pid, controller)?;
-            let from = mount.join(current.trim_start_matches('/'));
-            if from == group {
-                continue;
-            }
-            ctx.move_pid(
-                R,
-                pid,
-                &group.join("cgroup.procs"),
-                &from.join("cgroup.procs"),
-            )?;
-        }
-        Ok(())
+        cgroup::move_pids(ctx, R, mount, &group, controller, &app.pids)
     }
 }
 
@@ -226,10 +140,7 @@ impl Actuator for CoresActuator {
     }
 
     fn read(&self, ctx: &Ctx, app: &AppTarget) -> Result<Allocation> {
-        let pid = *app
-            .pids
-            .first()
-            .ok_or_else(|| Error::Invalid(format!("app {} has no pid", app.name)))?;
+        let pid = cgroup::first_pid(app)?;
         let cpus = match self.group(app) {
             Some(g) if g.join("cpuset.cpus").exists() => {
                 cpulist::parse(&crate::root::read_file(&g.join("cpuset.cpus"))?)?

@@ -175,7 +175,7 @@ impl Ctx {
     /// a thread already changed or are caught by the next pass).
     pub fn set_affinity(&mut self, resource: Resource, pid: i32, cpus: &[u32]) -> Result<()> {
         let start_time = proc::start_time(&self.root, pid)?;
-        let want = crate::cpulist::format(cpus);
+        let want = qosd_core::cpulist::format(cpus);
         let mut done: Vec<(i32, String)> = Vec::new();
         for _pass in 0..8 {
             let fresh: Vec<i32> = proc::tids(&self.root, pid)?
@@ -188,7 +188,7 @@ impl Ctx {
             let mut prior = Vec::new();
             for &tid in &fresh {
                 match proc::get_affinity(tid) {
-                    Ok(c) => prior.push((tid, crate::cpulist::format(&c))),
+                    Ok(c) => prior.push((tid, qosd_core::cpulist::format(&c))),
                     Err(Error::Sys {
                         source: nix::Error::ESRCH,
                         ..

@@ -44,6 +44,12 @@ pub enum Error {
     RollbackFailed { error: Box<Error>, rollback: String },
 }
 
+impl From<qosd_core::cpulist::CpuListError> for Error {
+    fn from(e: qosd_core::cpulist::CpuListError) -> Self {
+        Error::Invalid(e.to_string())
+    }
+}
+
 impl Error {
     pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io {

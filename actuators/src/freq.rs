@@ -8,7 +8,8 @@ use qosd_core::{Allocation, Resource};
 
 use crate::error::{Error, Result};
 use crate::root::Root;
-use crate::{cpulist, proc, Actuator, AppTarget, Ctx, KnobPlan};
+use crate::{proc, Actuator, AppTarget, Ctx, KnobPlan};
+use qosd_core::cpulist;
 
 const R: Resource = Resource::Frequency;
 

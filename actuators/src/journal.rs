@@ -121,8 +121,8 @@ impl Entry {
                         .find(|(t, _)| *t == tid)
                         .map(|(_, c)| c.clone())
                         .unwrap_or_else(|| main.clone());
-                    let cpus = crate::cpulist::parse(&want)?;
-                    let now = proc::get_affinity(tid).map(|c| crate::cpulist::format(&c));
+                    let cpus = qosd_core::cpulist::parse(&want)?;
+                    let now = proc::get_affinity(tid).map(|c| qosd_core::cpulist::format(&c));
                     if !dry_run {
                         match proc::set_affinity(tid, &cpus) {
                             Ok(()) => {}

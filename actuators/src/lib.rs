@@ -11,8 +11,9 @@
 
 pub mod capacities;
 pub mod caps;
+pub mod cgroup;
+pub mod config;
 pub mod cores;
-pub mod cpulist;
 pub mod ctx;
 pub mod error;
 pub mod freq;
@@ -33,12 +34,13 @@ pub mod ways;
 use std::collections::BTreeMap;
 
 pub use caps::{BackendProbe, Caps, KnobCaps};
+pub use config::{Config, CoresBackend, FreqBackend, WaysBackend};
 pub use ctx::Ctx;
 pub use error::{Error, Result};
 pub use journal::restore_state_file;
 pub use qosd_core::{Allocation, Resource};
 pub use quota::QuotaBackend;
-pub use registry::{Actuators, Config, CoresBackend, FreqBackend, WaysBackend};
+pub use registry::Actuators;
 pub use root::Root;
 pub use topology::{allocate_cores, Topology};
 pub use ways::WayAllocator;

@@ -13,7 +13,8 @@ use crate::error::{Error, Result};
 use crate::journal::Entry;
 use crate::root::Root;
 use crate::ways::WayAllocator;
-use crate::{cpulist, Actuator, AppTarget, Ctx, KnobPlan};
+use crate::{Actuator, AppTarget, Ctx, KnobPlan};
+use qosd_core::cpulist;
 
 const R: Resource = Resource::CacheWays;
 

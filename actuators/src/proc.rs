@@ -93,7 +93,7 @@ pub fn cpus_allowed(root: &Root, pid: i32) -> Result<Vec<u32>> {
         .lines()
         .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
         .ok_or_else(|| Error::Invalid(format!("{}: no Cpus_allowed_list", p.display())))?;
-    crate::cpulist::parse(line)
+    Ok(qosd_core::cpulist::parse(line)?)
 }
 
 /// The cgroup of `pid` in one hierarchy, from `/proc/PID/cgroup`:

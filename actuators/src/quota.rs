@@ -13,7 +13,7 @@ use qosd_core::{Allocation, Resource};
 use serde::{Deserialize, Serialize};
 
 use crate::caps::{BackendProbe, KnobCaps};
-use crate::cores::{cgroup1_with, cgroup2_with};
+use crate::cgroup::{self, cgroup1_with, cgroup2_with};
 use crate::error::{Error, Result};
 use crate::root::{read_file, Root};
 use crate::{proc, Actuator, AppTarget, Ctx, KnobPlan};
@@ -211,29 +211,14 @@ impl Actuator for QuotaActuator {
         } else {
             ctx.write(R, &group.join("cpu.cfs_quota_us"), &q.to_string(), false)?;
         }
-        for &pid in &plan.app.pids {
-            let current = proc::cgroup_of(&ctx.root, pid, self.controller())?;
-            let from = self.mount.join(current.trim_start_matches('/'));
-            if from == group {
-                continue;
-            }
-            ctx.move_pid(
-                R,
-                pid,
-                &group.join("cgroup.procs"),
-                &from.join("cgroup.procs"),
-            )?;
-        }
-        Ok(())
+        let pids = &plan.app.pids;
+        cgroup::move_pids(ctx, R, &self.mount, &group, self.controller(), pids)
     }
 
     /// The quota of the group the app's first process is in (its own
     /// `qosd-<app>` once applied); unlimited reads as `None`.
     fn read(&self, ctx: &Ctx, app: &AppTarget) -> Result<Allocation> {
-        let pid = *app
-            .pids
-            .first()
-            .ok_or_else(|| Error::Invalid(format!("app {} has no pid", app.name)))?;
+        let pid = cgroup::first_pid(app)?;
         let current = proc::cgroup_of(&ctx.root, pid, self.controller())?;
         let group = self.mount.join(current.trim_start_matches('/'));
         let file = if self.v2 {

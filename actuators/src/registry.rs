@@ -4,138 +4,16 @@
 //! `restore_all`, on drop (which also runs when a panic unwinds), and from
 //! the state file after a SIGKILL.
 
-use std::path::PathBuf;
-
-use serde::{Deserialize, Serialize};
-
 use crate::caps::{BackendProbe, Caps, KnobCaps};
+use crate::config::{allowed, Config};
 use crate::cores::{probe_affinity, probe_cgroup1, probe_cgroup2, CoresActuator, CoresImpl};
 use crate::error::{Error, Result};
 use crate::freq::{probe_cpupower, probe_sysfs, FreqActuator, FreqVia};
 use crate::journal::Journal;
 use crate::pqos::PqosWays;
-use crate::quota::QuotaBackend;
 use crate::resctrl::{probe_l3, probe_mb, ResctrlMb, ResctrlWays};
 use crate::topology::Topology;
 use crate::{proc, Actuator, Allocation, AppTarget, Apps, Change, Ctx, KnobPlan, Resource, Root};
-
-/// Which cores backend to use. `auto` takes the first available of
-/// cgroup2, cgroup1, affinity.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum CoresBackend {
-    #[default]
-    Auto,
-    Cgroup2,
-    Cgroup1,
-    Affinity,
-}
-
-/// Which frequency backend: `auto` is cpufreq sysfs, then cpupower.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum FreqBackend {
-    #[default]
-    Auto,
-    Cpufreq,
-    Cpupower,
-}
-
-/// Which cache-ways backend: `auto` is resctrl, then pqos.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum WaysBackend {
-    #[default]
-    Auto,
-    Resctrl,
-    Pqos,
-}
-
-fn allowed<T: Serialize + PartialEq + Default>(pref: T, name: &str) -> bool {
-    pref == T::default()
-        || serde_json::to_value(&pref)
-            .ok()
-            .and_then(|v| v.as_str().map(|s| s == name))
-            == Some(true)
-}
-
-/// How the actuators are set up (the `actuators:` section of the config).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct Config {
-    /// Root prefix for every /sys, /proc, cgroup and resctrl path.
-    pub root: PathBuf,
-    /// Log each change instead of making it.
-    pub dry_run: bool,
-    /// Where originals are recorded before the first change; default
-    /// `<root>/run/qosd/state.json`.
-    pub state_file: Option<PathBuf>,
-    pub cores_backend: CoresBackend,
-    pub frequency_backend: FreqBackend,
-    pub cache_ways_backend: WaysBackend,
-    /// Width of the L3 bitmask for the pqos backend, in ways; default the
-    /// L3's ways_of_associativity.
-    pub pqos_cbm_bits: Option<u32>,
-    pub cpu_quota_backend: QuotaBackend,
-    /// One unit of a CPU-quota decision, in milli-CPUs (100 = 0.1 CPU).
-    pub cpu_quota_unit_milli: u32,
-    /// Restore every change when the set is dropped (the daemon, replays);
-    /// `qosd set` turns it off to leave its one-shot change in place.
-    pub restore_on_drop: bool,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            root: PathBuf::from("/"),
-            dry_run: false,
-            state_file: None,
-            cores_backend: CoresBackend::Auto,
-            frequency_backend: FreqBackend::Auto,
-            cache_ways_backend: WaysBackend::Auto,
-            pqos_cbm_bits: None,
-            cpu_quota_backend: QuotaBackend::Auto,
-            cpu_quota_unit_milli: DEFAULT_QUOTA_UNIT_MILLI,
-            restore_on_drop: true,
-        }
-    }
-}
-
-/// 0.1 CPU: fine enough to track a ramp on a 2-CPU machine in tens of
-/// steps, coarse enough that one step changes latency measurably.
-pub const DEFAULT_QUOTA_UNIT_MILLI: u32 = 100;
-
-impl Config {
-    pub fn validate(&self) -> Result<()> {
-        if !(10..=1000).contains(&self.cpu_quota_unit_milli) {
-            return Err(Error::Invalid(format!(
-                "actuators.cpu_quota_unit_milli: {} is not in 10-1000 (0.01 to 1 CPU)",
-                self.cpu_quota_unit_milli
-            )));
-        }
-        if !self.root.is_absolute() || !self.root.is_dir() {
-            return Err(Error::Invalid(format!(
-                "actuators.root: {} is not an existing absolute directory",
-                self.root.display()
-            )));
-        }
-        if let Some(b) = self.pqos_cbm_bits {
-            if !(1..=64).contains(&b) {
-                return Err(Error::Invalid(format!(
-                    "actuators.pqos_cbm_bits: {b} is not in 1-64"
-                )));
-            }
-        }
-        Ok(())
-    }
-
-    /// The state file path in use.
-    pub fn state_path(&self) -> PathBuf {
-        self.state_file
-            .clone()
-            .unwrap_or_else(|| Root::new(&self.root).path("/run/qosd/state.json"))
-    }
-}
 
 fn probe<T>(
     name: &str,

@@ -2,9 +2,9 @@
 //! `thread_siblings_list`) and the core allocator, which hands out whole
 //! physical cores so two apps never share a core's hyperthreads.
 
-use crate::cpulist;
 use crate::error::{Error, Result};
 use crate::root::Root;
+use qosd_core::cpulist;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Topology {

@@ -8,7 +8,9 @@
 
 pub mod admit;
 pub mod control;
+pub mod cpulist;
 pub mod measure;
+pub mod plan;
 pub mod policy;
 pub mod power;
 pub mod quota;

@@ -7,10 +7,10 @@
 //! which physical CPUs or which way mask is the actuators' business.
 
 use std::collections::BTreeMap;
-use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::plan::{Decision, DecisionKind, Plan, Unmet};
 use crate::quota::QuotaRange;
 use crate::resources::Resource;
 
@@ -279,86 +279,6 @@ impl NodeCaps {
             Resource::Cores => Some(self.nr_cores),
             Resource::CacheWays => Some(self.nr_ways),
             _ => None,
-        }
-    }
-}
-
-/// What a decision did to one app's resource.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum DecisionKind {
-    /// More of a resource for an app short of slack.
-    Upsize,
-    /// Less of a resource for an app with slack to spare.
-    Downsize,
-    /// Undo of an earlier downsize that hurt an app.
-    Revert,
-    /// Taken from a victim to pay for another app's upsize.
-    Reclaim,
-    /// Freed resources handed to a best-effort app.
-    Grant,
-    /// Not a change: a violating app nothing could be given to (a
-    /// driver's decision log shows [`Unmet`] entries as this kind).
-    CannotMeet,
-}
-
-/// One change in a plan, with the reason a person can read.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Decision {
-    pub app: String,
-    pub resource: Resource,
-    pub kind: DecisionKind,
-    /// Value before, in the resource's unit.
-    pub from: u32,
-    /// Value after, in the resource's unit.
-    pub to: u32,
-    /// Why, e.g. "slack 0.01 < 0.05 (p99 24.8 ms vs 25 ms)".
-    pub reason: String,
-}
-
-impl fmt::Display for Decision {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} {:?} {}: {} -> {} {} ({})",
-            self.app,
-            self.kind,
-            self.resource,
-            self.from,
-            self.to,
-            self.resource.unit(),
-            self.reason
-        )
-    }
-}
-
-/// A policy's answer: the allocation it wants for every app, and what it
-/// changed and why. An empty `decisions` means "keep everything".
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-pub struct Plan {
-    pub allocations: Allocations,
-    pub decisions: Vec<Decision>,
-    /// Apps that violate their target and that nothing could be given to
-    /// (every resource at its limit, no victim): the node cannot meet
-    /// their QoS. Logged, counted and shown by every driver.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub cannot_meet: Vec<Unmet>,
-}
-
-/// A violating app the policy could not give anything to, and why.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Unmet {
-    pub app: String,
-    pub reason: String,
-}
-
-impl Plan {
-    /// A plan that changes nothing.
-    pub fn keep(current: &Allocations) -> Plan {
-        Plan {
-            allocations: current.clone(),
-            decisions: Vec::new(),
-            cannot_meet: Vec::new(),
         }
     }
 }

@@ -238,7 +238,7 @@ fn all_resources() -> Vec<Resource> {
     Resource::CYCLE.to_vec()
 }
 fn default_quota_unit() -> u32 {
-    qosd_actuators::registry::DEFAULT_QUOTA_UNIT_MILLI
+    qosd_actuators::config::DEFAULT_QUOTA_UNIT_MILLI
 }
 fn default_root() -> PathBuf {
     PathBuf::from("/")

@@ -360,7 +360,7 @@ fn grafana_dashboard_matches_a_live_daemon_and_prometheus() {
     assert_eq!(period_us, "100000", "cpu.max {max:?}");
     let quota_us: u64 = quota_us.parse().unwrap();
     let cpus = std::fs::read_to_string(cg.join("cpuset.cpus")).unwrap();
-    let held = qosd_actuators::cpulist::parse(cpus.trim()).unwrap().len() as u64;
+    let held = qosd_core::cpulist::parse(cpus.trim()).unwrap().len() as u64;
     assert!(
         quota_us > 0 && quota_us <= held * 100_000,
         "cpu.max {max:?} vs {held} cores held ({cpus:?})"

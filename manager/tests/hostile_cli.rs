@@ -155,3 +155,79 @@ fn load_with_no_listener_exits_2_naming_the_target_for_every_protocol() {
         }
     }
 }
+
+/// `qosd ... | head`: a reader that goes away ends qosd as it ends any
+/// Unix tool, by SIGPIPE and silently, never with a panic; a real replay
+/// would put its knobs back first (the command returns before it dies).
+#[test]
+fn a_closed_stdout_ends_quietly_by_sigpipe() {
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::{Command, Stdio};
+    let t = tempfile::tempdir().unwrap();
+    let out = t.path().join("r");
+    let out = out.to_str().unwrap();
+    let cases: [&[&str]; 6] = [
+        &["replay", "scenarios/ramp.yaml", "--sim", "--out", out],
+        &[
+            "replay",
+            "scenarios/ramp.yaml",
+            "--sim",
+            "--duration",
+            "10",
+            "--seeds",
+            "2",
+            "--out",
+            out,
+        ],
+        &["caps"],
+        &["check", "config.yaml", "policies/parties.yaml"],
+        &["compare", &format!("{out}/seed-1"), "--out", out],
+        &["trace", "--pid", "1", "--duration", "2"],
+    ];
+    for args in cases {
+        let child = Command::new(QOSD)
+            .current_dir(repo())
+            .args(args)
+            .stdout(Stdio::from(reader_gone_pipe()))
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let o = child.wait_with_output().unwrap();
+        let stderr = text(&o.stderr);
+        assert_eq!(
+            o.status.signal(),
+            Some(libc::SIGPIPE),
+            "qosd {args:?}: {:?}\n{stderr}",
+            o.status
+        );
+        assert!(
+            !stderr.contains("panicked") && !stderr.contains("error"),
+            "qosd {args:?}: {stderr}"
+        );
+    }
+}
+
+/// The writing end of a pipe whose reading end is closed everywhere: in
+/// this process at once, and in any child another test thread forked
+/// meanwhile once it has exec'd (close-on-exec), which poll's POLLERR on
+/// the writing end tells.
+fn reader_gone_pipe() -> std::os::fd::OwnedFd {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let mut fds = [0; 2];
+    // SAFETY: a two-int array for pipe2 to fill.
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    // SAFETY: both fds were just made by pipe2 and are owned here.
+    let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    drop(r);
+    let gone = wait_for(std::time::Duration::from_secs(5), || {
+        let mut p = libc::pollfd {
+            fd: w.as_raw_fd(),
+            events: 0,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, zero timeout.
+        unsafe { libc::poll(&mut p, 1, 0) == 1 && p.revents & libc::POLLERR != 0 }
+    });
+    assert!(gone, "the pipe's reading end stayed open");
+    w
+}

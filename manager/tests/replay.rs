@@ -361,4 +361,83 @@ fn seeds_runs_n_seeds_and_aggregates_them() {
     assert!((m["mean"].as_f64().unwrap() - mean).abs() < 1e-6, "{m}");
     assert_eq!(m["n"], 3);
     assert!(m["ci95"].as_f64().unwrap() >= 0.0);
+    // `qosd compare` on the seeds folder: the same mean ± CI per figure
+    // (recomputed from the seeds' summaries), beside a single run.
+    let one = out.join("seed-7");
+    let table = ok(&[
+        "compare",
+        out.to_str().unwrap(),
+        one.to_str().unwrap(),
+        "--out",
+        t.path().to_str().unwrap(),
+    ]);
+    let total: Vec<&str> = table.lines().filter(|l| l.contains(" total ")).collect();
+    assert_eq!(total.len(), 2, "{table}");
+    let pm = |v: &serde_json::Value, scale: f64, d: usize| {
+        format!(
+            "{:.d$} ± {:.d$}",
+            v["mean"].as_f64().unwrap() * scale,
+            v["ci95"].as_f64().unwrap() * scale
+        )
+    };
+    let tot = &agg["total"];
+    for cell in [
+        pm(&tot["core_seconds"], 1.0, 0),
+        pm(&tot["violation_fraction"], 100.0, 1),
+        pm(&tot["mean_cores"], 1.0, 2),
+        pm(&agg["oracle_ratio"], 1.0, 2),
+    ] {
+        assert!(total[0].contains(&cell), "{cell} in {table}");
+    }
+    // "ramp sim ebpf parties total 3 ...": the runs column.
+    assert_eq!(total[0].split_whitespace().nth(5), Some("3"), "{table}");
+    assert_eq!(total[1].split_whitespace().nth(5), Some("1"), "{table}");
+    // The single run: its own figures, no interval.
+    let s7 = summary(&one);
+    let c7 = format!("{:.0}", s7["total"]["core_seconds"].as_f64().unwrap());
+    assert!(total[1].contains(&c7) && !total[1].contains('±'), "{table}");
+}
+
+/// The oracle (each interval the least allocation that meets every target
+/// by the model) is the lower bound on core·s: no shipped policy, nor the
+/// static split, uses fewer on the same load (a policy could only by
+/// missing targets the oracle meets); summary.json and the table carry it
+/// with the policy's ratio to it.
+#[test]
+fn the_oracle_is_below_every_policy() {
+    let t = tempfile::tempdir().unwrap();
+    for sc in ["ramp", "constant", "spike"] {
+        for policy in [
+            "static",
+            "policies/parties.yaml",
+            "policies/parties-original.yaml",
+            "policies/power-saver.yaml",
+            "policies/cpu-util.yaml",
+        ] {
+            let dir = t.path().join(format!("{sc}-{}", policy.replace('/', "-")));
+            let text = ok(&[
+                "replay",
+                &format!("scenarios/{sc}.yaml"),
+                "--sim",
+                "--policy",
+                policy,
+                "--out",
+                dir.to_str().unwrap(),
+            ]);
+            let s = summary(&dir);
+            let o = &s["oracle"];
+            let (oc, pc) = (
+                o["core_seconds"].as_f64().unwrap(),
+                s["total"]["core_seconds"].as_f64().unwrap(),
+            );
+            println!(
+                "{sc} {policy}: {pc:.0} core·s, {:.1} % violations; oracle {oc:.0} core·s, {:.1} %",
+                s["total"]["violation_fraction"].as_f64().unwrap() * 100.0,
+                o["violation_fraction"].as_f64().unwrap() * 100.0
+            );
+            assert!(oc > 0.0 && oc <= pc, "{sc} {policy}: oracle {oc} vs {pc}");
+            assert!((o["policy_ratio"].as_f64().unwrap() - pc / oc).abs() < 1e-9);
+            assert!(text.contains("\noracle "), "{text}");
+        }
+    }
 }

@@ -7,6 +7,7 @@ use std::fmt::Write;
 
 use serde::{Deserialize, Serialize};
 
+use crate::sim::oracle::Oracle;
 use crate::timeline::{AppSummary, Summary};
 
 /// Mean and the half-width of its 95 % confidence interval.
@@ -32,6 +33,33 @@ fn t95(df: usize) -> f64 {
 }
 
 impl MeanCi {
+    /// Over the figures of the runs that have one; `None` unless all do.
+    pub fn of_all(xs: &[Option<f64>]) -> Option<MeanCi> {
+        let v: Option<Vec<f64>> = xs.iter().copied().collect();
+        v.filter(|v| !v.is_empty()).map(|v| MeanCi::of(&v))
+    }
+
+    /// No figure (a `seeds.json` written before the field existed).
+    fn none() -> MeanCi {
+        MeanCi {
+            mean: f64::NAN,
+            ci95: f64::NAN,
+            n: 0,
+        }
+    }
+
+    /// `12.3 ± 0.4` (scaled), or the value alone for a single run.
+    pub fn show(&self, scale: f64, decimals: usize) -> String {
+        let d = decimals;
+        if self.n > 1 && self.ci95.is_finite() {
+            format!("{:.d$} ± {:.d$}", self.mean * scale, self.ci95 * scale)
+        } else if self.mean.is_finite() {
+            format!("{:.d$}", self.mean * scale)
+        } else {
+            "-".into()
+        }
+    }
+
     pub fn of(xs: &[f64]) -> MeanCi {
         let n = xs.len();
         let mean = xs.iter().sum::<f64>() / n.max(1) as f64;
@@ -51,7 +79,12 @@ pub struct Figures {
     pub violation_fraction: MeanCi,
     pub violation_fraction_fed: MeanCi,
     pub core_seconds: MeanCi,
+    #[serde(default = "MeanCi::none")]
+    pub mean_cores: MeanCi,
     pub energy_j: Option<MeanCi>,
+    /// Each run's highest p99 of the fed latency, ms.
+    #[serde(default)]
+    pub p99_max_ms: Option<MeanCi>,
 }
 
 /// `seeds.json`: the runs' seeds and each figure's mean and CI.
@@ -62,16 +95,25 @@ pub struct Aggregate {
     pub total: Figures,
     pub reverts: MeanCi,
     pub cannot_meet: MeanCi,
+    /// The oracle's core·s and the runs' ratio to it (simulated runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oracle_core_seconds: Option<MeanCi>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oracle_ratio: Option<MeanCi>,
 }
 
 fn figures(rows: &[&AppSummary]) -> Figures {
     let f = |g: fn(&AppSummary) -> f64| MeanCi::of(&rows.iter().map(|a| g(a)).collect::<Vec<_>>());
-    let energy: Vec<f64> = rows.iter().filter_map(|a| a.energy_j).collect();
+    let opt = |g: fn(&AppSummary) -> Option<f64>| {
+        MeanCi::of_all(&rows.iter().map(|a| g(a)).collect::<Vec<_>>())
+    };
     Figures {
         violation_fraction: f(|a| a.violation_fraction),
         violation_fraction_fed: f(|a| a.violation_fraction_fed),
         core_seconds: f(|a| a.core_seconds),
-        energy_j: (energy.len() == rows.len()).then(|| MeanCi::of(&energy)),
+        mean_cores: f(|a| a.mean_cores),
+        energy_j: opt(|a| a.energy_j),
+        p99_max_ms: opt(|a| a.p99_max_ms),
     }
 }
 
@@ -96,15 +138,24 @@ pub fn aggregate(runs: &[Summary]) -> Aggregate {
                 .map(|s| s.cannot_meet as f64)
                 .collect::<Vec<_>>(),
         ),
+        oracle_core_seconds: oracle(runs, |o| o.core_seconds),
+        oracle_ratio: oracle(runs, |o| o.policy_ratio),
     }
+}
+
+fn oracle(runs: &[Summary], get: fn(&Oracle) -> f64) -> Option<MeanCi> {
+    MeanCi::of_all(
+        &runs
+            .iter()
+            .map(|s| s.oracle.as_ref().map(get))
+            .collect::<Vec<_>>(),
+    )
 }
 
 /// A table of an aggregate: mean ± 95 % CI half-width.
 pub fn table(a: &Aggregate) -> String {
     let mut out = String::new();
-    let pm = |m: &MeanCi, scale: f64, d: usize| {
-        format!("{:.d$} ± {:.d$}", m.mean * scale, m.ci95 * scale)
-    };
+    let pm = |m: &MeanCi, scale: f64, d: usize| m.show(scale, d);
     let _ = writeln!(
         out,
         "{:<12} {:>18} {:>18} {:>20} {:>20}",
@@ -125,6 +176,17 @@ pub fn table(a: &Aggregate) -> String {
         line(n, f);
     }
     line("total", &a.total);
+    if let (Some(c), Some(r)) = (&a.oracle_core_seconds, &a.oracle_ratio) {
+        let _ = writeln!(
+            out,
+            "{:<12} {:>18} {:>18} {:>20}  (the runs used {}x its core·s)",
+            "oracle",
+            "",
+            "",
+            pm(c, 1.0, 0),
+            pm(r, 1.0, 2)
+        );
+    }
     let _ = writeln!(
         out,
         "reverts {}, cannot-meet events {} (mean ± 95 % CI over {} runs, seeds {:?})",

@@ -9,6 +9,8 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::sim::oracle::Oracle;
+
 /// Columns of `timeline.csv`, in order.
 pub const COLUMNS: &str = "t_s,app,offered_rps,achieved_rps,client_p99_ms,ebpf_p99_ms,target_ms,violation,cores,freq_mhz,llc_ways,mb_percent,power_w,ebpf_target_ms,fed_violation,cpu_quota_milli,be_ops_per_s";
 
@@ -153,6 +155,9 @@ pub struct Timeline {
     /// `calibration`, and on the simulated node `model` (each app's).
     #[serde(default)]
     pub meta: BTreeMap<String, serde_json::Value>,
+    /// The oracle baseline of a simulated run (none on real servers).
+    #[serde(default)]
+    pub oracle: Option<Oracle>,
 }
 
 impl Timeline {
@@ -222,6 +227,10 @@ impl Timeline {
         total.energy_j = (!self.node_power_w.is_empty())
             .then(|| self.node_power_w.iter().sum::<f64>() * dt + 0.0);
         total.time_to_recover_s = Vec::new();
+        let oracle = self.oracle.clone().map(|o| Oracle {
+            policy_ratio: total.core_seconds / o.core_seconds.max(1e-9),
+            ..o
+        });
         Summary {
             scenario: self.scenario.clone(),
             mode: self.mode.clone(),
@@ -234,6 +243,7 @@ impl Timeline {
             reverts: self.reverts,
             cannot_meet: self.cannot_meet,
             meta: self.meta.clone(),
+            oracle,
             apps,
             total,
         }
@@ -362,6 +372,10 @@ pub struct Summary {
     /// What the run was made with (see [`Timeline::meta`]).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub meta: BTreeMap<String, serde_json::Value>,
+    /// On the simulated node: the least allocation that meets every
+    /// target, interval by interval, and the run's core·s against it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oracle: Option<Oracle>,
     pub apps: BTreeMap<String, AppSummary>,
     pub total: AppSummary,
 }

@@ -230,12 +230,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(n) = &args.app {
         cal.apps.retain(|k, _| k == n);
     }
-    println!(
+    crate::outln!(
         "{:<12} {:>14} {:>12} {:>14} {:>14} {:>14}",
-        "app", "capacity rps", "knee rps", "knee p99 ms", "knee eBPF ms", "base p99 ms"
-    );
+        "app",
+        "capacity rps",
+        "knee rps",
+        "knee p99 ms",
+        "knee eBPF ms",
+        "base p99 ms"
+    )?;
     for (n, c) in &cal.apps {
-        println!(
+        crate::outln!(
             "{:<12} {:>14.0} {:>12.0} {:>14.3} {:>14} {:>14.3}",
             n,
             c.capacity_rps,
@@ -244,7 +249,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             c.ebpf_knee_latency_us
                 .map_or("-".into(), |v| format!("{:.3}", v / 1000.0)),
             c.base_latency_us / 1000.0
-        );
+        )?;
     }
     let out = args
         .out
@@ -254,6 +259,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     cal.write(&out)
         .with_context(|| format!("writing {}", out.display()))?;
-    println!("wrote {} ({})", out.display(), cal.source);
+    crate::outln!("wrote {} ({})", out.display(), cal.source)?;
     Ok(())
 }

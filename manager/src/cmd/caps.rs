@@ -59,13 +59,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 serde_json::json!({ "hooks": hooks, "reason": why }),
             );
         }
-        println!(
+        crate::outln!(
             "{}",
             serde_json::to_string_pretty(&v).context("encoding caps as JSON")?
-        );
+        )?;
     } else {
-        print!("{caps}");
-        println!("request sensor: {hooks} hooks ({why})");
+        crate::out!("{caps}")?;
+        crate::outln!("request sensor: {hooks} hooks ({why})")?;
     }
     Ok(())
 }

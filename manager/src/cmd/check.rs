@@ -48,7 +48,7 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
     let mut bad = 0;
     for f in &args.files {
         match check_file(f, args.kind) {
-            Ok(summary) => println!("ok: {}: {summary}", f.display()),
+            Ok(summary) => crate::outln!("ok: {}: {summary}", f.display())?,
             Err(e) => {
                 eprintln!("{e}");
                 bad += 1;

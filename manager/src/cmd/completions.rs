@@ -39,7 +39,7 @@ pub fn run(args: Args, cli: clap::Command) -> anyhow::Result<()> {
     if let Some(dir) = &args.man {
         let pages = write_man(cli, dir)?;
         for p in pages {
-            println!("{}", p.display());
+            crate::outln!("{}", p.display())?;
         }
         return Ok(());
     }

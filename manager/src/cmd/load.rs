@@ -135,25 +135,34 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     crate::signals::install()?;
     let json = args.json;
     let show = args.intervals;
+    // A failed write (stdout closed) stops the printing; the run ends on
+    // its schedule and the error is returned then.
+    let mut closed: Option<anyhow::Error> = None;
     let mut on_interval = |r: &IntervalReport| {
-        if !show {
+        if !show || closed.is_some() {
             return;
         }
-        if json {
-            if let Ok(line) = serde_json::to_string(r) {
-                println!("{line}");
+        let print = || -> anyhow::Result<()> {
+            if json {
+                if let Ok(line) = serde_json::to_string(r) {
+                    crate::outln!("{line}")?;
+                }
+            } else {
+                let f = |v: Option<f64>| v.map_or("-".to_owned(), |x| format!("{x:.0}"));
+                crate::outln!(
+                    "t={:>6.1}s sent {:>7} done {:>7} err {:>4}  p50 {:>7} µs  p99 {:>8} µs",
+                    r.t_s,
+                    r.sent,
+                    r.completed,
+                    r.errors,
+                    f(r.latency.p50_us),
+                    f(r.latency.p99_us)
+                )?;
             }
-        } else {
-            let f = |v: Option<f64>| v.map_or("-".to_owned(), |x| format!("{x:.0}"));
-            println!(
-                "t={:>6.1}s sent {:>7} done {:>7} err {:>4}  p50 {:>7} µs  p99 {:>8} µs",
-                r.t_s,
-                r.sent,
-                r.completed,
-                r.errors,
-                f(r.latency.p50_us),
-                f(r.latency.p99_us)
-            );
+            Ok(())
+        };
+        if let Err(e) = print() {
+            closed = Some(e);
         }
     };
     let report =
@@ -169,6 +178,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             }
             e => anyhow::Error::new(e).context(format!("loading {}", args.target)),
         })?;
+    if let Some(e) = closed {
+        return Err(e);
+    }
     if report.completed == 0 && report.errors.connect > 0 {
         return Err(usage!(
             "target {}: nothing listens there ({} connections refused, no request completed)",
@@ -177,14 +189,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ));
     }
     if json {
-        println!("{}", serde_json::to_string(&report)?);
+        crate::outln!("{}", serde_json::to_string(&report)?)?;
     } else {
-        print_report(&report);
+        print_report(&report)?;
     }
     Ok(())
 }
 
-fn print_report(r: &LoadReport) {
+fn print_report(r: &LoadReport) -> anyhow::Result<()> {
     let f = |v: Option<f64>| v.map_or("-".to_owned(), |x| format!("{x:.1}"));
     let mode = match (r.keepalive, r.protocol.as_str()) {
         (true, "grpc") => "streams multiplexed",
@@ -192,31 +204,41 @@ fn print_report(r: &LoadReport) {
         (false, "grpc") => "connection per call",
         (false, _) => "connection per request",
     };
-    println!(
+    crate::outln!(
         "target {} ({}, {mode}, {} connections), {:.1} s",
-        r.target, r.protocol, r.connections, r.duration_s
-    );
-    println!(
+        r.target,
+        r.protocol,
+        r.connections,
+        r.duration_s
+    )?;
+    crate::outln!(
         "requests   scheduled {}  sent {}  completed {}  errors {}{}",
         r.scheduled,
         r.sent,
         r.completed,
         r.errors.total(),
         if r.stopped { "  (stopped early)" } else { "" }
-    );
+    )?;
     if r.errors.total() > 0 {
         let e = &r.errors;
-        println!(
+        crate::outln!(
             "errors     connect {}  io {}  protocol {}  status {}  timeout {}  overflow {}",
-            e.connect, e.io, e.protocol, e.status, e.timeout, e.overflow
-        );
+            e.connect,
+            e.io,
+            e.protocol,
+            e.status,
+            e.timeout,
+            e.overflow
+        )?;
     }
-    println!(
+    crate::outln!(
         "rate /s    offered {:.1}  sent {:.1}  achieved {:.1}",
-        r.offered_rps, r.send_rps, r.achieved_rps
-    );
+        r.offered_rps,
+        r.send_rps,
+        r.achieved_rps
+    )?;
     let l = &r.latency_us;
-    println!(
+    crate::outln!(
         "latency µs mean {}  p50 {}  p90 {}  p99 {}  p99.9 {}  max {}",
         f(l.mean),
         f(l.p50),
@@ -224,15 +246,16 @@ fn print_report(r: &LoadReport) {
         f(l.p99),
         f(l.p999),
         f(l.max)
-    );
+    )?;
     let s = &r.send_lag_us;
-    println!(
+    crate::outln!(
         "send lag µs p50 {}  p99 {}  max {}",
         f(s.p50),
         f(s.p99),
         f(s.max)
-    );
+    )?;
     if r.misses > 0 || r.reconnects > 0 {
-        println!("misses {}  reconnects {}", r.misses, r.reconnects);
+        crate::outln!("misses {}  reconnects {}", r.misses, r.reconnects)?;
     }
+    Ok(())
 }

@@ -116,18 +116,26 @@ fn alloc(a: &Value) -> String {
     }
 }
 
-fn print_apps(apps: &[Value]) {
-    println!(
+fn print_apps(apps: &[Value]) -> anyhow::Result<()> {
+    crate::outln!(
         "{:<14} {:<3} {:<7} {:<14} {:>9} {:>10} {:>10} {:>7} {:>5}  allocation",
-        "app", "cls", "source", "pids", "rps", "latency", "target", "slack", "cpu%"
-    );
+        "app",
+        "cls",
+        "source",
+        "pids",
+        "rps",
+        "latency",
+        "target",
+        "slack",
+        "cpu%"
+    )?;
     for a in apps {
         let pids: Vec<String> = a["pids"]
             .as_array()
             .map(|v| v.iter().map(|p| p.to_string()).collect())
             .unwrap_or_default();
         let pct = a["target"]["percentile"].as_f64().unwrap_or(99.0);
-        println!(
+        crate::outln!(
             "{:<14} {:<3} {:<7} {:<14} {:>9} {:>10} {:>10} {:>7} {:>5}  {}",
             a["name"].as_str().unwrap_or("?"),
             a["class"].as_str().unwrap_or("?"),
@@ -145,24 +153,26 @@ fn print_apps(apps: &[Value]) {
                 .as_f64()
                 .map_or("-".into(), |u| format!("{:.0}", u * 100.0)),
             alloc(a),
-        );
+        )?;
     }
+    Ok(())
 }
 
-fn print_figures(what: &str, f: &Value, extra: Option<(f64, &Value)>) {
-    println!("{what}");
-    println!("  requests {}   rps {}", f["requests"], num(&f["rps"], 1));
-    println!(
+fn print_figures(what: &str, f: &Value, extra: Option<(f64, &Value)>) -> anyhow::Result<()> {
+    crate::outln!("{what}")?;
+    crate::outln!("  requests {}   rps {}", f["requests"], num(&f["rps"], 1))?;
+    crate::outln!(
         "  latest {}   mean {}   p50 {}   p95 {}   p99 {}",
         ms(&f["latest_us"]),
         ms(&f["mean_us"]),
         ms(&f["p50_us"]),
         ms(&f["p95_us"]),
         ms(&f["p99_us"])
-    );
+    )?;
     if let Some((p, v)) = extra {
-        println!("  p{p} {}", ms(v));
+        crate::outln!("  p{p} {}", ms(v))?;
     }
+    Ok(())
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -189,7 +199,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 v["window"]["requests"]
             );
             let extra = a.p.map(|p| (p, &v["window"][format!("p{p}_us")]));
-            print_figures(&head, &v["window"], extra);
+            print_figures(&head, &v["window"], extra)?;
         }
         v
     } else if let Some(app) = &a.app {
@@ -199,25 +209,25 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             v["latency"][format!("p{p}_us")] = x["latency_us"].clone();
         }
         if !a.json {
-            print_apps(std::slice::from_ref(&v));
+            print_apps(std::slice::from_ref(&v))?;
             let head = format!(
                 "\nlast {} ms ({}):",
                 v["latency"]["window_ms"],
                 v["feedback"].as_str().unwrap_or("?")
             );
             let extra = a.p.map(|p| (p, &v["latency"][format!("p{p}_us")]));
-            print_figures(&head, &v["latency"], extra);
+            print_figures(&head, &v["latency"], extra)?;
         }
         v
     } else {
         let v = c.get("/v1/apps")?;
         if !a.json {
-            print_apps(v.as_array().map(Vec::as_slice).unwrap_or(&[]));
+            print_apps(v.as_array().map(Vec::as_slice).unwrap_or(&[]))?;
         }
         json!(v)
     };
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        crate::outln!("{}", serde_json::to_string_pretty(&out)?)?;
     }
     Ok(())
 }

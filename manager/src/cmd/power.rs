@@ -261,7 +261,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         for (p, j) in pids.iter().zip(&pid_j) {
             line += &format!(", pid {p} {j:.2} J");
         }
-        println!("{line}");
+        crate::outln!("{line}")?;
     }
     Ok(())
 }

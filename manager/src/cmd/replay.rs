@@ -202,8 +202,8 @@ fn run_seeds(args: Args, n: u32) -> anyhow::Result<()> {
     let path = out.join("seeds.json");
     std::fs::write(&path, serde_json::to_string_pretty(&agg)? + "\n")
         .with_context(|| format!("writing {}", path.display()))?;
-    println!("\n{}", qosd_scenarios::seeds::table(&agg));
-    println!("wrote {}", path.display());
+    crate::outln!("\n{}", qosd_scenarios::seeds::table(&agg))?;
+    crate::outln!("wrote {}", path.display())?;
     Ok(())
 }
 
@@ -249,11 +249,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let (summary, files) =
         output::write_run(&out, &tl, &cal).context("writing the replay's outputs")?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&summary)?);
+        crate::outln!("{}", serde_json::to_string_pretty(&summary)?)?;
         return Ok(());
     }
     let simulated = tl.rows.len() as f64 / tl.apps.len().max(1) as f64 * tl.interval_s;
-    println!(
+    crate::outln!(
         "{} on the simulated node ({} {}, {}-{} MHz, {} ways, {}){}: policy {}, feedback {feedback}, seed {seed}",
         sc.name,
         sc.node.nr_cores,
@@ -269,28 +269,28 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .as_ref()
             .map_or(String::new(), |p| format!(" fitted by {}", p.display())),
         tl.policy
-    );
-    println!(
+    )?;
+    crate::outln!(
         "simulated {simulated:.0} s in {wall:.3} s ({:.0}x real time)\n",
         simulated / wall.max(1e-9)
-    );
-    print!("{}", output::summary_table(&summary));
+    )?;
+    crate::out!("{}", output::summary_table(&summary))?;
     if tl.rejected_plans > 0 {
-        println!(
+        crate::outln!(
             "warning: {} plans were outside the node and were not applied",
             tl.rejected_plans
-        );
+        )?;
     }
     if tl.cannot_meet > 0 {
-        println!(
+        crate::outln!(
             "{} cannot-meet-QoS events (a violating app nothing could be given to): see plans.jsonl",
             tl.cannot_meet
-        );
+        )?;
     }
-    println!("\nwrote {}", files.timeline_csv.display());
-    println!("      {}", files.summary_json.display());
-    println!("      {} and .png", files.plot_svg.display());
-    println!("      {}", out.join("plans.jsonl").display());
+    crate::outln!("\nwrote {}", files.timeline_csv.display())?;
+    crate::outln!("      {}", files.summary_json.display())?;
+    crate::outln!("      {} and .png", files.plot_svg.display())?;
+    crate::outln!("      {}", out.join("plans.jsonl").display())?;
     Ok(())
 }
 

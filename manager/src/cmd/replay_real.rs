@@ -296,13 +296,13 @@ pub fn run(
         tl.energy_is_estimate = false;
     }
     let (summary, files) = output::write_run(out, &tl, &cal)?;
-    print!("{}", output::summary_table(&summary));
-    println!(
+    crate::out!("{}", output::summary_table(&summary))?;
+    crate::outln!(
         "\nwrote {}\n      {}\n      {} and .png",
         files.timeline_csv.display(),
         files.summary_json.display(),
         files.plot_svg.display()
-    );
+    )?;
     Ok(())
 }
 

@@ -50,7 +50,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let path = cfg.state_path();
     if !path.exists() {
-        println!("nothing to restore: no {}", path.display());
+        crate::outln!("nothing to restore: no {}", path.display())?;
         return Ok(());
     }
     let changes = restore_state_file(&path, args.dry_run).map_err(super::set::to_anyhow)?;
@@ -60,13 +60,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "restored"
     };
     for c in &changes {
-        println!("{verb} {c}");
+        crate::outln!("{verb} {c}")?;
     }
     if changes.is_empty() {
-        println!(
+        crate::outln!(
             "nothing to restore (the processes recorded in {} are gone)",
             path.display()
-        );
+        )?;
     }
     Ok(())
 }

@@ -7,9 +7,10 @@ use std::path::PathBuf;
 
 use clap::{Args as ClapArgs, Subcommand};
 use qosd_actuators::{
-    cpulist, signals, Actuators, Allocation, AppTarget, Change, Config, CoresBackend, FreqBackend,
+    signals, Actuators, Allocation, AppTarget, Change, Config, CoresBackend, FreqBackend,
     QuotaBackend, WaysBackend,
 };
+use qosd_core::cpulist;
 
 #[derive(ClapArgs, Debug)]
 #[command(after_help = "Examples:\n  \
@@ -249,39 +250,40 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ),
     }
     .map_err(to_anyhow)?;
-    print_changes(&changes, args.dry_run);
+    print_changes(&changes, args.dry_run)?;
     let state = cfg.state_path();
     match sigs {
         Some(set) if !args.dry_run => {
-            println!("holding; SIGINT/SIGTERM restores");
+            crate::outln!("holding; SIGINT/SIGTERM restores")?;
             let sig = signals::wait(&set).map_err(to_anyhow)?;
             let restored = acts.restore_all().map_err(to_anyhow)?;
             for c in &restored {
-                println!("restored {c}");
+                crate::outln!("restored {c}")?;
             }
-            println!("restored on {sig}");
+            crate::outln!("restored on {sig}")?;
         }
         _ if !args.dry_run && !changes.is_empty() => {
             acts.keep_changes();
-            println!(
+            crate::outln!(
                 "originals recorded in {}; `qosd restore` puts them back",
                 state.display()
-            );
+            )?;
         }
         _ => acts.keep_changes(),
     }
     Ok(())
 }
 
-fn print_changes(changes: &[Change], dry_run: bool) {
+fn print_changes(changes: &[Change], dry_run: bool) -> anyhow::Result<()> {
     if changes.is_empty() {
-        println!("nothing to change: already in force");
+        crate::outln!("nothing to change: already in force")?;
     }
     for c in changes {
         if dry_run {
-            println!("would change {c}");
+            crate::outln!("would change {c}")?;
         } else {
-            println!("changed {c}");
+            crate::outln!("changed {c}")?;
         }
     }
+    Ok(())
 }

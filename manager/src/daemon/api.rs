@@ -178,7 +178,7 @@ pub fn app_json(a: &AppLive, window_ms: u64, knobs: &[Resource]) -> Value {
         let level = |r: Resource, v: u32| (knobs.contains(&r) && v > 0).then_some(v);
         json!({
             "cores": level(Resource::Cores, sh.nr_cores),
-            "cpus": a.cpus.as_ref().map(|c| qosd_actuators::cpulist::format(c)),
+            "cpus": a.cpus.as_ref().map(|c| qosd_core::cpulist::format(c)),
             "llc_ways": level(Resource::CacheWays, sh.nr_ways),
             "frequency_mhz": level(Resource::Frequency, sh.freq_mhz),
             "memory_bandwidth_percent": level(Resource::MemoryBandwidth, sh.mb_percent),

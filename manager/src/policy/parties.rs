@@ -7,13 +7,13 @@
 use std::collections::BTreeMap;
 
 use qosd_core::{
-    Allocations, AppClass, Decision, DecisionKind, NodeCaps, Plan, Policy, Resource, Snapshot,
-    Unmet,
+    Allocations, Decision, DecisionKind, NodeCaps, Plan, Policy, Resource, Snapshot, Unmet,
 };
 
 use super::alloc::{fmt_us, Editor, Moves};
 
 mod params;
+mod slack;
 pub(crate) use params::{slack_in_range, validate_victims};
 pub use params::{PartiesParams, RevertVote, Steps};
 
@@ -119,56 +119,6 @@ impl Parties {
         let n = self.p.cycle.len();
         let m = self.mem(app);
         m.cursor = (m.cursor + 1) % n;
-    }
-
-    /// Slack of an LC app, with `idle_slack` standing in when it served
-    /// nothing; `None` for BE apps and LC apps without a usable figure.
-    fn slack(&self, snap: &Snapshot, app: &str) -> Option<f64> {
-        let a = snap.app(app)?;
-        if a.class != AppClass::Lc || a.target.is_none() {
-            return None;
-        }
-        let now = a.slack().or(if a.latency_us.is_none() {
-            self.p.idle_slack
-        } else {
-            None
-        })?;
-        // Beside the moving average of its last samples, the lower counts
-        // (`average_samples`: PARTIES' code checks both).
-        let avg = self.apps.get(app).and_then(|m| {
-            (self.p.average_samples > 0 && !m.slacks.is_empty())
-                .then(|| m.slacks.iter().sum::<f64>() / m.slacks.len() as f64)
-        });
-        Some(avg.map_or(now, |v| v.min(now)))
-    }
-
-    /// The slack of this sample alone (no average), for the average.
-    fn sample_slack(&self, snap: &Snapshot, app: &str) -> Option<f64> {
-        let a = snap.app(app)?;
-        if a.class != AppClass::Lc || a.target.is_none() {
-            return None;
-        }
-        a.slack().or(if a.latency_us.is_none() {
-            self.p.idle_slack
-        } else {
-            None
-        })
-    }
-
-    fn describe(&self, snap: &Snapshot, app: &str) -> String {
-        let Some(a) = snap.app(app) else {
-            return String::new();
-        };
-        let s = self.slack(snap, app).unwrap_or(f64::NAN);
-        match (a.target, a.latency_us) {
-            (Some(t), Some(l)) => format!(
-                "slack {s:.3} (p{} {} vs target {})",
-                t.percentile,
-                fmt_us(l),
-                fmt_us(t.value_us)
-            ),
-            _ => format!("slack {s:.3} (no requests in the window)"),
-        }
     }
 
     /// Judges the pending action: reverts a harmful downsize (returns

@@ -9,6 +9,7 @@ pub mod fit;
 pub mod fitted;
 pub mod model;
 pub mod node;
+pub mod oracle;
 
 use qosd_core::control::{Cadence, ControlLoop};
 use qosd_core::{Allocations, Feedback, FreqRange, NodeCaps, Plan, Policy, Snapshot};
@@ -123,5 +124,14 @@ pub fn run_with(
     };
     ctl.run_simulated(&mut node, &mut rec, cadence, nr_iv);
     rec.finish(ctl.counters());
+    let clock = oracle::Clock {
+        monitor_ms: cadence.monitor_ms,
+        ticks_per_interval: cadence.ticks_per_decision(),
+        nr_intervals: nr_iv,
+        scale,
+    };
+    // The oracle counts cores; where apps share the CPUs (no cores knob)
+    // there is no core count to bound, so no oracle.
+    rec.tl.oracle = (!sc.node.shared_cpus).then(|| oracle::baseline(sc, cal, clock));
     rec.tl
 }

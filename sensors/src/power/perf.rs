@@ -8,7 +8,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
 
 use super::rapl::SocketEnergy;
-use super::topology::{parse_cpu_list, read_trimmed, Topology};
+use super::topology::{read_cpu_list, read_trimmed, Topology};
 use super::PowerError;
 
 /// `struct perf_event_attr` up to PERF_ATTR_SIZE_VER0 (64 bytes): the
@@ -180,11 +180,7 @@ impl PerfEnergy {
             return Ok(None);
         };
         let mask_path = root.join("sys/bus/event_source/devices/power/cpumask");
-        let mask = read_trimmed(&mask_path)?;
-        let cpus = parse_cpu_list(&mask).ok_or_else(|| PowerError::Parse {
-            path: mask_path.clone(),
-            what: format!("CPU list {mask:?}"),
-        })?;
+        let cpus = read_cpu_list(&mask_path)?;
         let mut sockets: Vec<[Option<EnergyCounter>; 3]> = Vec::new();
         sockets.resize_with(topo.sockets.len(), Default::default);
         let mut domains = Vec::new();

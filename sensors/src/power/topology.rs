@@ -28,24 +28,6 @@ pub struct Topology {
     pub nr_wide_smt_cores: usize,
 }
 
-/// Parses a kernel CPU list such as `0-3,8,10-11`.
-pub fn parse_cpu_list(s: &str) -> Option<Vec<u32>> {
-    let mut out = Vec::new();
-    for part in s.trim().split(',').filter(|p| !p.is_empty()) {
-        match part.split_once('-') {
-            Some((a, b)) => {
-                let (a, b): (u32, u32) = (a.parse().ok()?, b.parse().ok()?);
-                if b < a || b - a > 1 << 16 {
-                    return None;
-                }
-                out.extend(a..=b);
-            }
-            None => out.push(part.parse().ok()?),
-        }
-    }
-    Some(out)
-}
-
 pub(crate) fn read_trimmed(path: &Path) -> Result<String, PowerError> {
     std::fs::read_to_string(path)
         .map(|s| s.trim().to_owned())
@@ -55,16 +37,21 @@ pub(crate) fn read_trimmed(path: &Path) -> Result<String, PowerError> {
         })
 }
 
+/// A file holding a kernel CPU list (`possible`, `thread_siblings_list`,
+/// a PMU's `cpumask`).
+pub(crate) fn read_cpu_list(path: &Path) -> Result<Vec<u32>, PowerError> {
+    let list = read_trimmed(path)?;
+    qosd_core::cpulist::parse(&list).map_err(|e| PowerError::Parse {
+        path: path.to_owned(),
+        what: e.to_string(),
+    })
+}
+
 impl Topology {
     /// Reads `possible` and each CPU's `topology/` under `root`.
     pub fn read(root: &Path) -> Result<Topology, PowerError> {
         let base = root.join("sys/devices/system/cpu");
-        let possible_path = base.join("possible");
-        let possible = read_trimmed(&possible_path)?;
-        let ids = parse_cpu_list(&possible).ok_or_else(|| PowerError::Parse {
-            path: possible_path.clone(),
-            what: format!("CPU list {possible:?}"),
-        })?;
+        let ids = read_cpu_list(&base.join("possible"))?;
         let n = ids.iter().max().map_or(0, |m| *m as usize + 1);
         let mut packages = vec![None; n];
         let mut siblings = vec![None; n];
@@ -81,12 +68,7 @@ impl Topology {
             })?;
             // -1 on some virtual machines: one socket.
             packages[cpu as usize] = Some(pkg.max(0) as u32);
-            let list_path = t.join("thread_siblings_list");
-            let list = read_trimmed(&list_path)?;
-            let sibs = parse_cpu_list(&list).ok_or_else(|| PowerError::Parse {
-                path: list_path.clone(),
-                what: format!("CPU list {list:?}"),
-            })?;
+            let sibs = read_cpu_list(&t.join("thread_siblings_list"))?;
             match sibs.as_slice() {
                 [a, b] => siblings[cpu as usize] = Some(if *a == cpu { *b } else { *a }),
                 [_] | [] => {}
@@ -170,17 +152,6 @@ pub(crate) mod tests {
             let sibs: Vec<String> = (0..smt).map(|k| (k * cores + core).to_string()).collect();
             fs::write(t.join("thread_siblings_list"), sibs.join(",") + "\n").unwrap();
         }
-    }
-
-    #[test]
-    fn cpu_lists() {
-        assert_eq!(
-            parse_cpu_list("0-3,8,10-11\n"),
-            Some(vec![0, 1, 2, 3, 8, 10, 11])
-        );
-        assert_eq!(parse_cpu_list("5"), Some(vec![5]));
-        assert_eq!(parse_cpu_list("3-1"), None);
-        assert_eq!(parse_cpu_list("x"), None);
     }
 
     #[test]

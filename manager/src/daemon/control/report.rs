@@ -51,7 +51,7 @@ impl DaemonNode {
         let mut parts = Vec::new();
         if s.nr_cores > 0 {
             let cpus = self.act.cpus(app).unwrap_or_default();
-            let list = qosd_actuators::cpulist::format(&cpus);
+            let list = qosd_core::cpulist::format(&cpus);
             let (c, p) = if s.nr_cores == 1 {
                 ("core", "CPU")
             } else {

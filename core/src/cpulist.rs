@@ -1,17 +1,27 @@
 //! The kernel's CPU list format ("0-3,8,10-11"), as used by `cpuset.cpus`,
-//! `thread_siblings_list`, `Cpus_allowed_list` and `taskset -c`.
+//! `thread_siblings_list`, `Cpus_allowed_list` and `taskset -c`: the one
+//! parser and formatter of every crate.
 
-use crate::error::{Error, Result};
+/// A CPU list that is not one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("bad CPU list {list:?}: {part:?} is not N or N-M")]
+pub struct CpuListError {
+    pub list: String,
+    pub part: String,
+}
 
 /// Upper bound on a CPU id we accept, so a typo cannot allocate gigabytes.
 const MAX_CPU: u32 = 1 << 16;
 
 /// Parses "0-3,8" into a sorted, de-duplicated list. Empty input (or a
 /// lone newline, as in an empty `cpuset.cpus`) is the empty list.
-pub fn parse(s: &str) -> Result<Vec<u32>> {
+pub fn parse(s: &str) -> Result<Vec<u32>, CpuListError> {
     let mut out = Vec::new();
     for part in s.trim().split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let bad = || Error::Invalid(format!("bad CPU list {s:?}: {part:?} is not N or N-M"));
+        let bad = || CpuListError {
+            list: s.to_owned(),
+            part: part.to_owned(),
+        };
         let (lo, hi) = match part.split_once('-') {
             Some((a, b)) => (
                 a.trim().parse::<u32>().map_err(|_| bad())?,

@@ -1,0 +1,119 @@
+//! The cgroup plumbing the cpuset and CPU quota knobs share: finding the
+//! hierarchy that has a controller (v2 mount or v1 hierarchy) and moving an
+//! app's processes into its `qosd-<app>` group.
+
+use std::path::{Path, PathBuf};
+
+use qosd_core::Resource;
+
+use crate::error::{Error, Result};
+use crate::root::Root;
+use crate::{proc, AppTarget, Ctx};
+
+/// A mounted filesystem from `/proc/self/mounts`: (mount point, fstype, options).
+fn mounts(root: &Root) -> Vec<(String, String, String)> {
+    let Ok(s) = root.read("/proc/self/mounts") else {
+        return Vec::new();
+    };
+    s.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() >= 4).then(|| (f[1].to_owned(), f[2].to_owned(), f[3].to_owned()))
+        })
+        .collect()
+}
+
+/// Finds the cgroup2 mount where `controller` is available and enabled for
+/// child groups (the cores and quota knobs share it).
+pub fn cgroup2_with(root: &Root, controller: &str) -> std::result::Result<PathBuf, String> {
+    let mut cands: Vec<String> = mounts(root)
+        .into_iter()
+        .filter(|(_, t, _)| t == "cgroup2")
+        .map(|(m, _, _)| m)
+        .collect();
+    if cands.is_empty() {
+        cands = vec!["/sys/fs/cgroup".into(), "/sys/fs/cgroup/unified".into()];
+    }
+    let Some(m) = cands
+        .iter()
+        .find(|m| root.exists(format!("{m}/cgroup.controllers")))
+    else {
+        return Err(format!(
+            "no cgroup2 mount (no cgroup.controllers in {})",
+            cands.join(" or ")
+        ));
+    };
+    let ctrls = root
+        .read(format!("{m}/cgroup.controllers"))
+        .unwrap_or_default();
+    if !ctrls.split_whitespace().any(|c| c == controller) {
+        return Err(format!(
+            "cgroup2 at {m}: {controller} not in cgroup.controllers (the controller is bound to a cgroup v1 hierarchy or not built)"
+        ));
+    }
+    let sub = root
+        .read(format!("{m}/cgroup.subtree_control"))
+        .unwrap_or_default();
+    if !sub.split_whitespace().any(|c| c == controller) {
+        return Err(format!(
+            "cgroup2 at {m}: {controller} not enabled in cgroup.subtree_control (echo +{controller} > {m}/cgroup.subtree_control)"
+        ));
+    }
+    Ok(root.path(m))
+}
+
+/// Finds the cgroup v1 hierarchy with `controller` among its mount
+/// options (alone or co-mounted, e.g. `cpu,cpuacct`) and `file` in it.
+pub fn cgroup1_with(
+    root: &Root,
+    controller: &str,
+    file: &str,
+) -> std::result::Result<PathBuf, String> {
+    let m = mounts(root)
+        .into_iter()
+        .find(|(_, t, o)| t == "cgroup" && o.split(',').any(|x| x == controller))
+        .map(|(m, _, _)| m)
+        .unwrap_or_else(|| format!("/sys/fs/cgroup/{controller}"));
+    if root.exists(format!("{m}/{file}")) && root.exists(format!("{m}/cgroup.procs")) {
+        Ok(root.path(m))
+    } else {
+        Err(format!(
+            "no cgroup v1 {controller} hierarchy (no {m}/{file})"
+        ))
+    }
+}
+
+/// Moves each of `pids` into `group` (under `mount`) unless it is there
+/// already; `controller` names the v1 hierarchy (`None` for v2). Each move
+/// is journalled by `ctx` so that restoring puts the process back.
+pub fn move_pids(
+    ctx: &mut Ctx,
+    resource: Resource,
+    mount: &Path,
+    group: &Path,
+    controller: Option<&str>,
+    pids: &[i32],
+) -> Result<()> {
+    for &pid in pids {
+        let current = proc::cgroup_of(&ctx.root, pid, controller)?;
+        let from = mount.join(current.trim_start_matches('/'));
+        if from == group {
+            continue;
+        }
+        ctx.move_pid(
+            resource,
+            pid,
+            &group.join("cgroup.procs"),
+            &from.join("cgroup.procs"),
+        )?;
+    }
+    Ok(())
+}
+
+/// The app's first process: the one whose group a knob reads back.
+pub fn first_pid(app: &AppTarget) -> Result<i32> {
+    app.pids
+        .first()
+        .copied()
+        .ok_or_else(|| Error::Invalid(format!("app {} has no pid", app.name)))
+}
