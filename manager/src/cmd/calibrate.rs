@@ -201,9 +201,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     args.scenario.display()
                 ))
             }
-            Some(a) if a.job.is_some() => {
+            // A job has no capacity or knee; its sim model (ops per CPU)
+            // is fitted by --model.
+            Some(a) if a.job.is_some() && args.model.is_none() => {
                 return Err(usage!(
-                    "--app {n}: a batch job takes no requests; there is nothing to calibrate"
+                    "--app {n}: a batch job takes no requests; there is nothing to calibrate \
+                     (--model fits its sim model)"
                 ))
             }
             Some(_) => {}

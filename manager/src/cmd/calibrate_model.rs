@@ -32,12 +32,17 @@ use crate::node::replay::server_pids;
 const LOADS: [f64; 4] = [0.25, 0.5, 0.75, 1.4];
 
 /// Allocations measured: (cores, quota milli-CPUs; the quota is never
-/// above the cores, so "no quota" is the cores' worth).
+/// above the cores, so "no quota" is the cores' worth). Without a cores
+/// knob the apps share every CPU and quota is what varies: all of them,
+/// one CPU's worth and half of one.
 fn allocations(nr_cpus: u32, cores: bool, quota: bool) -> Vec<(u32, u32)> {
     let one = if cores { 1 } else { nr_cpus };
     let mut v = vec![(one, one * 1000)];
     if cores && nr_cpus >= 2 {
         v.push((2, 2000));
+    }
+    if !cores && quota && nr_cpus >= 2 {
+        v.push((one, 1000));
     }
     if quota {
         v.push((one, 500));

@@ -53,8 +53,24 @@ fn pidfd_getfd(pidfd: &OwnedFd, fd: u32) -> Option<OwnedFd> {
     // SAFETY: pidfd_getfd takes two fds and flags and returns a new fd
     // (close-on-exec) or -1; no memory is passed.
     let new = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd as i32, 0) };
+    if new < 0 {
+        let e = std::io::Error::last_os_error();
+        // Without ptrace rights over the target (CAP_SYS_PTRACE, Yama)
+        // replies in flight at the end are not counted and a removed
+        // target's socket state is left to its socket's end: say so once.
+        if e.raw_os_error() == Some(libc::EPERM) {
+            static ONCE: std::sync::Once = std::sync::Once::new();
+            ONCE.call_once(|| {
+                tracing::warn!(
+                    "pidfd_getfd: {e}: without ptrace rights over the traced processes, \
+                     replies still in flight when tracing ends are not counted"
+                )
+            });
+        }
+        return None;
+    }
     // SAFETY: a non-negative result is an fd this process now owns.
-    (new >= 0).then(|| unsafe { OwnedFd::from_raw_fd(new as i32) })
+    Some(unsafe { OwnedFd::from_raw_fd(new as i32) })
 }
 
 #[cfg(test)]
