@@ -441,3 +441,56 @@ fn the_oracle_is_below_every_policy() {
         }
     }
 }
+
+/// The sim honours the knobs a run may turn: `scenarios/demo.yaml` says
+/// `resources: [cpu_quota]`, so its simulated node shares the CPUs and
+/// only quota moves (no cores column), as on the real 2-CPU machine;
+/// `--resources cores` instead gives cores and no quota.
+#[test]
+fn the_sim_turns_only_the_scenarios_resources() {
+    let t = tempfile::tempdir().unwrap();
+    let rows = |dir: &Path| -> Vec<Vec<String>> {
+        let text = std::fs::read_to_string(dir.join("timeline.csv")).unwrap();
+        text.lines()
+            .skip(1)
+            .map(|l| l.split(',').map(str::to_owned).collect())
+            .collect()
+    };
+    let quota = t.path().join("quota");
+    ok(&[
+        "replay",
+        "scenarios/demo.yaml",
+        "--sim",
+        "--out",
+        quota.to_str().unwrap(),
+    ]);
+    let r = rows(&quota);
+    // Columns: ... 8 cores, 9 freq_mhz, 10 llc_ways ... 15 cpu_quota_milli, 16 be_ops_per_s.
+    assert!(
+        r.iter().all(|c| c[8].is_empty() || c[8] == "0"),
+        "no cores knob"
+    );
+    let quotas: std::collections::BTreeSet<&str> = r
+        .iter()
+        .filter(|c| c[1] == "search")
+        .map(|c| c[15].as_str())
+        .collect();
+    assert!(quotas.len() > 3, "search's quota moves: {quotas:?}");
+    assert!(
+        r.iter().any(|c| c[1] == "batch" && !c[16].is_empty()),
+        "the batch job reports ops/s"
+    );
+    let cores = t.path().join("cores");
+    ok(&[
+        "replay",
+        "scenarios/demo.yaml",
+        "--sim",
+        "--resources",
+        "cores",
+        "--out",
+        cores.to_str().unwrap(),
+    ]);
+    let r = rows(&cores);
+    assert!(r.iter().all(|c| c[15].is_empty()), "no quota knob");
+    assert!(r.iter().any(|c| c[8].parse::<f64>().unwrap_or(0.0) > 1.0));
+}

@@ -87,7 +87,7 @@ cat <<MD
 ## Simulator vs real runs (\`qosd calibrate --model\`, \`qosd replay --sim --model\`)
 
 Scenario \`$SC\`$( [[ ${#dur[@]} -gt 0 ]] && echo ", compressed to ${SIM_REAL_DURATION} s" ). The sim is fitted to this machine by
-\`qosd calibrate --model\` ($((t1 - t0)) s: load steps of ${STEP} s at 1 CPU, 2 CPUs and 0.5 CPU of quota;
+\`qosd calibrate --model\` ($((t1 - t0)) s: load steps of ${STEP} s at each allocation in the file's \`checks\`;
 the batch job's ops per CPU-second), then the scenario is replayed for real ($((t2 - t1)) s, its own
 calibration) and on the fitted sim with that same calibration (same offered load, same targets).
 Violations are the client-side yardstick (client p99 over the client target, % of intervals);

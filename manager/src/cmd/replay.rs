@@ -76,11 +76,12 @@ pub struct Args {
     /// Default: <out>/state.json (the daemon's is /run/qosd/state.json).
     #[arg(long, value_name = "FILE", conflicts_with = "sim")]
     pub state_file: Option<PathBuf>,
-    /// Knobs the policy may turn on this machine, comma-separated
-    /// (cores, frequency, cache_ways, memory_bandwidth, cpu_quota; e.g.
-    /// `cpu_quota`: the apps share every CPU, quota moves). Default: the
-    /// scenario's `resources:`, else every knob the machine has.
-    #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = parse_resource, conflicts_with = "sim")]
+    /// Knobs the policy may turn, comma-separated (cores, frequency,
+    /// cache_ways, memory_bandwidth, cpu_quota; e.g. `cpu_quota`: the apps
+    /// share every CPU, quota moves). Default: the scenario's
+    /// `resources:`, else every knob the machine (or the sim's `node:`)
+    /// has.
+    #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = parse_resource)]
     pub resources: Option<Vec<Resource>>,
     /// Print summary.json instead of the table.
     #[arg(long)]
@@ -219,6 +220,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let m = ModelFile::from_file(p).map_err(|e| usage!("{e}"))?;
         m.apply(&mut sc)
             .map_err(|e| usage!("--model {}: {e}", p.display()))?;
+    }
+    if args.sim && (args.resources.is_some() || sc.resources.is_some()) {
+        // The simulated node offers the knobs a real replay would turn.
+        let rs = resources(&sc, args.resources.as_deref())?;
+        sc.node = sc.node.only(&rs);
     }
     let feedback = args.feedback.unwrap_or(sc.feedback);
     let seed = args.seed.unwrap_or(sc.seed);

@@ -114,6 +114,31 @@ impl Default for SimNode {
     }
 }
 
+impl SimNode {
+    /// The node with only `resources` as knobs, as a real replay with
+    /// that list has them: without `cores` the apps share the CPUs;
+    /// without `cpu_quota` there is no quota knob (with it and no unit
+    /// given, 0.1 CPU, the actuators' default); without `frequency` every
+    /// core stays at the highest; without `cache_ways` no partitioning.
+    pub fn only(&self, resources: &[Resource]) -> SimNode {
+        let has = |r| resources.contains(&r);
+        let mut n = self.clone();
+        n.shared_cpus |= !has(Resource::Cores);
+        n.quota_step_milli = match (has(Resource::CpuQuota), n.quota_step_milli) {
+            (false, _) => 0,
+            (true, 0) => 100,
+            (true, q) => q,
+        };
+        if !has(Resource::Frequency) {
+            n.freq_min_mhz = n.freq_max_mhz;
+        }
+        if !has(Resource::CacheWays) {
+            n.nr_ways = 0;
+        }
+        n
+    }
+}
+
 /// One app of a scenario.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
