@@ -12,7 +12,7 @@ use super::model;
 use super::rapl::SocketEnergy;
 use super::sample::{NodePower, PowerSample, ProcessPower, SocketPower, ThreadPower, Weight};
 use super::sched::{CpuCum, SchedCounters, SchedReading, ThreadCum};
-use super::topology::Topology;
+use super::topology::CpuPackages;
 
 /// Node energy for the interval.
 #[derive(Debug, Clone, PartialEq)]
@@ -73,7 +73,7 @@ pub fn advance(prev: &Baseline, cur: &SchedReading) -> Baseline {
 /// Computes the sample of the interval from `prev` to `cur`.
 pub fn compute(
     cfg: &PowerConfig,
-    topo: &Topology,
+    topo: &CpuPackages,
     weight: Weight,
     prev: &Baseline,
     cur: &SchedReading,

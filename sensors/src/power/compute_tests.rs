@@ -1,7 +1,7 @@
 //! Tests of one interval's arithmetic on synthetic sched readings.
 
 use super::*;
-use crate::power::topology::{Cpu, Topology};
+use crate::power::topology::{Cpu, CpuPackages};
 
 fn close(a: f64, b: f64) -> bool {
     (a - b).abs() <= 1e-9 * b.abs().max(1.0)
@@ -9,7 +9,7 @@ fn close(a: f64, b: f64) -> bool {
 
 /// `sockets` sockets of `cores` cores with `smt` threads each; Linux
 /// numbering (CPU = t * nr_cores + core).
-fn topo(sockets: usize, cores: usize, smt: usize) -> Topology {
+fn topo(sockets: usize, cores: usize, smt: usize) -> CpuPackages {
     let nr_cores = sockets * cores;
     let cpus = (0..nr_cores * smt)
         .map(|cpu| {
@@ -21,7 +21,7 @@ fn topo(sockets: usize, cores: usize, smt: usize) -> Topology {
             }
         })
         .collect();
-    Topology {
+    CpuPackages {
         cpus,
         sockets: (0..sockets as u32).collect(),
         nr_wide_smt_cores: 0,

@@ -35,7 +35,7 @@ pub use sample::{
 };
 use sched::Sched;
 pub use sched::SchedCounters;
-use topology::Topology;
+use topology::CpuPackages;
 
 /// Errors of the power sensor; each names the path, key or step at fault.
 #[derive(Debug, thiserror::Error)]
@@ -85,7 +85,7 @@ enum Energy {
 pub struct PowerSensor {
     cfg: PowerConfig,
     root: PathBuf,
-    topo: Topology,
+    topo: CpuPackages,
     energy: Energy,
     sched: Sched,
     base: Baseline,
@@ -95,7 +95,7 @@ pub struct PowerSensor {
 fn detect_energy(
     cfg: &PowerConfig,
     root: &Path,
-    topo: &Topology,
+    topo: &CpuPackages,
     notes: &mut Vec<String>,
 ) -> Result<Energy, PowerError> {
     let want = cfg.source;
@@ -146,7 +146,7 @@ impl PowerSensor {
     /// first interval.
     pub fn open(cfg: &PowerConfig, root: &Path) -> Result<PowerSensor, PowerError> {
         cfg.validate()?;
-        let topo = Topology::read(root)?;
+        let topo = CpuPackages::read(root)?;
         let mut notes = Vec::new();
         let energy = detect_energy(cfg, root, &topo, &mut notes)?;
         let mut sched = Sched::open(&topo, cfg.nr_threads_max, cfg.use_cycles)?;
@@ -203,7 +203,7 @@ impl PowerSensor {
     }
 
     /// The CPU topology in use.
-    pub fn topology(&self) -> &Topology {
+    pub fn topology(&self) -> &CpuPackages {
         &self.topo
     }
 

@@ -6,12 +6,12 @@
 use std::path::Path;
 
 use super::config::ModelConfig;
-use super::topology::{read_trimmed, Topology};
+use super::topology::{read_trimmed, CpuPackages};
 
 /// Current ÷ maximum frequency of each CPU from cpufreq
 /// (`scaling_cur_freq` / `cpuinfo_max_freq`), `None` where cpufreq is
 /// missing or unreadable.
-pub fn freq_ratios(root: &Path, topo: &Topology) -> Vec<Option<f64>> {
+pub fn freq_ratios(root: &Path, topo: &CpuPackages) -> Vec<Option<f64>> {
     let base = root.join("sys/devices/system/cpu");
     (0..topo.cpus.len())
         .map(|cpu| {
@@ -44,7 +44,7 @@ pub struct ModelSocket {
 /// `base_w` is split evenly between sockets.
 pub fn evaluate(
     cfg: &ModelConfig,
-    topo: &Topology,
+    topo: &CpuPackages,
     busy: &[f64],
     freq: &[Option<f64>],
 ) -> Vec<ModelSocket> {
@@ -76,7 +76,7 @@ mod tests {
     fn formula_term_by_term() {
         let d = tempfile::tempdir().unwrap();
         fake_cpus(d.path(), 2, 2, 1); // CPUs 0,1 on socket 0; 2,3 on socket 1
-        let topo = Topology::read(d.path()).unwrap();
+        let topo = CpuPackages::read(d.path()).unwrap();
         let cfg = ModelConfig {
             base_w: 20.0,
             idle_w_per_cpu: 2.0,
@@ -102,7 +102,7 @@ mod tests {
         fs::create_dir_all(&f).unwrap();
         fs::write(f.join("scaling_cur_freq"), "1200000\n").unwrap();
         fs::write(f.join("cpuinfo_max_freq"), "2400000\n").unwrap();
-        let topo = Topology::read(d.path()).unwrap();
+        let topo = CpuPackages::read(d.path()).unwrap();
         assert_eq!(freq_ratios(d.path(), &topo), vec![None, Some(0.5)]);
     }
 }

@@ -8,7 +8,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
 
 use super::rapl::SocketEnergy;
-use super::topology::{read_cpu_list, read_trimmed, Topology};
+use super::topology::{read_cpu_list, read_trimmed, CpuPackages};
 use super::PowerError;
 
 /// `struct perf_event_attr` up to PERF_ATTR_SIZE_VER0 (64 bytes): the
@@ -80,7 +80,7 @@ pub fn read_counter(fd: &OwnedFd) -> io::Result<u64> {
 
 /// One hardware cycle counter per possible CPU, or why there are none.
 /// Offline CPUs are skipped (their slot stays empty; nothing runs there).
-pub fn open_cycle_counters(topo: &Topology) -> Result<Vec<Option<OwnedFd>>, String> {
+pub fn open_cycle_counters(topo: &CpuPackages) -> Result<Vec<Option<OwnedFd>>, String> {
     let mut fds = Vec::with_capacity(topo.cpus.len());
     for (cpu, c) in topo.cpus.iter().enumerate() {
         if !c.online {
@@ -175,7 +175,7 @@ pub struct PerfEnergy {
 
 impl PerfEnergy {
     /// `Ok(None)` when there is no `power/energy-pkg/` event.
-    pub fn detect(root: &Path, topo: &Topology) -> Result<Option<PerfEnergy>, PowerError> {
+    pub fn detect(root: &Path, topo: &CpuPackages) -> Result<Option<PerfEnergy>, PowerError> {
         let Some(_) = power_event(root, "energy-pkg")? else {
             return Ok(None);
         };
@@ -261,7 +261,7 @@ mod tests {
 
     #[test]
     fn this_machine_reports_why_cycles_are_missing_or_opens_them() {
-        let topo = Topology::read(Path::new("/")).unwrap();
+        let topo = CpuPackages::read(Path::new("/")).unwrap();
         let has_pmu = Path::new("/sys/bus/event_source/devices/cpu").exists()
             || Path::new("/sys/bus/event_source/devices/cpu_core").exists();
         match open_cycle_counters(&topo) {

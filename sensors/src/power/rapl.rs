@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::topology::{read_trimmed, Topology};
+use super::topology::{read_trimmed, CpuPackages};
 use super::PowerError;
 
 /// Energy used over one interval on one socket, J.
@@ -109,7 +109,7 @@ impl Powercap {
     /// Finds the package zones under `root`; `Ok(None)` when there are none
     /// (no powercap, or no RAPL driver). Reads every counter once so that
     /// the first [`Powercap::read`] covers the time since detection.
-    pub fn detect(root: &Path, topo: &Topology) -> Result<Option<Powercap>, PowerError> {
+    pub fn detect(root: &Path, topo: &CpuPackages) -> Result<Option<Powercap>, PowerError> {
         let dir = root.join("sys/class/powercap");
         let Ok(entries) = std::fs::read_dir(&dir) else {
             return Ok(None);
@@ -234,7 +234,7 @@ pub(crate) mod tests {
         fake_zone(root, 1, Some(0), "dram", 7, range);
         // psys is platform-wide, not a socket: ignored.
         fake_zone(root, 2, None, "psys", 0, range);
-        let topo = Topology::read(root).unwrap();
+        let topo = CpuPackages::read(root).unwrap();
         let mut p = Powercap::detect(root, &topo).unwrap().unwrap();
         assert_eq!(
             p.domains,
@@ -261,7 +261,7 @@ pub(crate) mod tests {
     fn no_powercap_is_none() {
         let d = tempfile::tempdir().unwrap();
         fake_cpus(d.path(), 1, 2, 1);
-        let topo = Topology::read(d.path()).unwrap();
+        let topo = CpuPackages::read(d.path()).unwrap();
         assert!(Powercap::detect(d.path(), &topo).unwrap().is_none());
     }
 }

@@ -18,7 +18,7 @@ use super::sched_abi::{
     as_bytes, from_bytes, CNT_CYCLES_ERR, CNT_NO_CLOCK, CNT_SWITCHES, CNT_TABLE_FULL, CNT_UNMATCHED,
 };
 pub use super::sched_abi::{CpuState, ThreadStats, NO_SIBLING, THR_DEAD};
-use super::topology::Topology;
+use super::topology::CpuPackages;
 use super::PowerError;
 
 /// Cumulative figures of a thread on one CPU.
@@ -108,7 +108,7 @@ impl Sched {
     /// Loads and attaches the program. `want_cycles`: use hardware cycle
     /// counters if every online CPU has one.
     pub fn open(
-        topo: &Topology,
+        topo: &CpuPackages,
         nr_threads_max: u32,
         want_cycles: bool,
     ) -> Result<Sched, PowerError> {
@@ -120,7 +120,11 @@ impl Sched {
     }
 
     /// Loads the program and fills its maps, without attaching it.
-    fn load(topo: &Topology, nr_threads_max: u32, want_cycles: bool) -> Result<Sched, PowerError> {
+    fn load(
+        topo: &CpuPackages,
+        nr_threads_max: u32,
+        want_cycles: bool,
+    ) -> Result<Sched, PowerError> {
         let nr_cpus = libbpf_rs::num_possible_cpus().map_err(bpf_err("counting CPUs"))?;
         let (cycle_fds, cycles_note) = if !want_cycles {
             (

@@ -9,7 +9,7 @@ use super::PowerError;
 /// One logical CPU.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cpu {
-    /// Index into [`Topology::sockets`].
+    /// Index into [`CpuPackages::sockets`].
     pub socket: usize,
     /// The other hardware thread of the same core, if the core has two.
     pub sibling: Option<u32>,
@@ -17,9 +17,13 @@ pub struct Cpu {
     pub online: bool,
 }
 
-/// Logical CPUs 0..n (index = CPU number) and the sockets they sit on.
+/// Logical CPUs 0..n (index = CPU number) and the sockets (packages)
+/// they sit on: what power attribution needs. Not the actuators'
+/// `Topology`, which groups online CPUs into physical cores for the core
+/// allocator; both read `sys/devices/system/cpu` through
+/// `qosd_core::cpulist`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Topology {
+pub struct CpuPackages {
     pub cpus: Vec<Cpu>,
     /// `physical_package_id` of each socket, ascending.
     pub sockets: Vec<u32>,
@@ -47,9 +51,9 @@ pub(crate) fn read_cpu_list(path: &Path) -> Result<Vec<u32>, PowerError> {
     })
 }
 
-impl Topology {
+impl CpuPackages {
     /// Reads `possible` and each CPU's `topology/` under `root`.
-    pub fn read(root: &Path) -> Result<Topology, PowerError> {
+    pub fn read(root: &Path) -> Result<CpuPackages, PowerError> {
         let base = root.join("sys/devices/system/cpu");
         let ids = read_cpu_list(&base.join("possible"))?;
         let n = ids.iter().max().map_or(0, |m| *m as usize + 1);
@@ -94,7 +98,7 @@ impl Topology {
                 online: packages[i].is_some(),
             })
             .collect();
-        Ok(Topology {
+        Ok(CpuPackages {
             cpus,
             sockets,
             nr_wide_smt_cores: wide,
@@ -158,7 +162,7 @@ pub(crate) mod tests {
     fn two_sockets_with_smt() {
         let d = tempfile::tempdir().unwrap();
         fake_cpus(d.path(), 2, 2, 2);
-        let t = Topology::read(d.path()).unwrap();
+        let t = CpuPackages::read(d.path()).unwrap();
         assert_eq!(t.cpus.len(), 8);
         assert_eq!(t.sockets, vec![0, 1]);
         assert_eq!(t.cpus[0].sibling, Some(4));
@@ -171,7 +175,7 @@ pub(crate) mod tests {
 
     #[test]
     fn this_machine_reads() {
-        let t = Topology::read(Path::new("/")).unwrap();
+        let t = CpuPackages::read(Path::new("/")).unwrap();
         assert!(!t.cpus.is_empty());
         assert!(t.cpus.iter().any(|c| c.online));
     }
