@@ -100,7 +100,7 @@ fn quota_caps_a_real_process_and_restores_exactly() {
         ..Config::default()
     };
     let mut a = Actuators::new(&cfg).unwrap();
-    let caps = a.caps().cpu_quota.clone();
+    let caps = a.caps().get(qosd_actuators::Resource::CpuQuota).clone();
     assert!(caps.available, "this machine has CFS bandwidth: {caps:?}");
     let v2 = caps.backend.as_deref() == Some("cgroup2");
     // The hierarchy the knob chose: the cgroup2 mount (at /sys/fs/cgroup on
