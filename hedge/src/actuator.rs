@@ -289,6 +289,15 @@ impl Hedges {
         self.apps.get(app)?.wired.as_ref()?.programs.counters().ok()
     }
 
+    /// Run counts and times of `app`'s programs (see [`Programs::run_stats`]).
+    pub fn run_stats(&self, app: &str) -> Vec<(String, u64, u64)> {
+        self.apps
+            .get(app)
+            .and_then(|a| a.wired.as_ref())
+            .map(|w| w.programs.run_stats())
+            .unwrap_or_default()
+    }
+
     /// The thread delay line's figures (`None`: netem, or not hedged).
     pub fn delay_stats(&self, app: &str) -> Option<DelayStats> {
         Some(self.apps.get(app)?.wired.as_ref()?.thread.as_ref()?.stats())

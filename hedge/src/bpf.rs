@@ -193,6 +193,26 @@ impl Programs {
         Ok(())
     }
 
+    /// (program, runs, total ns) of each program, from the kernel's
+    /// `bpf_stats` (zero unless `kernel.bpf_stats_enabled` was on).
+    pub fn run_stats(&self) -> Vec<(String, u64, u64)> {
+        let p = &self.skel.progs;
+        let ids: Vec<u32> = [&p.hedge_egress, &p.hedge_ingress, &p.hedge_delay]
+            .iter()
+            .filter_map(|prog| libbpf_rs::Program::id_from_fd(prog.as_fd()).ok())
+            .collect();
+        libbpf_rs::query::ProgInfoIter::default()
+            .filter(|i| ids.contains(&i.id))
+            .map(|i| {
+                (
+                    i.name.to_string_lossy().into_owned(),
+                    i.run_cnt,
+                    i.run_time_ns,
+                )
+            })
+            .collect()
+    }
+
     /// The counters, summed over CPUs.
     pub fn counters(&self) -> Result<Counters> {
         let mut v = [0u64; 9];

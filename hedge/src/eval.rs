@@ -56,10 +56,15 @@ pub struct Report {
     pub args: EvalArgs,
     pub rows: Vec<Row>,
     pub kernel_counters: Counters,
+    /// P99 of the baseline's requests that were not slow, ms.
+    pub no_fault_p99_ms: f64,
     /// The thread delay line's figures (absent with netem).
     pub delay: Option<DelayStats>,
     /// Unrelated flow, requests/s, per round: (without, with) the hedger.
     pub flow_rps: Vec<(f64, f64)>,
+    /// The programs' cost on the unrelated flow (kernel bpf_stats):
+    /// (program, runs, total ns).
+    pub flow_bpf: Vec<(String, u64, u64)>,
     #[serde(skip)]
     pub cdf: Vec<(String, Vec<f64>)>,
 }
@@ -151,6 +156,13 @@ pub fn run(a: &EvalArgs, state: &Path) -> Result<Report> {
     hedges.enable(&mut ctx, &app, &spec)?;
     let kernel = run_client(&topo, &base);
     let counters = hedges.counters(&app.name).unwrap_or_default();
+    // The no-fault p99: the baseline's requests that were not slow.
+    let fast: Vec<Sample> = baseline
+        .iter()
+        .filter(|s| !crate::chaos::is_slow(a.seed, a.slow_permille, s.id))
+        .copied()
+        .collect();
+    let no_fault_p99_ms = client::summarize(&fast).p99_ms;
     let delay = hedges.delay_stats(&app.name);
     let (_, errs) = hedges.disable(&mut ctx, &app.name);
     let kernel = kernel?;
@@ -165,16 +177,21 @@ pub fn run(a: &EvalArgs, state: &Path) -> Result<Report> {
         rows.push(row(name, s));
         cdf.push((name.to_owned(), client::sorted_ms(s)));
     }
-    let flow_rps = flow_rounds(a, &topo, &mut ctx, &mut hedges, &app, &spec)?;
+    let (flow_rps, flow_bpf) = flow_rounds(a, &topo, &mut ctx, &mut hedges, &app, &spec)?;
     Ok(Report {
         args: a.clone(),
         rows,
         kernel_counters: counters,
+        no_fault_p99_ms,
         delay,
         flow_rps,
+        flow_bpf,
         cdf,
     })
 }
+
+/// Per round (without, with) req/s; per program (name, runs, ns).
+type FlowResult = (Vec<(f64, f64)>, Vec<(String, u64, u64)>);
 
 /// An unrelated UDP flow (another port of the service's host) with the
 /// hedger off and on, interleaved.
@@ -185,13 +202,15 @@ fn flow_rounds(
     hedges: &mut Hedges,
     app: &qosd_actuators::AppTarget,
     spec: &HedgeSpec,
-) -> Result<Vec<(f64, f64)>> {
+) -> Result<FlowResult> {
     let args = RunArgs {
         service: Topo::service(FLOW_PORT).into(),
         mode: Mode::Plain,
         first_id: 1,
         nr_requests: a.flow_requests,
-        streams: 2,
+        // Enough parallel streams to keep the CPUs busy: throughput, not
+        // one stream's round-trip time.
+        streams: 8,
         payload_len: 64,
         timeout: Duration::from_secs(1),
         drain: Duration::from_millis(1),
@@ -203,10 +222,21 @@ fn flow_rounds(
         Ok(answered as f64 / t.elapsed().as_secs_f64())
     };
     let mut out = Vec::new();
+    let mut cost: Vec<(String, u64, u64)> = Vec::new();
+    let _stats = BpfStats::on();
     for _ in 0..a.flow_rounds {
         let off = rate(topo)?;
         hedges.enable(ctx, app, spec)?;
         let on = rate(topo);
+        for (name, n, ns) in hedges.run_stats(&app.name) {
+            match cost.iter_mut().find(|c| c.0 == name) {
+                Some(c) => {
+                    c.1 += n;
+                    c.2 += ns;
+                }
+                None => cost.push((name, n, ns)),
+            }
+        }
         let (_, errs) = hedges.disable(ctx, &app.name);
         let on = on?;
         if let Some(e) = errs.into_iter().next() {
@@ -214,7 +244,30 @@ fn flow_rounds(
         }
         out.push((off, on));
     }
-    Ok(out)
+    Ok((out, cost))
+}
+
+/// `kernel.bpf_stats_enabled` on for the flow rounds, put back after.
+struct BpfStats(Option<String>);
+
+const BPF_STATS: &str = "/proc/sys/kernel/bpf_stats_enabled";
+
+impl BpfStats {
+    fn on() -> Self {
+        let before = std::fs::read_to_string(BPF_STATS).ok();
+        if std::fs::write(BPF_STATS, "1").is_err() {
+            return BpfStats(None);
+        }
+        BpfStats(before)
+    }
+}
+
+impl Drop for BpfStats {
+    fn drop(&mut self) {
+        if let Some(b) = &self.0 {
+            let _ = std::fs::write(BPF_STATS, b.trim());
+        }
+    }
 }
 
 impl Report {
@@ -273,7 +326,50 @@ impl Report {
                 on / off
             );
         }
-        s
+        for (name, n, ns) in &self.flow_bpf {
+            s += &format!(
+                "unrelated flow, {name}: {n} runs, {:.0} ns per packet (bpf_stats)\n",
+                *ns as f64 / (*n).max(1) as f64
+            );
+        }
+        s + "\n" + &self.goals()
+    }
+
+    /// The issue's goals, each with the figures it compares.
+    pub fn goals(&self) -> String {
+        let get = |name: &str| {
+            self.rows
+                .iter()
+                .find(|r| r.contender == name)
+                .map(|r| r.summary)
+        };
+        let (Some(app), Some(kernel)) = (get("app-hedged"), get("kernel-hedged")) else {
+            return String::new();
+        };
+        let verdict = |ok: bool| if ok { "met" } else { "NOT met" };
+        let bound = self.args.t_hedge_ms + 2.0 * self.no_fault_p99_ms;
+        let c = &self.kernel_counters;
+        let extra = c.hedges_sent as f64 * 1000.0 / c.requests.max(1) as f64;
+        let mut ratios: Vec<f64> = self.flow_rps.iter().map(|(off, on)| on / off).collect();
+        ratios.sort_by(f64::total_cmp);
+        let median = ratios.get(ratios.len() / 2).copied().unwrap_or(f64::NAN);
+        format!(
+            "- p99 kernel-hedged {:.2} ms <= T_hedge + 2 x no-fault p99 = {:.2} + 2 x {:.2} = {bound:.2} ms: {}\n\
+             - max kernel-hedged {:.2} ms <= max app-hedged {:.2} ms over {} requests: {}\n\
+             - extra requests {extra:.1} per 1000 <= budget {}: {}\n\
+             - unrelated flow, median ratio with/without the hedger {median:.3} >= 0.99: {}\n",
+            kernel.p99_ms,
+            self.args.t_hedge_ms,
+            self.no_fault_p99_ms,
+            verdict(kernel.p99_ms <= bound),
+            kernel.max_ms,
+            app.max_ms,
+            kernel.requests,
+            verdict(kernel.max_ms <= app.max_ms),
+            self.args.budget_permille,
+            verdict(extra <= f64::from(self.args.budget_permille)),
+            verdict(median >= 0.99),
+        )
     }
 
     /// CDF of latency (log x), one line per contender, as SVG and PNG.

@@ -17,4 +17,5 @@ pub mod restore;
 pub mod run;
 pub mod secs;
 pub mod set;
+pub mod set_hedge;
 pub mod trace;

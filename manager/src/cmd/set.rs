@@ -1,4 +1,5 @@
-//! `qosd set cores|freq|ways|mb|quota`: one knob by hand. One-shot: the change
+//! `qosd set cores|freq|ways|mb|quota|hedge`: one knob by hand (hedge:
+//! [`super::set_hedge`]). One-shot: the change
 //! stays after qosd exits, its original is recorded in the state file and
 //! `qosd restore` puts it back (or `--hold` keeps it until Ctrl-C/SIGTERM
 //! and restores it then).
@@ -20,6 +21,7 @@ use qosd_core::cpulist;
     qosd set ways --pid 1234 --ways 4                     4 LLC ways (resctrl group qosd-pid1234)\n  \
     qosd set mb --pid 1234 --percent 50                   memory bandwidth ceiling 50%\n  \
     qosd set quota --pid 1234 --quota 0.3                 CPU bandwidth: 0.3 CPU (cgroup qosd-pid1234)\n  \
+    qosd set hedge --pid 1234 --service 10.0.0.5:53 --replica 10.0.0.6:53 --t-hedge-ms 10 --id-len 2\n  \
     qosd set --dry-run cores --pid 1234 --cpus 1          print what would change\n  \
     qosd set --hold cores --pid 1234 --cpus 1             keep it until Ctrl-C, then restore\n  \
     qosd restore                                          put back everything qosd set changed\n\n\
@@ -95,6 +97,9 @@ pub enum Knob {
         #[arg(long, value_enum, default_value = "auto")]
         backend: QuotaArg,
     },
+    /// Kernel-level hedged UDP requests of a process to a service
+    /// (docs/hedging.md).
+    Hedge(super::set_hedge::HedgeArgs),
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -197,6 +202,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             }
         }
         Knob::Mb { .. } => {}
+        Knob::Hedge(h) => {
+            return super::set_hedge::run(
+                h,
+                &args.root,
+                &cfg.state_path(),
+                args.dry_run,
+                args.hold,
+            );
+        }
         Knob::Quota { backend, .. } => {
             cfg.cpu_quota_backend = match backend {
                 QuotaArg::Auto => QuotaBackend::Auto,
@@ -248,6 +262,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 ..Default::default()
             },
         ),
+        // Returned above, before any signal or actuator is set up.
+        Knob::Hedge(_) => Ok(Vec::new()),
     }
     .map_err(to_anyhow)?;
     print_changes(&changes, args.dry_run)?;
