@@ -49,8 +49,10 @@ struct AppRt {
     /// pods), as of the last scan.
     containers: Vec<PodRef>,
     /// An app an annotated pod asked for (not in the config): it goes
-    /// when the pod does. Holds its group name's lock.
-    from_pod: Option<Option<GroupLocks>>,
+    /// when the pod does.
+    from_pod: bool,
+    /// Its group name's lock, for an app added while the daemon runs.
+    lock: Option<GroupLocks>,
 }
 
 /// Something worth a line on stdout.
@@ -83,6 +85,7 @@ pub struct DaemonNode {
     pods: pods::PodApps,
 }
 
+mod apps;
 mod discovery;
 mod pods;
 mod report;
@@ -124,6 +127,8 @@ impl Controller {
             events: Events::new(),
             pods: pods::PodApps::new(root, dry_run, nr_slots),
         };
+        let mut node = node;
+        node.pods.locked_at_start = node.apps.iter().map(|a| a.cfg.name.clone()).collect();
         Controller {
             node,
             ctl: ControlLoop::new(policy),
@@ -217,7 +222,8 @@ impl AppRt {
             cpu_util: 0.0,
             cpu_total_s: 0.0,
             containers: Vec::new(),
-            from_pod: None,
+            from_pod: false,
+            lock: None,
         }
     }
 }

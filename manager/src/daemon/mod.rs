@@ -13,6 +13,7 @@ pub mod control;
 pub mod discover;
 pub mod jobs;
 pub mod metrics;
+pub mod reload;
 pub mod server;
 pub mod state;
 #[cfg(test)]
@@ -395,6 +396,12 @@ async fn serve(o: Options, cfg: Config, policy: PolicyFile, ppath: PathBuf) -> a
 
     let mut term = signal(SignalKind::terminate()).context("catching SIGTERM")?;
     let mut int = signal(SignalKind::interrupt()).context("catching SIGINT")?;
+    // SIGHUP and a changed config file reload the config (reload.rs).
+    let mut hup = signal(SignalKind::hangup()).context("catching SIGHUP")?;
+    let mut watch = reload::FileWatch::new(&o.config);
+    let mut file_check = tokio::time::interval(Duration::from_secs(1));
+    file_check.set_missed_tick_behavior(MissedTickBehavior::Skip);
+    let mut running = cfg.clone();
     let period = Duration::from_millis(cfg.monitor_interval_ms);
     // Ticks stay on the grid start + k * period: a late tick is skipped,
     // never bunched (Skip), and the decision ticks are every nr_slots-th
@@ -404,10 +411,22 @@ async fn serve(o: Options, cfg: Config, policy: PolicyFile, ppath: PathBuf) -> a
     let mut last_idx = 0u64;
     let mut last_at = start;
     let why = loop {
-        tokio::select! {
-            _ = iv.tick() => {}
+        let reload_why = tokio::select! {
+            _ = iv.tick() => None,
             _ = term.recv() => break "SIGTERM",
             _ = int.recv() => break "SIGINT",
+            _ = hup.recv() => Some("SIGHUP"),
+            _ = file_check.tick() => watch.changed().then_some("the file changed"),
+        };
+        if let Some(w) = reload_why {
+            if w == "SIGHUP" {
+                // The file as of now: no second reload for the same change.
+                watch.changed();
+            }
+            for e in reload::reload(&o, &mut running, &mut ctl, w) {
+                println!("[{:>8.1} s] {e}", start.elapsed().as_secs_f64());
+            }
+            continue;
         }
         let now = Instant::now();
         let elapsed = now - start;

@@ -60,7 +60,12 @@ impl DaemonNode {
                     Ok(c) => format!(", {} settings put back", c.len()),
                     Err(e) => format!(", putting its settings back failed: {e}"),
                 };
-                ev.push(format!("app {name}: exited (pids {old:?}): released{msg}"));
+                let gone = if self.apps[i].cfg.matcher.pod.is_some() {
+                    "gone or no longer matched (pod deleted or relabelled, or exited)"
+                } else {
+                    "exited"
+                };
+                ev.push(format!("app {name}: {gone} (pids {old:?}): released{msg}"));
             } else if !managed {
                 ev.extend(self.admit(now_ms, i));
             } else {
@@ -98,7 +103,14 @@ impl DaemonNode {
     /// request once, under the master.
     /// Stops tracing an app that is going away.
     pub(super) fn untrace(&mut self, i: usize, pids: &[i32]) {
-        self.follow(i, pids, &[]);
+        let Some(t) = &self.tracer else { return };
+        if self.jobs.is_job(i) {
+            return;
+        }
+        // Not every pid is a traced root; the others are no target.
+        for &p in pids {
+            let _ = t.remove_target(p as u32);
+        }
     }
 
     fn follow(&mut self, i: usize, old: &[i32], new: &[i32]) {

@@ -7,10 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use qosd_actuators::grouplock::lock_groups;
-use qosd_actuators::{AppTarget, Root};
-
-use super::{AppRt, DaemonNode, Events};
+use super::{DaemonNode, Events};
 use crate::config::AppConfig;
 use crate::kube::annotations;
 
@@ -23,8 +20,10 @@ pub struct PodApps {
     /// Errors already logged (each once while it lasts).
     reported: BTreeSet<String>,
     /// Where group locks live; None in a dry run (no group is made).
-    lock_root: Option<PathBuf>,
-    nr_slots: usize,
+    pub(super) lock_root: Option<PathBuf>,
+    pub(super) nr_slots: usize,
+    /// Names whose group lock the daemon took at start (held till exit).
+    pub(super) locked_at_start: BTreeSet<String>,
 }
 
 impl PodApps {
@@ -35,7 +34,15 @@ impl PodApps {
             reported: BTreeSet::new(),
             lock_root: (!dry_run).then(|| root.to_owned()),
             nr_slots,
+            locked_at_start: BTreeSet::new(),
         }
+    }
+}
+
+impl PodApps {
+    /// Looks at every pod again on the next scan.
+    pub fn forget_generation(&mut self) {
+        self.generation = None;
     }
 }
 
@@ -60,7 +67,7 @@ impl DaemonNode {
                 let configured = self
                     .apps
                     .iter()
-                    .filter(|a| a.from_pod.is_none())
+                    .filter(|a| !a.from_pod)
                     .any(|a| a.cfg.matcher.pod.as_ref().is_some_and(|m| pod.matches(m)));
                 match annotations::app_of(pod) {
                     Ok(Some(_)) if configured => {}
@@ -68,7 +75,7 @@ impl DaemonNode {
                         let clash = self
                             .apps
                             .iter()
-                            .any(|x| x.from_pod.is_none() && x.cfg.name == a.name);
+                            .any(|x| !x.from_pod && x.cfg.name == a.name);
                         if clash {
                             errors.insert(format!(
                                 "pod {}/{}: app `{}` is a config entry's name",
@@ -96,55 +103,21 @@ impl DaemonNode {
         let mut i = 0;
         while i < self.apps.len() {
             let a = &self.apps[i];
-            if a.from_pod.is_none() || wanted.get(&a.cfg.name) == Some(&a.cfg) {
+            if !a.from_pod || wanted.get(&a.cfg.name) == Some(&a.cfg) {
                 wanted.remove(&a.cfg.name);
                 i += 1;
                 continue;
             }
-            ev.extend(self.remove_app(i));
+            ev.push(self.remove_app(i, "its pod no longer asks to be managed"));
         }
         for cfg in wanted.into_values() {
-            ev.extend(self.add_app(cfg));
+            let what = describe(&cfg);
+            match self.add_app(&cfg, cfg.feedback, true) {
+                Ok(()) => ev.push(format!("app {}: annotated pod ({what})", cfg.name)),
+                Err(e) => ev.push(e),
+            }
         }
         ev
-    }
-
-    fn add_app(&mut self, cfg: AppConfig) -> Events {
-        let lock = match &self.pods.lock_root {
-            None => None,
-            Some(r) => {
-                let group = AppTarget::new(cfg.name.clone(), Vec::new()).group_name();
-                match lock_groups(&Root::new(r), &[group]) {
-                    Ok(l) => Some(l),
-                    Err(e) => return vec![format!("app {}: not managed: {e}", cfg.name)],
-                }
-            }
-        };
-        let live = super::live_entry(&cfg, cfg.feedback, self.pods.nr_slots);
-        self.shared.lock().apps.insert(cfg.name.clone(), live);
-        let mut a = AppRt::new(&cfg, cfg.feedback, self.pods.nr_slots);
-        a.from_pod = Some(lock);
-        let msg = format!("app {}: annotated pod ({})", cfg.name, describe(&cfg));
-        self.apps.push(a);
-        vec![msg]
-    }
-
-    /// Releases an annotated pod's app and forgets it.
-    fn remove_app(&mut self, i: usize) -> Events {
-        let pids = self.apps[i].pids.clone();
-        let name = self.apps[i].cfg.name.clone();
-        self.untrace(i, &pids);
-        let msg = match self.act.release(&name, &pids) {
-            Ok(c) if c.is_empty() => String::new(),
-            Ok(c) => format!(", {} settings put back", c.len()),
-            Err(e) => format!(", putting its settings back failed: {e}"),
-        };
-        self.shared.lock().apps.remove(&name);
-        // Its group lock goes with it.
-        self.apps.remove(i);
-        vec![format!(
-            "app {name}: its pod no longer asks to be managed: released{msg}"
-        )]
     }
 }
 
