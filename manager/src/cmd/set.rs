@@ -1,4 +1,4 @@
-//! `qosd set cores|freq|ways|mb|quota`: one knob by hand. One-shot: the change
+//! `qosd set cores|freq|ways|mb|quota|priority`: one knob by hand. One-shot: the change
 //! stays after qosd exits, its original is recorded in the state file and
 //! `qosd restore` puts it back (or `--hold` keeps it until Ctrl-C/SIGTERM
 //! and restores it then).
@@ -20,6 +20,7 @@ use qosd_core::cpulist;
     qosd set ways --pid 1234 --ways 4                     4 LLC ways (resctrl group qosd-pid1234)\n  \
     qosd set mb --pid 1234 --percent 50                   memory bandwidth ceiling 50%\n  \
     qosd set quota --pid 1234 --quota 0.3                 CPU bandwidth: 0.3 CPU (cgroup qosd-pid1234)\n  \
+    qosd set priority --pid 1234 --class idle             idle scheduling class (cpu.idle, else lowest weight)\n  \
     qosd set --dry-run cores --pid 1234 --cpus 1          print what would change\n  \
     qosd set --hold cores --pid 1234 --cpus 1             keep it until Ctrl-C, then restore\n  \
     qosd restore                                          put back everything qosd set changed\n\n\
@@ -95,6 +96,22 @@ pub enum Knob {
         #[arg(long, value_enum, default_value = "auto")]
         backend: QuotaArg,
     },
+    /// CPU priority of a process's group: the idle class (best-effort
+    /// work that yields the CPU to everything else at once) or normal.
+    Priority {
+        #[arg(long, required = true)]
+        pid: Vec<i32>,
+        #[arg(long, value_enum)]
+        class: PriorityArg,
+    },
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum PriorityArg {
+    /// `cpu.idle` 1 (else `cpu.weight` 1 / `cpu.shares` 2).
+    Idle,
+    /// `cpu.idle` 0 (else the default weight).
+    Normal,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -196,7 +213,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 WaysArg::Pqos => WaysBackend::Pqos,
             }
         }
-        Knob::Mb { .. } => {}
+        Knob::Mb { .. } | Knob::Priority { .. } => {}
         Knob::Quota { backend, .. } => {
             cfg.cpu_quota_backend = match backend {
                 QuotaArg::Auto => QuotaBackend::Auto,
@@ -245,6 +262,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             &app(pid),
             &Allocation {
                 cpu_quota_milli: quota,
+                ..Default::default()
+            },
+        ),
+        Knob::Priority { pid, class } => acts.apply(
+            &app(pid),
+            &Allocation {
+                cpu_priority: Some(match class {
+                    PriorityArg::Idle => qosd_core::knobs::PRIORITY_IDLE,
+                    PriorityArg::Normal => qosd_core::knobs::PRIORITY_NORMAL,
+                }),
                 ..Default::default()
             },
         ),
