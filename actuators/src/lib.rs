@@ -6,7 +6,8 @@
 //! [`caps::DETECTORS`]: cores (cgroup v2 or v1 cpuset, or
 //! `sched_setaffinity`), frequency (cpufreq sysfs or `cpupower`), cache
 //! ways (resctrl or `pqos`), memory bandwidth (resctrl MB) and CPU quota
-//! (cgroup v2 `cpu.max` or v1 CFS quota). [`Actuators`] holds them for the
+//! (cgroup v2 `cpu.max` or v1 CFS quota), CPU priority (the idle class:
+//! `cpu.idle`, else the lowest weight). [`Actuators`] holds them for the
 //! manager. Every path goes through
 //! one [`Root`]; every change is journalled first ([`journal`]) so that it
 //! can be undone on drop, on a signal, after a panic, or after a SIGKILL.
@@ -22,6 +23,7 @@ pub mod grouplock;
 pub mod journal;
 pub mod netns;
 pub mod pqos;
+pub mod priority;
 pub mod proc;
 pub mod quota;
 pub mod registry;

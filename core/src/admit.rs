@@ -113,6 +113,7 @@ pub fn even_share(node: &NodeCaps, n: usize, i: usize) -> Share {
         freq_mhz: node.range(Resource::Frequency).map_or(0, |(_, hi)| hi),
         mb_percent: 0,
         cpu_quota_milli: quota,
+        cpu_priority: 0,
     }
 }
 
@@ -127,6 +128,7 @@ mod tests {
             freq: None,
             mb: None,
             quota: None,
+            cpu_priority: false,
         }
     }
 

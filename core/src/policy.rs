@@ -72,6 +72,7 @@ impl Default for Limits {
                 freq_mhz: 0,
                 mb_percent: 0,
                 cpu_quota_milli: 0,
+                cpu_priority: 0,
             },
             max: Share {
                 nr_cores: u32::MAX,
@@ -79,6 +80,7 @@ impl Default for Limits {
                 freq_mhz: u32::MAX,
                 mb_percent: u32::MAX,
                 cpu_quota_milli: u32::MAX,
+                cpu_priority: u32::MAX,
             },
         }
     }
@@ -243,6 +245,7 @@ mod tests {
             freq: None,
             mb: None,
             quota: None,
+            cpu_priority: false,
         };
         assert!(node.has(Resource::Cores));
         assert!(!node.has(Resource::CpuQuota));

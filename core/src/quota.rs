@@ -158,6 +158,7 @@ mod tests {
                 step_milli: 100,
                 max_milli: cpus * MILLI_PER_CPU,
             }),
+            cpu_priority: false,
         }
     }
 

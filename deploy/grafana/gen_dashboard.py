@@ -68,6 +68,9 @@ ts("Best-effort throughput", "Operations per second of each best-effort app's ba
 ts("CPU used", "CPUs each app's processes used (CPU seconds per second, from the kernel's count): the CPU a best-effort job got, beside its quota.", "short", [
     (f'rate(qosd_app_cpu_seconds_total{{{SEL}}}[$__rate_interval])', "{{app}} ({{instance}})")], 12)
 nl()
+ts("CPU priority", "CPU priority class of each app's group: 1 the idle class (cpu.idle, else the lowest weight: a best-effort app yields the CPU to latency-critical threads at once), 2 normal weight; only where actuators.enabled lists cpu_priority.", "short", [
+    (f'qosd_app_cpu_priority{{{SEL}}}', "{{app}} ({{instance}})")], 0)
+nl()
 row("Power")
 NO_POWER = " Empty where qosd runs with sensors.power: false or cannot load its sched_switch program (see qosd's startup banner)."
 ts("Power", "Power attributed to each app and the node's; estimate=\"true\" when it comes from qosd's model (no RAPL), not a measurement." + NO_POWER, "watt", [

@@ -26,6 +26,7 @@ fn node() -> NodeCaps {
             step_percent: 10,
         }),
         quota: None,
+        cpu_priority: false,
     }
 }
 
@@ -67,6 +68,7 @@ fn initial(nr_apps: usize) -> Allocations {
                 freq_mhz: 2000,
                 mb_percent: 50,
                 cpu_quota_milli: 0,
+                cpu_priority: 0,
             };
             (format!("app{i:02}"), s)
         })

@@ -207,7 +207,9 @@ pub struct Resources {
 #[serde(deny_unknown_fields)]
 pub struct ActuatorsConfig {
     /// Resources the policy may change: any of `cores`, `cache_ways`,
-    /// `frequency`, `memory_bandwidth`, `cpu_quota` (default: all).
+    /// `frequency`, `memory_bandwidth`, `cpu_quota`, `cpu_priority`
+    /// (default: all; `cpu_priority` puts best-effort apps in the idle
+    /// class).
     #[serde(default = "all_resources")]
     pub enabled: Vec<Resource>,
     /// `auto` (cgroup v2 cpuset, then v1, then affinity), `cgroup2`,
@@ -238,7 +240,7 @@ pub struct ActuatorsConfig {
 }
 
 fn all_resources() -> Vec<Resource> {
-    Resource::CYCLE.to_vec()
+    Resource::ALL.to_vec()
 }
 fn default_quota_unit() -> u32 {
     qosd_actuators::config::DEFAULT_QUOTA_UNIT_MILLI

@@ -4,9 +4,8 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 
 use support::*;
 
@@ -218,34 +217,6 @@ fn set_and_restore_on_a_fake_tree_with_dry_run() {
     std::fs::remove_file(root.join("run/qosd/state.lock")).unwrap();
     std::fs::remove_dir_all(root.join("run")).unwrap();
     assert_eq!(snapshot(&root), before);
-}
-
-/// Starts `qosd set --hold ...` and waits until the change is made. The
-/// caller signals and waits for the returned child.
-#[allow(clippy::zombie_processes)]
-fn hold(args: &[&str]) -> (Child, BufReader<std::process::ChildStdout>) {
-    let mut child = Command::new(QOSD)
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    loop {
-        line.clear();
-        assert!(
-            out.read_line(&mut line).unwrap() > 0,
-            "qosd exited before holding"
-        );
-        if line.starts_with("holding") {
-            return (child, out);
-        }
-    }
-}
-
-fn kill(child: &Child, sig: nix::sys::signal::Signal) {
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), sig).unwrap();
 }
 
 #[test]

@@ -201,6 +201,7 @@ pub fn whole_node(node: &crate::scenario::SimNode) -> Share {
         freq_mhz: node.freq_max_mhz,
         mb_percent: 0,
         cpu_quota_milli: 0,
+        cpu_priority: 0,
     }
 }
 

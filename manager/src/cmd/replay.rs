@@ -103,7 +103,8 @@ fn parse_feedback(s: &str) -> Result<Feedback, String> {
 
 pub fn parse_resource(s: &str) -> Result<Resource, String> {
     serde_yaml_ng::from_str::<Resource>(s.trim()).map_err(|_| {
-        format!("{s:?}: one of cores, frequency, cache_ways, memory_bandwidth, cpu_quota")
+        let names: Vec<&str> = Resource::ALL.iter().map(|r| r.name()).collect();
+        format!("{s:?}: one of {}", names.join(", "))
     })
 }
 
@@ -113,7 +114,7 @@ pub fn resources(scenario: &Scenario, arg: Option<&[Resource]>) -> anyhow::Resul
     let list = arg
         .map(<[Resource]>::to_vec)
         .or_else(|| scenario.resources.clone())
-        .unwrap_or_else(|| Resource::CYCLE.to_vec());
+        .unwrap_or_else(|| Resource::ALL.to_vec());
     if list.is_empty() {
         return Err(usage!("--resources: name at least one knob"));
     }
@@ -315,7 +316,7 @@ mod tests {
     #[test]
     fn knobs_come_from_the_flag_then_the_scenario_then_all() {
         let all = scenario("");
-        assert_eq!(resources(&all, None).unwrap(), Resource::CYCLE.to_vec());
+        assert_eq!(resources(&all, None).unwrap(), Resource::ALL.to_vec());
         let quota = scenario("resources: [cpu_quota]");
         assert_eq!(resources(&quota, None).unwrap(), vec![Resource::CpuQuota]);
         let flag = [Resource::Cores, Resource::CpuQuota];

@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use qosd_core::admit::{even_share, Peers};
 use qosd_core::control::{Cadence, ControlLoop, Tick};
+use qosd_core::knobs::with_class_defaults;
 use qosd_core::{Feedback, Limits, Policy, Resource};
 use qosd_scenarios::batch::BatchJob;
 use qosd_scenarios::calibrate::Calibration;
@@ -436,7 +437,7 @@ fn admit_all(
     let mut peers = Peers::new();
     let node = *act.node();
     for (i, a) in sc.apps.iter().enumerate() {
-        let initial = even_share(&node, sc.apps.len(), i);
+        let initial = with_class_defaults(even_share(&node, sc.apps.len(), i), a.class);
         let (plan, _) = act
             .admit(&a.name, initial, Limits::default(), &peers)
             .map_err(|e| anyhow::anyhow!("admitting {}: {e}", a.name))?;

@@ -1,5 +1,5 @@
-//! `qosd set cores|freq|ways|mb|quota|hedge`: one knob by hand (hedge:
-//! [`super::set_hedge`]). One-shot: the change
+//! `qosd set cores|freq|ways|mb|quota|priority|hedge`: one knob by hand
+//! (hedge: [`super::set_hedge`]). One-shot: the change
 //! stays after qosd exits, its original is recorded in the state file and
 //! `qosd restore` puts it back (or `--hold` keeps it until Ctrl-C/SIGTERM
 //! and restores it then).
@@ -21,6 +21,7 @@ use qosd_core::cpulist;
     qosd set ways --pid 1234 --ways 4                     4 LLC ways (resctrl group qosd-pid1234)\n  \
     qosd set mb --pid 1234 --percent 50                   memory bandwidth ceiling 50%\n  \
     qosd set quota --pid 1234 --quota 0.3                 CPU bandwidth: 0.3 CPU (cgroup qosd-pid1234)\n  \
+    qosd set priority --pid 1234 --class idle             idle scheduling class (cpu.idle, else lowest weight)\n  \
     qosd set hedge --pid 1234 --service 10.0.0.5:53 --replica 10.0.0.6:53 --t-hedge-ms 10 --id-len 2\n  \
     qosd set --dry-run cores --pid 1234 --cpus 1          print what would change\n  \
     qosd set --hold cores --pid 1234 --cpus 1             keep it until Ctrl-C, then restore\n  \
@@ -100,6 +101,22 @@ pub enum Knob {
     /// Kernel-level hedged UDP requests of a process to a service
     /// (docs/hedging.md).
     Hedge(super::set_hedge::HedgeArgs),
+    /// CPU priority of a process's group: the idle class (best-effort
+    /// work that yields the CPU to everything else at once) or normal.
+    Priority {
+        #[arg(long, required = true)]
+        pid: Vec<i32>,
+        #[arg(long, value_enum)]
+        class: PriorityArg,
+    },
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum PriorityArg {
+    /// `cpu.idle` 1 (else `cpu.weight` 1 / `cpu.shares` 2).
+    Idle,
+    /// `cpu.idle` 0 (else the default weight).
+    Normal,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -201,7 +218,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 WaysArg::Pqos => WaysBackend::Pqos,
             }
         }
-        Knob::Mb { .. } => {}
+        Knob::Mb { .. } | Knob::Priority { .. } => {}
         Knob::Hedge(h) => {
             return super::set_hedge::run(
                 h,
@@ -264,6 +281,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ),
         // Returned above, before any signal or actuator is set up.
         Knob::Hedge(_) => Ok(Vec::new()),
+        Knob::Priority { pid, class } => acts.apply(
+            &app(pid),
+            &Allocation {
+                cpu_priority: Some(match class {
+                    PriorityArg::Idle => qosd_core::knobs::PRIORITY_IDLE,
+                    PriorityArg::Normal => qosd_core::knobs::PRIORITY_NORMAL,
+                }),
+                ..Default::default()
+            },
+        ),
     }
     .map_err(to_anyhow)?;
     print_changes(&changes, args.dry_run)?;

@@ -23,6 +23,7 @@ pub fn node(cores: u32, ways: u32, freq: bool, mb: bool) -> NodeCaps {
             step_percent: 10,
         }),
         quota: None,
+        cpu_priority: false,
     }
 }
 
@@ -79,6 +80,7 @@ pub fn allocs(rows: &[(&str, u32, u32, u32, u32)]) -> Allocations {
                     freq_mhz: f,
                     mb_percent: m,
                     cpu_quota_milli: 0,
+                    cpu_priority: 0,
                 },
             )
         })

@@ -29,6 +29,7 @@ pub use fake::*;
 pub use trace::*;
 
 use std::ffi::OsStr;
+use std::io::{BufRead, BufReader};
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -367,4 +368,32 @@ pub fn cpufreq_tree(root: &Path, setspeed: bool) {
             put(root, &format!("{d}/scaling_governor"), "powersave\n");
         }
     }
+}
+
+/// Starts `qosd set --hold ...` and waits until the change is made. The
+/// caller signals and waits for the returned child.
+#[allow(clippy::zombie_processes)]
+pub fn hold(args: &[&str]) -> (Child, BufReader<std::process::ChildStdout>) {
+    let mut child = Command::new(QOSD)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    loop {
+        line.clear();
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "qosd exited before holding"
+        );
+        if line.starts_with("holding") {
+            return (child, out);
+        }
+    }
+}
+
+pub fn kill(child: &Child, sig: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), sig).unwrap();
 }

@@ -65,7 +65,8 @@ pub fn start_allocations(sc: &Scenario, caps: &NodeCaps) -> Allocations {
     let mut current = Allocations::new();
     let mut peers = Peers::new();
     for (i, a) in sc.apps.iter().enumerate() {
-        let want = even_share(caps, sc.apps.len(), i);
+        let want =
+            qosd_core::knobs::with_class_defaults(even_share(caps, sc.apps.len(), i), a.class);
         // An even share always fits beside earlier even shares; a node too
         // small for one core each leaves the app out of the plan.
         if let Ok((share, _)) = admit(caps, &mut current, &peers, &a.name, want, Limits::default())

@@ -161,7 +161,8 @@ impl DaemonNode {
             .filter(|a| self.act.current().contains_key(&a.cfg.name))
             .map(|a| (a.cfg.name.clone(), (a.cfg.class, a.limits)))
             .collect();
-        let initial = self.apps[i].cfg.initial_share();
+        let cfg = &self.apps[i].cfg;
+        let initial = qosd_core::knobs::with_class_defaults(cfg.initial_share(), cfg.class);
         let limits = self.apps[i].limits;
         let (plan, taken) = match self.act.admit(&name, initial, limits, &peers) {
             Ok(x) => x,

@@ -54,6 +54,8 @@ impl Steps {
             Resource::Frequency => self.freq_mhz,
             Resource::MemoryBandwidth => self.mb_percent,
             Resource::CpuQuota => self.cpu_quota_milli,
+            // Not in PARTIES' cycle: a class, not an amount to step.
+            Resource::CpuPriority => 0,
         }
     }
 
