@@ -422,19 +422,26 @@ static __always_inline bool waits_for_newline(const struct req_parse *p)
 	return false;
 }
 
+/* One byte of the search for LF: 1 stops at an LF or the chunk's end. */
+static long newline_step(__u64 i, void *ctx)
+{
+	struct count_scan *s = ctx;
+	__u32 at = s->pos - s->cstart;
+	if (at >= s->clen)
+		return 1;
+	if (s->chunk[at & (QOSD_CHUNK - 1)] == '\n')
+		return 1;
+	s->pos += 1;
+	return 0;
+}
+
 /* Moves to the next LF in the chunk; false: the chunk has none left. One
- * step for a whole line instead of one per byte. */
+ * step of the outer loop for a whole line instead of one per byte (an
+ * inner bpf_loop: a bounded loop here took the verifier seconds). */
 static __always_inline bool to_newline(struct count_scan *s)
 {
-	for (int k = 0; k < QOSD_CHUNK; k++) {
-		__u32 at = s->pos - s->cstart;
-		if (at >= s->clen)
-			return false;
-		if (s->chunk[at & (QOSD_CHUNK - 1)] == '\n')
-			return true;
-		s->pos += 1;
-	}
-	return false;
+	bpf_loop(QOSD_CHUNK, newline_step, s, 0);
+	return s->pos - s->cstart < s->clen;
 }
 
 /* One step: a payload skipped, or one byte. 1 stops the loop. */
