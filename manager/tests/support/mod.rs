@@ -8,6 +8,8 @@
 //! (fake /sys and /proc trees, shared with the actuators' tests),
 //! `deploy` (`make install`, the systemd unit), `grpc` (gRPC fixtures),
 //! `hostile` (misbehaving raw-socket clients of the daemon's API),
+//! `pipelined` (redis, a pre-fork server, nginx over TLS, pipelining
+//! clients),
 //! `replay` (calibration, scenarios and timelines of the replay tests).
 #![allow(dead_code, unused_imports)]
 
@@ -19,6 +21,7 @@ pub mod fake;
 pub mod grpc;
 pub mod hostile;
 pub mod kube;
+pub mod pipelined;
 pub mod replay;
 pub mod trace;
 
@@ -26,6 +29,7 @@ pub use clients::*;
 pub use daemon::*;
 pub use deploy::*;
 pub use fake::*;
+pub use pipelined::*;
 pub use trace::*;
 
 use std::ffi::OsStr;
