@@ -137,6 +137,10 @@ pub struct Match {
     /// Absolute cgroup directory; every process in it.
     #[serde(default)]
     pub cgroup: Option<PathBuf>,
+    /// Manage init (`pid: 1`) or a hierarchy's root group (every process
+    /// on the node, qosd among them) anyway: refused without it.
+    #[serde(default)]
+    pub force: bool,
 }
 
 /// Per-resource amounts; an absent field means "not set".
@@ -343,7 +347,7 @@ impl Config {
 
     /// Parses and validates a config's text (not its policy file).
     pub fn parse(path: &Path, text: &str) -> Result<Config, FileError> {
-        let c: Config = yamlfile::parse(path, text)?;
+        let c: Config = yamlfile::parse_doc(path, text, yamlfile::Doc::Config)?;
         c.validate().map_err(|e| yamlfile::invalid(path, text, e))?;
         Ok(c)
     }

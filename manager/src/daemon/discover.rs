@@ -167,6 +167,7 @@ mod tests {
             pid,
             comm: comm.map(str::to_owned),
             cgroup: cgroup.map(PathBuf::from),
+            force: false,
         }
     }
 
