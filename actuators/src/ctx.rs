@@ -160,9 +160,17 @@ impl Ctx {
             resource,
             path: path.to_owned(),
         };
-        self.journal.record(entry.clone())?;
+        let first = self.journal.record(entry.clone())?;
         if !self.dry_run {
             std::fs::create_dir(path).map_err(|e| Error::io("creating", path, e))?;
+            if !first {
+                // Made before and gone now: someone else removed it.
+                tracing::warn!(
+                    "{} was removed while qosd managed it: made again, and its processes are \
+                     moved back into it",
+                    self.root.show(path)
+                );
+            }
         }
         self.created.push(path.to_owned());
         self.txn.push(entry);
@@ -264,10 +272,14 @@ impl Ctx {
 
     /// Moves `pid` into the cgroup whose `cgroup.procs` is `into`,
     /// recording `back_to` (the `cgroup.procs` of its current group).
+    /// `mount` is the hierarchy both are in: a process has one group per
+    /// hierarchy (cgroup v1 `cpuset` and `cpu` are two), so each keeps its
+    /// own first origin.
     pub fn move_pid(
         &mut self,
         resource: Resource,
         pid: i32,
+        mount: &Path,
         into: &Path,
         back_to: &Path,
     ) -> Result<()> {
@@ -278,8 +290,12 @@ impl Ctx {
             start_time,
             back_to: back_to.to_owned(),
         };
-        // A pid already moved by qosd keeps its first origin.
-        let first = !self.journal.entries().iter().any(|e| matches!(e, Entry::Moved { pid: p, start_time: s, .. } if *p == pid && *s == start_time));
+        // A pid already moved by qosd in this hierarchy keeps its first
+        // origin there (a later move starts from qosd's own group).
+        let first = !self.journal.entries().iter().any(|e| {
+            matches!(e, Entry::Moved { pid: p, start_time: s, back_to: b, .. }
+                if *p == pid && *s == start_time && b.starts_with(mount))
+        });
         if first {
             self.journal.record(entry.clone())?;
         }

@@ -292,22 +292,51 @@ fn remove_group_dir(path: &Path) -> Result<()> {
         // (children the app forked later): they go to the parent group,
         // then the group can go.
         Err(e) if e.raw_os_error() == Some(libc::EBUSY) && path.join("cgroup.procs").exists() => {
-            let procs = read_file(&path.join("cgroup.procs"))?;
-            let parent = path.parent().unwrap_or(path).join("cgroup.procs");
-            for pid in procs.lines().map(str::trim).filter(|l| !l.is_empty()) {
-                match write_file(&parent, &format!("{pid}\n"), false) {
-                    Err(Error::Io { ref source, .. })
-                        if source.raw_os_error() == Some(libc::ESRCH) => {}
-                    r => r?,
-                }
-            }
-            std::fs::remove_dir(path).map_err(|e| Error::io("removing", path, e))
+            empty_busy_cgroup(path)
         }
         Err(e) if e.raw_os_error() == Some(libc::ENOTEMPTY) && !proc::on_kernel_fs(path) => {
             std::fs::remove_dir_all(path).map_err(|e| Error::io("removing", path, e))
         }
         Err(e) => Err(Error::io("removing", path, e)),
     }
+}
+
+/// How often, and how far apart, removing a busy cgroup is tried again: a
+/// process that is exiting still holds its group until the kernel has
+/// reaped it, though `cgroup.procs` no longer lists it.
+const RMDIR_TRIES: u32 = 50;
+const RMDIR_PAUSE: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// Moves what is left in a cgroup to its parent and removes it, trying
+/// again for about a second while the kernel still counts exiting tasks.
+fn empty_busy_cgroup(path: &Path) -> Result<()> {
+    let parent = path.parent().unwrap_or(path).join("cgroup.procs");
+    let mut last = None;
+    for _ in 0..RMDIR_TRIES {
+        let procs = read_file(&path.join("cgroup.procs"))?;
+        for pid in procs.lines().map(str::trim).filter(|l| !l.is_empty()) {
+            match write_file(&parent, &format!("{pid}\n"), false) {
+                Err(Error::Io { ref source, .. }) if source.raw_os_error() == Some(libc::ESRCH) => {
+                }
+                r => r?,
+            }
+        }
+        match std::fs::remove_dir(path) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => last = Some(e),
+            Err(e) => return Err(Error::io("removing", path, e)),
+        }
+        std::thread::sleep(RMDIR_PAUSE);
+    }
+    let e = last.unwrap_or_else(|| std::io::Error::from_raw_os_error(libc::EBUSY));
+    tracing::warn!(
+        "{}: still busy after {} tries {} ms apart: left in place",
+        path.display(),
+        RMDIR_TRIES,
+        RMDIR_PAUSE.as_millis()
+    );
+    Err(Error::io("removing (still busy after 1 s)", path, e))
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -471,7 +500,13 @@ fn lock(state: &Path) -> Result<Flock<File>> {
 }
 
 fn load(path: &Path) -> Result<StateFile> {
-    let text = read_file(path)?;
+    let text =
+        qosd_core::yamlfile::read_kind(path, qosd_core::yamlfile::Kind::State).map_err(|e| {
+            Error::State {
+                path: path.to_owned(),
+                message: e.msg,
+            }
+        })?;
     serde_json::from_str(&text).map_err(|e| Error::State {
         path: path.to_owned(),
         message: format!("not a qosd state file: {e}"),

@@ -149,6 +149,10 @@ pub struct Match {
     /// the API server; every process in their containers' cgroups.
     #[serde(default)]
     pub pod: Option<PodMatch>,
+    /// Manage init (`pid: 1`) or a hierarchy's root group (every process
+    /// on the node, qosd among them) anyway: refused without it.
+    #[serde(default)]
+    pub force: bool,
 }
 
 /// Per-resource amounts; an absent field means "not set".
@@ -349,7 +353,7 @@ impl Config {
 
     /// Parses and validates a config's text (not its policy file).
     pub fn parse(path: &Path, text: &str) -> Result<Config, FileError> {
-        let c: Config = yamlfile::parse(path, text)?;
+        let c: Config = yamlfile::parse_doc(path, text, yamlfile::Doc::Config)?;
         c.validate().map_err(|e| yamlfile::invalid(path, text, e))?;
         Ok(c)
     }

@@ -57,7 +57,7 @@ pub struct Calibration {
 
 impl Calibration {
     pub fn read(path: &Path) -> anyhow::Result<Calibration> {
-        let text = std::fs::read_to_string(path)?;
+        let text = qosd_core::yamlfile::read_kind(path, qosd_core::yamlfile::Kind::Calibration)?;
         Ok(serde_json::from_str(&text)?)
     }
 

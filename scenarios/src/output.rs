@@ -7,6 +7,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
+use qosd_core::yamlfile::{read_kind, Kind};
 
 use crate::calibrate::Calibration;
 use crate::plot;
@@ -137,15 +138,14 @@ struct Entry {
 
 fn read_summary(dir: &Path) -> anyhow::Result<Summary> {
     let sp = dir.join("summary.json");
-    let text = std::fs::read_to_string(&sp).with_context(|| format!("reading {}", sp.display()))?;
+    let text = read_kind(&sp, Kind::Summary)?;
     serde_json::from_str(&text).with_context(|| format!("parsing {}", sp.display()))
 }
 
 fn read_entry(dir: &Path) -> anyhow::Result<Entry> {
     let seeds_json = dir.join("seeds.json");
     let dirs: Vec<PathBuf> = if seeds_json.is_file() {
-        let text = std::fs::read_to_string(&seeds_json)
-            .with_context(|| format!("reading {}", seeds_json.display()))?;
+        let text = read_kind(&seeds_json, Kind::Summary)?;
         let agg: crate::seeds::Aggregate = serde_json::from_str(&text)
             .with_context(|| format!("parsing {}", seeds_json.display()))?;
         agg.seeds

@@ -172,7 +172,7 @@ impl Timeline {
 
     /// Reads a `timeline.csv` back (for `qosd compare`).
     pub fn read_csv(path: &Path) -> anyhow::Result<Vec<Row>> {
-        let text = std::fs::read_to_string(path)?;
+        let text = qosd_core::yamlfile::read_kind(path, qosd_core::yamlfile::Kind::Timeline)?;
         let mut lines = text.lines();
         if lines.next() != Some(COLUMNS) {
             anyhow::bail!("{}: not a qosd timeline (header differs)", path.display());

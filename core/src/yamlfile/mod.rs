@@ -96,7 +96,68 @@ impl fmt::Display for FileError {
 }
 
 mod guard;
-pub use guard::{precheck, read, short, MAX_DEPTH, MAX_FILE_BYTES};
+use guard::strip_bom;
+pub use guard::{
+    precheck, read, read_kind, read_open, short, Kind, MAX_DEPTH, MAX_FILE_BYTES, MAX_READ_TIME,
+};
+
+/// The kinds of YAML file qosd reads, as far as their top-level keys tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Doc {
+    Config,
+    Policy,
+    Scenario,
+    Model,
+}
+
+impl Doc {
+    pub fn name(self) -> &'static str {
+        match self {
+            Doc::Config => "daemon config",
+            Doc::Policy => "policy",
+            Doc::Scenario => "scenario",
+            Doc::Model => "sim model",
+        }
+    }
+
+    /// What `text` looks like: `parties:` or `rules:` → policy;
+    /// `duration_s:` → scenario; `node:` → sim model; else a config.
+    /// `None` when it is no YAML mapping at all.
+    pub fn guess(text: &str) -> Option<Doc> {
+        // Hostile shapes (deep nesting) are refused by the kind's own parse.
+        precheck(Path::new(""), text).ok()?;
+        let Ok(serde_yaml_ng::Value::Mapping(m)) = serde_yaml_ng::from_str(strip_bom(text)) else {
+            return None;
+        };
+        let has = |k: &str| m.contains_key(k);
+        Some(if has("parties") || has("rules") {
+            Doc::Policy
+        } else if has("duration_s") {
+            Doc::Scenario
+        } else if has("node") {
+            Doc::Model
+        } else {
+            Doc::Config
+        })
+    }
+}
+
+/// [`parse`] of a file meant to be a `want`: when it fails and the file
+/// looks like another kind, the message says so ("this looks like a
+/// policy") instead of only listing the fields a `want` has.
+pub fn parse_doc<T: DeserializeOwned>(path: &Path, text: &str, want: Doc) -> Result<T, FileError> {
+    parse(path, text).map_err(|mut e| {
+        if let Some(d) = Doc::guess(text).filter(|d| *d != want) {
+            e.msg = format!(
+                "this looks like a {}, not a {} ({})",
+                d.name(),
+                want.name(),
+                e.msg
+            );
+        }
+        e
+    })
+}
 
 /// Deserialises `text` (the contents of `path`) into `T`, after
 /// [`precheck`] (nesting limit, duplicate keys) and without a byte-order mark.

@@ -62,6 +62,9 @@ pub struct Args {
     pub out: Option<PathBuf>,
 }
 
+/// The highest `--max-rps`: far above what one machine's loopback serves.
+const MAX_RPS: f64 = 10_000_000.0;
+
 /// The command that starts the fixture server: this binary's hidden
 /// `fixture` subcommand.
 pub fn fixture_cmd() -> anyhow::Result<Vec<String>> {
@@ -213,6 +216,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     crate::cmd::secs::secs("--step-s", args.step_s, 0.0, 60.0)?;
+    if !(args.max_rps > 0.0 && args.max_rps <= MAX_RPS) {
+        return Err(usage!(
+            "--max-rps {}: expected requests/s in (0, {MAX_RPS}]",
+            args.max_rps
+        ));
+    }
     if let Some(file) = &args.model {
         // The knobs the scenario's real replays turn (`--resources`, then
         // the scenario's `resources:`, then all), so the fit measures them.

@@ -118,6 +118,13 @@ pub fn resources(scenario: &Scenario, arg: Option<&[Resource]>) -> anyhow::Resul
     if list.is_empty() {
         return Err(usage!("--resources: name at least one knob"));
     }
+    if let Some(r) = list
+        .iter()
+        .enumerate()
+        .find_map(|(i, r)| list[..i].contains(r).then_some(r))
+    {
+        return Err(usage!("--resources: {r} appears twice"));
+    }
     Ok(list)
 }
 
@@ -196,8 +203,8 @@ fn run_seeds(args: Args, n: u32) -> anyhow::Result<()> {
             ..args.clone()
         };
         run(a)?;
-        let text = std::fs::read_to_string(dir.join("summary.json"))
-            .with_context(|| format!("reading {}/summary.json", dir.display()))?;
+        let text =
+            crate::yamlfile::read_kind(&dir.join("summary.json"), crate::yamlfile::Kind::Summary)?;
         summaries.push(serde_json::from_str(&text).context("parsing summary.json")?);
     }
     let agg = qosd_scenarios::seeds::aggregate(&summaries);
@@ -216,6 +223,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut sc = read_scenario(&args.scenario)?;
     if let Some(d) = args.duration {
         crate::cmd::secs::secs("--duration", d, 0.0, 86_400.0)?;
+        qosd_scenarios::scenario::run_size(d, sc.interval_ms, sc.apps.len())
+            .map_err(|m| usage!("--duration {m}"))?;
     }
     if let Some(p) = &args.model {
         let m = ModelFile::from_file(p).map_err(|e| usage!("{e}"))?;

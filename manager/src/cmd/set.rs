@@ -42,6 +42,9 @@ pub struct Args {
     /// Keep the change until SIGINT/SIGTERM/SIGHUP, then restore it.
     #[arg(long, global = true)]
     pub hold: bool,
+    /// Change init (pid 1) too: its setting is the whole node's.
+    #[arg(long, global = true)]
+    pub force: bool,
 }
 
 #[derive(Subcommand, Debug)]
@@ -188,6 +191,18 @@ fn app(pids: &[i32]) -> AppTarget {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    let pids = match &args.knob {
+        Knob::Cores { pid, .. }
+        | Knob::Ways { pid, .. }
+        | Knob::Mb { pid, .. }
+        | Knob::Quota { pid, .. } => pid.as_slice(),
+        Knob::Freq { .. } => &[],
+    };
+    if pids.contains(&1) && !args.force {
+        return Err(crate::usage!(
+            "--pid 1 is init: its setting is the whole node's; add --force if that is meant"
+        ));
+    }
     let mut cfg = Config {
         root: args.root.clone(),
         dry_run: args.dry_run,
@@ -297,8 +312,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let state = cfg.state_path();
     match sigs {
         Some(set) if !args.dry_run => {
-            crate::outln!("holding; SIGINT/SIGTERM restores")?;
-            let sig = signals::wait(&set).map_err(to_anyhow)?;
+            crate::outln!("holding; SIGINT/SIGTERM (any terminating signal) restores")?;
+            let sig = signals::name(set.wait().map_err(to_anyhow)?);
             let restored = acts.restore_all().map_err(to_anyhow)?;
             for c in &restored {
                 crate::outln!("restored {c}")?;

@@ -33,6 +33,10 @@ pub fn parse_latency_us(s: &str) -> Result<f64, String> {
         return Err(format!("`{s}`: a target must be greater than 0"));
     }
     let us = v * scale;
+    // Below a microsecond no latency is measured (and `{:.0}` prints 0).
+    if us < 1.0 {
+        return Err(format!("`{s}`: a target must be at least 1us"));
+    }
     // Beyond an hour the slack arithmetic loses meaning (1e303s: NaN) and
     // no request-serving app has such a target.
     if us > MAX_TARGET_US {

@@ -52,15 +52,21 @@ impl Token {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => create(path).map_err(io)?,
             Err(e) => return Err(io(e)),
         };
-        // O_NOFOLLOW: a symlink planted at the path fails here (ELOOP).
-        let mut f = OpenOptions::new()
+        // O_NOFOLLOW: a symlink planted at the path fails here (ELOOP);
+        // O_NONBLOCK: a FIFO is refused by the guard, not waited on.
+        let f = OpenOptions::new()
             .read(true)
-            .custom_flags(libc::O_NOFOLLOW)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
             .open(path)
             .map_err(io)?;
         check_trusted(path, &f)?;
-        let mut text = String::new();
-        f.read_to_string(&mut text).map_err(io)?;
+        let text =
+            crate::yamlfile::read_open(path, f, crate::yamlfile::Kind::Token).map_err(|e| {
+                TokenError::Untrusted {
+                    path: path.to_owned(),
+                    msg: e.msg,
+                }
+            })?;
         let secret = text.trim().to_owned();
         if secret.len() < 16 || !secret.bytes().all(|b| b.is_ascii_graphic()) {
             return Err(TokenError::Untrusted {
@@ -129,6 +135,56 @@ fn create(path: &Path) -> std::io::Result<bool> {
         Ok(()) => Ok(true),
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
         Err(e) => Err(e),
+    }
+}
+
+/// Watches the token file for changes while the daemon runs. The token is
+/// read once, at start: a file replaced, deleted or made unreadable
+/// afterwards changes nothing for the API, so each change is said once.
+pub struct TokenWatch {
+    path: PathBuf,
+    last: Option<(u64, u64, i64, i64, u32, u64)>,
+}
+
+fn stamp(path: &Path) -> Option<(u64, u64, i64, i64, u32, u64)> {
+    let m = std::fs::symlink_metadata(path).ok()?;
+    Some((
+        m.dev(),
+        m.ino(),
+        m.mtime(),
+        m.mtime_nsec(),
+        m.mode(),
+        m.len(),
+    ))
+}
+
+impl TokenWatch {
+    pub fn new(path: &Path) -> TokenWatch {
+        TokenWatch {
+            path: path.to_owned(),
+            last: stamp(path),
+        }
+    }
+
+    /// A line to log when the file changed since the last call.
+    pub fn changed(&mut self) -> Option<String> {
+        let now = stamp(&self.path);
+        if now == self.last {
+            return None;
+        }
+        let what = match (&self.last, &now) {
+            (_, None) => "deleted",
+            (None, Some(_)) => "made again",
+            (Some(a), Some(b)) if (a.0, a.1) != (b.0, b.1) => "replaced",
+            (Some(a), Some(b)) if a.4 != b.4 => "given another mode",
+            _ => "rewritten",
+        };
+        self.last = now;
+        Some(format!(
+            "api: token file {} was {what} while qosd runs: writes still need the token read \
+             at start; restart qosd to use a new one",
+            self.path.display()
+        ))
     }
 }
 

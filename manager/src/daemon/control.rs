@@ -73,6 +73,8 @@ pub struct DaemonNode {
     shared: SharedState,
     finder: Finder,
     procfs: Procfs,
+    /// The root prefix (for the group locks of other daemons).
+    root: qosd_actuators::Root,
     node_cpu: Option<NodeCpu>,
     dry_run: bool,
     /// The batch jobs of best-effort apps that run one.
@@ -120,6 +122,7 @@ impl Controller {
             shared,
             finder: Finder::new(root),
             procfs: Procfs::new(root),
+            root: qosd_actuators::Root::new(root),
             node_cpu: None,
             dry_run,
             jobs: Jobs::none(nr_apps),

@@ -208,6 +208,7 @@ mod tests {
             comm: comm.map(str::to_owned),
             cgroup: cgroup.map(PathBuf::from),
             pod: None,
+            force: false,
         }
     }
 

@@ -55,6 +55,14 @@ impl PolicyFile {
         if self.name.trim().is_empty() {
             return Err(Invalid::new(root.key("name"), "must not be empty"));
         }
+        // It is printed in logs, `check` lines and summaries: a newline
+        // would forge a line.
+        if self.name.chars().any(char::is_control) || self.name.len() > 128 {
+            return Err(Invalid::new(
+                root.key("name"),
+                "at most 128 characters, none a control character (newline, tab, ...)",
+            ));
+        }
         match (&self.parties, &self.rules) {
             (Some(_), Some(_)) => Err(Invalid::new(
                 root.key("rules"),
@@ -81,7 +89,7 @@ impl PolicyFile {
     /// Parses and validates the text of a policy file; `path` is used in
     /// error messages only.
     pub fn parse(path: &Path, text: &str) -> Result<PolicyFile, FileError> {
-        let f: PolicyFile = yamlfile::parse(path, text)?;
+        let f: PolicyFile = yamlfile::parse_doc(path, text, yamlfile::Doc::Policy)?;
         f.validate().map_err(|e| yamlfile::invalid(path, text, e))?;
         Ok(f)
     }

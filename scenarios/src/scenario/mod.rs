@@ -6,6 +6,7 @@
 
 pub mod shape;
 pub(crate) mod validate;
+pub use validate::{run_size, MAX_ROWS, MAX_WAYS};
 
 use std::path::{Path, PathBuf};
 
@@ -400,7 +401,7 @@ impl Scenario {
 
     /// Parses and validates `text`, the contents of `path`.
     pub fn parse(path: &Path, text: &str) -> Result<Scenario, ScenarioError> {
-        let mut s: Scenario = yamlfile::parse(path, text)?;
+        let mut s: Scenario = yamlfile::parse_doc(path, text, yamlfile::Doc::Scenario)?;
         s.dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
         validate::validate(&mut s).map_err(|(key, msg)| {
             yamlfile::invalid(path, text, yamlfile::Invalid::new(KeyPath(key), msg))

@@ -67,6 +67,7 @@ impl DaemonNode {
                 };
                 ev.push(format!("app {name}: {gone} (pids {old:?}): released{msg}"));
             } else if !managed {
+                ev.extend(self.foreign(i, &pids));
                 ev.extend(self.admit(now_ms, i));
             } else {
                 ev.push(format!("app {name}: processes now {pids:?}"));
@@ -149,6 +150,24 @@ impl DaemonNode {
                 tracing::warn!("app {}: tracing pid {p}: {e}", a.cfg.name);
             }
         }
+    }
+
+    /// Warnings for processes another running qosd manages too (found by
+    /// the group it put them in): both would undo each other's changes.
+    fn foreign(&self, i: usize, pids: &[i32]) -> Events {
+        let a = &self.apps[i];
+        let own = qosd_actuators::AppTarget::new(a.cfg.name.clone(), Vec::new()).group_name();
+        let root = &self.root;
+        pids.iter()
+            .filter_map(|&p| {
+                let (g, by) = qosd_actuators::grouplock::foreign_group(root, p, &own)?;
+                Some(format!(
+                    "WARNING: app {}: pid {p} is in {g}, a group of another running qosd \
+                     (pid {by}): both manage it and the last change wins; match it in one only",
+                    a.cfg.name
+                ))
+            })
+            .collect()
     }
 
     /// An app whose processes appeared: its starting share, applied.
