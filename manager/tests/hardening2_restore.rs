@@ -4,8 +4,8 @@
 //! quota, `cpu.shares` 512, its own affinity inside its cpuset); `qosd run`
 //! manages it with every knob combination this machine has (cores through
 //! a cpuset group or through affinity, CPU quota, both) and is stopped by
-//! SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGKILL then `qosd restore`, and
-//! SIGKILL then the next start. After each, every file of the process's groups and of
+//! SIGTERM, SIGINT, SIGUSR1, SIGKILL then `qosd restore`, and SIGKILL then
+//! the next start (SIGHUP reloads the daemon's config: daemon_reload.rs). After each, every file of the process's groups and of
 //! the hierarchies' top groups, its groups and every thread's affinity are
 //! exactly as before, and no `qosd-<app>` group is left. Cases run one after
 //! the other in one test (each ~1 s). Run alone:
@@ -271,7 +271,7 @@ fn hardening2_every_knob_combination_and_stop_restores_exactly() {
     let stops = [
         Stop::Signal(Signal::SIGTERM),
         Stop::Signal(Signal::SIGINT),
-        Stop::Signal(Signal::SIGHUP),
+        // SIGHUP reloads the daemon's config instead (daemon_reload.rs).
         Stop::Signal(Signal::SIGUSR1),
         Stop::KillThenRestore,
         Stop::KillThenNextStart,
