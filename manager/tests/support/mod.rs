@@ -20,6 +20,7 @@ pub mod deploy;
 pub mod fake;
 pub mod grpc;
 pub mod hostile;
+pub mod kube;
 pub mod pipelined;
 pub mod replay;
 pub mod trace;
