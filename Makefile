@@ -5,7 +5,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 # Debian packages the build, the tests and the demo need.
 APT_PKGS := clang llvm libelf-dev zlib1g-dev pkg-config make bpftool \
-            memcached nginx-light redis-server wrk stress-ng linux-cpupower \
+            memcached nginx-light redis-server redis-tools wrk stress-ng linux-cpupower \
             prometheus libfontconfig-dev curl procps iproute2 \
             systemd util-linux man-db ruby-grpc etcd-server openssl
 QOSD := target/release/qosd

@@ -7,7 +7,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::{connect, free_port, wait_listening, Server};
+use super::{connect, free_port, read_http_response, wait_listening, Server};
 
 /// redis-server on 127.0.0.1, no persistence.
 pub fn redis() -> Server {
@@ -162,25 +162,6 @@ pub fn curl_https(
     }
     assert_eq!(lat.len(), conns * per_conn, "every request answered");
     lat
-}
-
-/// Reads one HTTP/1.1 response with a Content-Length body.
-fn read_http_response(r: &mut BufReader<std::net::TcpStream>) {
-    let mut len = 0usize;
-    let mut line = String::new();
-    loop {
-        line.clear();
-        assert!(r.read_line(&mut line).unwrap() > 0, "closed mid-response");
-        let l = line.trim_end();
-        if l.is_empty() {
-            break;
-        }
-        if let Some(v) = l.to_ascii_lowercase().strip_prefix("content-length:") {
-            len = v.trim().parse().unwrap();
-        }
-    }
-    let mut body = vec![0; len];
-    r.read_exact(&mut body).unwrap();
 }
 
 /// HTTP/1.1 pipelining: `conns` threads, each writing `batches` batches of
