@@ -9,6 +9,7 @@
 pub mod admit;
 pub mod control;
 pub mod cpulist;
+pub mod knobs;
 pub mod measure;
 pub mod oa;
 pub mod plan;
@@ -19,6 +20,7 @@ pub mod resources;
 pub mod slo;
 pub mod yamlfile;
 
+pub use knobs::{knob, Knob, KNOBS};
 pub use measure::{Feedback, LatencyFrom, LatencySummary};
 pub use policy::{
     Allocations, AppClass, AppState, Decision, DecisionKind, FreqRange, Limits, MbRange, NodeCaps,
