@@ -163,6 +163,7 @@ mod tests {
             downsize_cooldown_max_ms: 16000,
             revert_vote: parties::RevertVote::Evidence,
             max_util: Some(0.8),
+            downsize_below_util: Some(0.5),
             ..PartiesParams::default()
         };
         assert_eq!(f.parties, Some(want));

@@ -203,13 +203,23 @@ impl Parties {
     }
 
     /// Downsizes `app` on the first resource of its cycle that can shrink.
-    fn downsize(&mut self, ed: &mut Editor<'_>, app: &str, why: String) -> bool {
+    /// `only` says which resources may shrink (all, for PARTIES' own
+    /// downsizes); `reason` is the decision's.
+    fn downsize(
+        &mut self,
+        ed: &mut Editor<'_>,
+        app: &str,
+        reason: String,
+        only: &dyn Fn(Resource) -> bool,
+    ) -> bool {
         let n = self.p.cycle.len();
         let start = self.start(app, false);
-        let reason = format!("{why}; most slack > {}", self.p.downsize_above_slack);
         for k in 0..n {
             let idx = (start + k) % n;
             let r = self.p.cycle[idx];
+            if !only(r) {
+                continue;
+            }
             let step = self.p.step.on(r, ed.node);
             if self.barred(ed, app, r, step) {
                 continue;
@@ -327,11 +337,20 @@ impl Policy for Parties {
                 })
                 .collect();
             spare.sort_by(|a, b| b.1.total_cmp(&a.1));
+            let mut gave = false;
             for (app, _) in spare {
-                let why = format!("{note}{}", self.describe(snap, app));
-                if self.downsize(&mut ed, app, why) {
+                let why = format!(
+                    "{note}{}; most slack > {}",
+                    self.describe(snap, app),
+                    self.p.downsize_above_slack
+                );
+                if self.downsize(&mut ed, app, why, &|_| true) {
+                    gave = true;
                     break;
                 }
+            }
+            if !gave {
+                self.idle_cpu_downsize(&mut ed, snap, &slacks, now_ms, &note);
             }
         }
         // judge() took the old pending action: any pending one is new.

@@ -108,3 +108,63 @@ impl Parties {
         false
     }
 }
+
+impl Parties {
+    /// `downsize_below_util`: the least utilised app in the hysteresis
+    /// band (not cooling down) whose CPUs would stay under the bound with
+    /// one unit fewer gives that unit back. After PARTIES' own downsizes
+    /// found nothing to give.
+    pub(super) fn idle_cpu_downsize(
+        &mut self,
+        ed: &mut Editor<'_>,
+        snap: &Snapshot,
+        slacks: &[(String, f64)],
+        now_ms: u64,
+        note: &str,
+    ) -> bool {
+        let Some(bound) = self.p.downsize_below_util else {
+            return false;
+        };
+        let cpu = |r: Resource| matches!(r, Resource::Cores | Resource::CpuQuota);
+        let mut idle: Vec<(String, f64, Resource, f64)> = slacks
+            .iter()
+            .filter(|(n, s)| {
+                *s >= self.p.upsize_below_slack
+                    && self
+                        .apps
+                        .get(n)
+                        .is_none_or(|m| now_ms >= m.no_downsize_until_ms)
+            })
+            .filter_map(|(n, _)| {
+                let oa = Self::oa(ed, n)?;
+                let before = Self::share_in(ed, n)?;
+                // The first CPU resource of its cycle that can shrink, and
+                // the utilisation it would leave.
+                self.p
+                    .cycle
+                    .iter()
+                    .copied()
+                    .filter(|r| cpu(*r))
+                    .find_map(|r| {
+                        let to = ed.lowered(n, r, self.p.step.on(r, ed.node))?;
+                        let mut after = before;
+                        after.set(r, to);
+                        let u = oa.util_on(&before, &after, ed.node);
+                        (u < bound).then(|| (n.clone(), oa.util, r, u))
+                    })
+            })
+            .collect();
+        idle.sort_by(|a, b| a.1.total_cmp(&b.1));
+        for (app, u, r, after) in idle {
+            let why = format!(
+                "{note}{}; utilisation {u:.2}, {after:.2} with one unit of {r} fewer \
+                 < downsize_below_util {bound}",
+                self.describe(snap, &app)
+            );
+            if self.downsize(ed, &app, why, &|x| x == r) {
+                return true;
+            }
+        }
+        false
+    }
+}

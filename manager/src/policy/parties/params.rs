@@ -139,6 +139,12 @@ pub struct PartiesParams {
     /// whose utilisation already exceeds it is upsized before any other
     /// app is downsized. `null`: no such check (PARTIES).
     pub max_util: Option<f64>,
+    /// An app in the hysteresis band (slack between the two thresholds)
+    /// also gives back one unit of CPU (cores or CPU quota) when its
+    /// predicted utilisation on the smaller allocation stays below this:
+    /// idle CPUs do not shorten a tail that queueing does not make, so
+    /// slack alone would keep them forever. `null`: never (PARTIES).
+    pub downsize_below_util: Option<f64>,
 }
 
 /// How a downsize is found harmful.
@@ -175,6 +181,7 @@ impl Default for PartiesParams {
             restart_wheel_on_turn: false,
             idle_decide_ms: 0,
             max_util: None,
+            downsize_below_util: None,
         }
     }
 }
@@ -246,6 +253,14 @@ impl PartiesParams {
                 return Err(Invalid::new(
                     at.key("max_util"),
                     format!("{u}: a utilisation bound must be in (0, 1]"),
+                ));
+            }
+        }
+        if let Some(u) = self.downsize_below_util {
+            if !(u > 0.0 && u <= self.max_util.unwrap_or(1.0)) {
+                return Err(Invalid::new(
+                    at.key("downsize_below_util"),
+                    format!("{u}: must be in (0, max_util] (max_util or 1)"),
                 ));
             }
         }
