@@ -190,3 +190,37 @@ fn apps_whose_headroom_is_gone_are_upsized_first() {
     let plan = c.decide(0, &snap(vec![hot, lc("spare", Some(-0.5))]), &cur, &n);
     assert_eq!(kinds(&plan, DecisionKind::Upsize)[0].0, "hot", "{plan:?}");
 }
+
+/// `downsize_below_util`: an app in the hysteresis band (slack 0.1) on 8
+/// cores with 0.8 of them busy gives one back (U 0.11 with 7), but not
+/// when one fewer would leave it above the bound.
+#[test]
+fn idle_cpus_are_given_back_from_the_hysteresis_band() {
+    let p = PartiesParams {
+        max_util: Some(0.8),
+        downsize_below_util: Some(0.5),
+        ..evidence()
+    };
+    let n = node(8, 0, false, false);
+    let idle = AppState {
+        cpus_used: Some(0.8),
+        ..lc("a", Some(0.1))
+    };
+    let mut c = Parties::new("x", p.clone(), 1);
+    let plan = c.decide(
+        0,
+        &snap(vec![idle.clone()]),
+        &allocs(&[("a", 8, 0, 0, 0)]),
+        &n,
+    );
+    assert_eq!(
+        kinds(&plan, DecisionKind::Downsize),
+        vec![("a".to_owned(), CORES, 8, 7)],
+        "{plan:?}"
+    );
+    assert!(plan.decisions[0].reason.contains("downsize_below_util"));
+    // On 2 cores, 0.8 busy with one fewer is U 0.8 >= 0.5: kept.
+    let mut c = Parties::new("x", p, 1);
+    let plan = c.decide(0, &snap(vec![idle]), &allocs(&[("a", 2, 0, 0, 0)]), &n);
+    assert!(plan.decisions.is_empty(), "{plan:?}");
+}
