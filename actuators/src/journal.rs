@@ -11,6 +11,7 @@ use qosd_core::Resource;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::netns::NetnsRef;
 use crate::root::{read_file, write_file, Root};
 use crate::{proc, statefile, Change};
 
@@ -60,6 +61,16 @@ pub enum Entry {
         key: String,
         argv: Vec<String>,
     },
+    /// A network object qosd made (a TC filter or clsact qdisc, a delay
+    /// line veth) and the `ip`/`tc` command that removes it, run in the
+    /// namespace where it was made ([`crate::netns`]).
+    Net {
+        /// The knob's name (`hedge`).
+        knob: String,
+        key: String,
+        netns: NetnsRef,
+        argv: Vec<String>,
+    },
 }
 
 impl Entry {
@@ -74,18 +85,22 @@ impl Entry {
                 path, controller, ..
             } => format!("controller:{}:{controller}", path.display()),
             Entry::Command { key, .. } => format!("command:{key}"),
+            Entry::Net { key, netns, .. } => format!("net:{}:{key}", netns.inode),
         }
     }
 
-    pub fn resource(&self) -> Resource {
-        match self {
+    /// The resource the entry belongs to (`None`: a knob that is not a
+    /// share of the node, see [`Entry::Net`]).
+    pub fn resource(&self) -> Option<Resource> {
+        Some(match self {
             Entry::File { resource, .. }
             | Entry::Affinity { resource, .. }
             | Entry::CreatedDir { resource, .. }
             | Entry::Moved { resource, .. }
             | Entry::EnabledController { resource, .. }
             | Entry::Command { resource, .. } => *resource,
-        }
+            Entry::Net { .. } => return None,
+        })
     }
 
     /// Puts this entry's original back. `dry_run` logs instead.
@@ -232,8 +247,36 @@ impl Entry {
                 }
                 out.push(Change::new(*resource, argv.join(" "), "", "run"));
             }
+            Entry::Net {
+                knob, netns, argv, ..
+            } => {
+                let Some(full) = netns.command(argv) else {
+                    tracing::info!(
+                        "network namespace {} is gone: `{}` needs no restore",
+                        netns.path.display(),
+                        argv.join(" ")
+                    );
+                    return Ok(out);
+                };
+                if !dry_run {
+                    match crate::tool::run(&full) {
+                        Err(e) if crate::netns::already_gone(&e) => return Ok(out),
+                        r => r?,
+                    }
+                }
+                out.push(Change::knob(knob_name(knob), full.join(" "), "", "run"));
+            }
         }
         Ok(out)
+    }
+}
+
+/// The static name of a knob recorded in a state file (`Change` holds
+/// `&'static str`); an unknown one (a newer qosd's) shows as `net`.
+fn knob_name(k: &str) -> &'static str {
+    match k {
+        "hedge" => "hedge",
+        _ => "net",
     }
 }
 
