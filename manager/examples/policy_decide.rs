@@ -40,13 +40,12 @@ fn snapshot(nr_apps: usize, t: u64) -> Snapshot {
             AppState {
                 name: format!("app{i:02}"),
                 class: if be { AppClass::Be } else { AppClass::Lc },
-                target: (!be).then_some(QosTarget {
-                    percentile: 99.0,
-                    value_us: 1000.0,
-                }),
+                target: (!be).then_some(QosTarget::new(99.0, 1000.0)),
                 latency_us: (!be).then_some(1000.0 * (0.9 + 0.4 * phase)),
                 rps: 1000.0,
+                nr_samples: 500,
                 cpu_util: 0.5 + 0.45 * phase,
+                cpus_used: None,
                 power_w: None,
                 limits: Limits::default(),
             }

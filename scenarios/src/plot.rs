@@ -381,6 +381,9 @@ mod tests {
             fed_violation: None,
             cpu_quota_milli: None,
             be_ops_per_s: None,
+            client_slack: None,
+            ebpf_slack: None,
+            ebpf_target_from: None,
         }
     }
 

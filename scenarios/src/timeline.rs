@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::sim::oracle::Oracle;
 
 /// Columns of `timeline.csv`, in order.
-pub const COLUMNS: &str = "t_s,app,offered_rps,achieved_rps,client_p99_ms,ebpf_p99_ms,target_ms,violation,cores,freq_mhz,llc_ways,mb_percent,power_w,ebpf_target_ms,fed_violation,cpu_quota_milli,be_ops_per_s";
+pub const COLUMNS: &str = "t_s,app,offered_rps,achieved_rps,client_p99_ms,ebpf_p99_ms,target_ms,violation,cores,freq_mhz,llc_ways,mb_percent,power_w,ebpf_target_ms,fed_violation,cpu_quota_milli,be_ops_per_s,client_slack,ebpf_slack,ebpf_target_from";
 
 /// One app over one interval; `None` where a figure does not exist (no
 /// target, no such knob on this machine, no request seen).
@@ -36,8 +36,8 @@ pub struct Row {
     pub mb_percent: Option<u32>,
     /// Power attributed to the app, W.
     pub power_w: Option<f64>,
-    /// The eBPF-side target (the server-side latency at the same knee
-    /// load); the client's where there is none.
+    /// The eBPF-side target: the client's less the client/server gap at
+    /// the interval's load; the client's where no gap is known.
     pub ebpf_target_ms: Option<f64>,
     /// The latency that fed the policy exceeded its own target (the
     /// policy's view of the interval).
@@ -47,6 +47,14 @@ pub struct Row {
     /// Throughput of a best-effort app's batch job over the interval,
     /// operations per second (`None` for apps without a job).
     pub be_ops_per_s: Option<f64>,
+    /// (client target − client latency) / client target.
+    pub client_slack: Option<f64>,
+    /// (eBPF target − eBPF latency) / client target: the same meaning as
+    /// the client's ([`qosd_core::slo`]).
+    pub ebpf_slack: Option<f64>,
+    /// Where the eBPF-side target came from (`client`, `calibrated_gap`,
+    /// `refreshed_gap`).
+    pub ebpf_target_from: Option<String>,
 }
 
 fn f(v: Option<f64>, decimals: usize) -> String {
@@ -60,7 +68,7 @@ fn u(v: Option<u32>) -> String {
 impl Row {
     pub fn csv(&self) -> String {
         format!(
-            "{:.3},{},{:.1},{:.1},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{:.3},{},{:.1},{:.1},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             self.t_s,
             self.app,
             self.offered_rps,
@@ -80,13 +88,16 @@ impl Row {
                 .map_or(String::new(), |v| (v as u8).to_string()),
             u(self.cpu_quota_milli),
             f(self.be_ops_per_s, 1),
+            f(self.client_slack, 4),
+            f(self.ebpf_slack, 4),
+            self.ebpf_target_from.as_deref().unwrap_or(""),
         )
     }
 
     /// Parses a line written by [`Row::csv`].
     pub fn parse(line: &str) -> Option<Row> {
         let c: Vec<&str> = line.split(',').collect();
-        if c.len() != 17 {
+        if c.len() != COLUMNS.split(',').count() {
             return None;
         }
         let of = |s: &str| {
@@ -121,6 +132,9 @@ impl Row {
             fed_violation: ou(c[14]).map(|v| v != 0),
             cpu_quota_milli: ou(c[15]),
             be_ops_per_s: of(c[16]),
+            client_slack: of(c[17]),
+            ebpf_slack: of(c[18]),
+            ebpf_target_from: (!c[19].is_empty()).then(|| c[19].to_owned()),
         })
     }
 }
@@ -403,6 +417,9 @@ mod tests {
             fed_violation: Some(lat > 10.0),
             cpu_quota_milli: None,
             be_ops_per_s: None,
+            client_slack: Some((10.0 - lat - 1.0) / 10.0),
+            ebpf_slack: Some((10.0 - lat) / 10.0),
+            ebpf_target_from: Some("calibrated_gap".into()),
         }
     }
 

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args as ClapArgs;
+use qosd_core::slo::GapPoint;
 use qosd_scenarios::calibrate::{self, Calibration};
 use qosd_scenarios::sweep::{self, SweepOptions};
 use qosd_scenarios::{load::LoadError, servers};
@@ -182,11 +183,33 @@ pub fn real(
         if let Some(e) = ebpf_knee {
             eprintln!("  -> eBPF p99 at the knee {:.3} ms", e / 1000.0);
         }
+        // The client/server gap at each step the server kept up with
+        // (the same requests seen from both sides).
+        let gap: Vec<GapPoint> = c
+            .points
+            .iter()
+            .filter(|p| p.achieved_rps >= 0.9 * p.offered_rps)
+            .filter_map(|p| {
+                let (_, e) = ebpf.iter().find(|(o, _)| *o == p.offered_rps)?;
+                Some(GapPoint {
+                    rps: p.achieved_rps,
+                    gap_us: p.latency_us - (*e)?,
+                })
+            })
+            .collect();
+        if let Some(m) = qosd_core::slo::GapModel::fit(gap.clone()) {
+            eprintln!(
+                "  -> client/server gap {:.3} ms at the lightest load, {:.3} ms at the knee",
+                m.gap_us(0.0) / 1000.0,
+                m.gap_us(c.knee_rps) / 1000.0
+            );
+        }
         cal.apps.insert(
             app.name.clone(),
             calibrate::AppCalibration {
                 nr_cpus: Some(nr_cpus),
                 ebpf_knee_latency_us: ebpf_knee,
+                gap,
                 ..c
             },
         );

@@ -203,7 +203,7 @@ pub fn run(
             reports,
             job: job.take(),
             client_target_us: target,
-            ebpf_target_us: cal.ebpf_target_us(a).or(target),
+            slo: cal.slo(a),
         });
     }
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;

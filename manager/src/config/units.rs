@@ -81,10 +81,10 @@ impl Target {
             Value::Number(n) => n.to_string(),
             _ => return Err(at("expected a latency like 25ms".to_owned())),
         };
-        Ok(QosTarget {
-            percentile: parse_percentile(k).map_err(at)?,
-            value_us: parse_latency_us(&text).map_err(at)?,
-        })
+        Ok(QosTarget::new(
+            parse_percentile(k).map_err(at)?,
+            parse_latency_us(&text).map_err(at)?,
+        ))
     }
 }
 
@@ -136,13 +136,7 @@ mod tests {
     #[test]
     fn targets_parse_with_the_key_at_fault() {
         let t: Target = serde_yaml_ng::from_str("{ p99.9: 2ms }").unwrap();
-        assert_eq!(
-            t.parse(),
-            Ok(QosTarget {
-                percentile: 99.9,
-                value_us: 2000.0
-            })
-        );
+        assert_eq!(t.parse(), Ok(QosTarget::new(99.9, 2000.0)));
         assert_eq!(t.to_string(), "p99.9 <= 2.00 ms");
         let two: Target = serde_yaml_ng::from_str("{ p99: 1ms, p50: 1ms }").unwrap();
         assert_eq!(two.parse().unwrap_err().0, None);

@@ -40,6 +40,8 @@ struct AppRt {
     cpu_span_s: f64,
     /// Share of its CPUs it used over the last decision interval.
     cpu_util: f64,
+    /// CPUs' worth of time its processes used over the last interval.
+    cpus_used: Option<f64>,
     /// CPU time its processes used since qosd found them, seconds.
     cpu_total_s: f64,
     /// Its latencies as the policy sees them: the last decision
@@ -223,6 +225,7 @@ impl AppRt {
             cpu: CpuMeter::default(),
             cpu_span_s: 0.0,
             cpu_util: 0.0,
+            cpus_used: None,
             cpu_total_s: 0.0,
             containers: Vec::new(),
             from_pod: false,
@@ -342,6 +345,7 @@ impl DaemonNode {
             let secs = std::mem::take(&mut a.cpu_span_s);
             if secs > 0.0 {
                 a.cpu_util = (used / (secs * nr_cpus.max(1) as f64)).clamp(0.0, 1.0);
+                a.cpus_used = Some(used / secs);
             }
         }
         let mut snap = Snapshot::default();
@@ -377,7 +381,9 @@ impl DaemonNode {
                     target: live.target,
                     latency_us: a.window.percentile_us(pct),
                     rps: a.window.rps(),
+                    nr_samples: a.window.requests(),
                     cpu_util: util,
+                    cpus_used: a.cpus_used,
                     power_w: live.power_w,
                     limits: a.limits,
                 });

@@ -13,6 +13,7 @@ use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
 
 use qosd_core::control::{AppInterval, Applied, Node, Sensed, Tick};
+use qosd_core::slo::{SloSide, TargetFrom};
 use qosd_core::{Allocations, AppState, Feedback, Limits, NodeCaps, Plan, QosTarget};
 use qosd_scenarios::batch::BatchJob;
 use qosd_scenarios::load::IntervalReport;
@@ -35,9 +36,11 @@ pub struct ReplayApp {
     pub reports: Option<Receiver<IntervalReport>>,
     /// A best-effort app's batch job (`job:` in the scenario).
     pub job: Option<BatchJob>,
-    /// Targets the client and the eBPF latency are scored against, µs.
+    /// The target the client latency is scored against, µs.
     pub client_target_us: Option<f64>,
-    pub ebpf_target_us: Option<f64>,
+    /// The eBPF side of the SLO: the client target less the calibrated
+    /// client/server gap, refreshed from this run's client samples.
+    pub slo: Option<SloSide>,
 }
 
 struct Meter {
@@ -148,6 +151,15 @@ impl ReplayNode {
         }
     }
 
+    /// Requests behind [`Self::fed_latency_us`].
+    fn fed_samples(&self, i: usize) -> u64 {
+        let m = &self.meters[i];
+        match self.feedback {
+            Feedback::Client => m.client.requests(),
+            Feedback::Ebpf => m.ebpf.requests(),
+        }
+    }
+
     /// App `i`'s batch job throughput since the previous decision (`None`
     /// for a server); a job that ended is said once in the notes.
     fn job_ops_per_s(&mut self, i: usize) -> Option<f64> {
@@ -163,11 +175,24 @@ impl ReplayNode {
         v
     }
 
-    fn fed_target_us(&self, i: usize) -> Option<f64> {
+    /// The target of the side that feeds the policy; an eBPF-side one
+    /// at the load eBPF counts, its slack a fraction of the client's.
+    fn fed_target(&self, i: usize, pct: f64) -> Option<QosTarget> {
         match self.feedback {
-            Feedback::Client => self.apps[i].client_target_us,
-            Feedback::Ebpf => self.apps[i].ebpf_target_us,
+            Feedback::Client => self.apps[i]
+                .client_target_us
+                .map(|v| QosTarget::new(pct, v)),
+            Feedback::Ebpf => self.ebpf_target(i).map(|(v, _)| QosTarget {
+                slo_us: self.apps[i].slo.as_ref().map(|s| s.client_target_us),
+                ..QosTarget::new(pct, v)
+            }),
         }
+    }
+
+    /// App `i`'s eBPF-side target at its current eBPF-counted load.
+    fn ebpf_target(&self, i: usize) -> Option<(f64, TargetFrom)> {
+        let s = self.apps[i].slo.as_ref()?;
+        Some(s.ebpf_target_us(self.meters[i].ebpf.rps()))
     }
 }
 
@@ -241,19 +266,34 @@ impl Node for ReplayNode {
             sensed.snapshot.apps.push(AppState {
                 name: a.spec.name.clone(),
                 class: a.spec.class,
-                target: self.fed_target_us(i).map(|v| QosTarget {
-                    percentile: pct,
-                    value_us: v,
-                }),
+                target: self.fed_target(i, pct),
                 latency_us: self.fed_latency_us(i, pct),
                 rps,
+                nr_samples: self.fed_samples(i),
                 cpu_util,
+                cpus_used: app_power.as_ref().map(|p| p.cpus_used),
                 power_w,
                 limits: Limits::default(),
             });
             if tick.decide {
                 let m = &mut self.meters[i];
                 let ns = |h: &LogHistogram| h.percentile(pct).map(|v| v as f64 / 1e3);
+                // Both sides measured the same requests this interval:
+                // the gap estimate follows what was seen, where the
+                // interval holds enough requests for the percentile.
+                let enough = qosd_core::measure::samples_for_percentile(pct);
+                if let (Some(slo), Some(c), Some(e)) = (
+                    self.apps[i].slo.as_mut(),
+                    ns(&m.iv_client).filter(|_| m.iv_client.len() >= enough),
+                    ns(&m.iv_ebpf).filter(|_| m.iv_ebpf.len() >= enough),
+                ) {
+                    slo.refresh(m.iv_ebpf.len() as f64 / iv_s, c, e);
+                }
+                let a = &self.apps[i];
+                let ebpf_target = a
+                    .slo
+                    .as_ref()
+                    .map(|s| s.ebpf_target_us(m.iv_ebpf.len() as f64 / iv_s));
                 sensed.interval.push(AppInterval {
                     app: a.spec.name.clone(),
                     offered_rps: a.reports.as_ref().map(|_| m.offered_rps),
@@ -261,7 +301,8 @@ impl Node for ReplayNode {
                     client_us: ns(&m.iv_client),
                     ebpf_us: ns(&m.iv_ebpf),
                     client_target_us: a.client_target_us,
-                    ebpf_target_us: a.ebpf_target_us,
+                    ebpf_target_us: ebpf_target.map(|t| t.0),
+                    ebpf_target_from: ebpf_target.map(|t| t.1),
                     power_w,
                     be_ops_per_s,
                 });

@@ -159,12 +159,22 @@ mod tests {
         PolicyFile::parse(Path::new("p.yaml"), text)
     }
 
+    /// The paper's parameters, but for the judge (evidence, short
+    /// cool-downs that back off) and operational analysis (issue 19).
     #[test]
-    fn shipped_parties_file_is_the_paper() {
+    fn shipped_parties_file_is_the_paper_with_qosds_judge() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies/parties.yaml");
         let text = std::fs::read_to_string(&path).expect("policies/parties.yaml");
         let f = PolicyFile::parse(&path, &text).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(f.parties, Some(PartiesParams::default()));
+        let want = PartiesParams {
+            downsize_cooldown_ms: 2000,
+            downsize_cooldown_max_ms: 16000,
+            revert_vote: parties::RevertVote::Evidence,
+            max_util: Some(0.8),
+            downsize_below_util: Some(0.5),
+            ..PartiesParams::default()
+        };
+        assert_eq!(f.parties, Some(want));
     }
 
     #[test]

@@ -32,13 +32,12 @@ pub fn lc(name: &str, slack: Option<f64>) -> AppState {
     AppState {
         name: name.to_owned(),
         class: AppClass::Lc,
-        target: Some(QosTarget {
-            percentile: 99.0,
-            value_us: TARGET_US,
-        }),
+        target: Some(QosTarget::new(99.0, TARGET_US)),
         latency_us: slack.map(|s| TARGET_US * (1.0 - s)),
         rps: 1000.0,
+        nr_samples: 1000,
         cpu_util: 0.5,
+        cpus_used: None,
         power_w: None,
         limits: Limits::default(),
     }
@@ -52,7 +51,9 @@ pub fn be(name: &str) -> AppState {
         target: None,
         latency_us: None,
         rps: 0.0,
+        nr_samples: 0,
         cpu_util: 1.0,
+        cpus_used: None,
         power_w: None,
         limits: Limits::default(),
     }
@@ -122,5 +123,17 @@ pub fn quota_allocs(rows: &[(&str, u32, u32)]) -> Allocations {
                 },
             )
         })
+        .collect()
+}
+
+/// A plan's changes of one kind: `(app, resource, from, to)`.
+pub fn kinds(
+    plan: &qosd_core::Plan,
+    kind: qosd_core::DecisionKind,
+) -> Vec<(String, qosd_core::Resource, u32, u32)> {
+    plan.decisions
+        .iter()
+        .filter(|d| d.kind == kind)
+        .map(|d| (d.app.clone(), d.resource, d.from, d.to))
         .collect()
 }

@@ -10,6 +10,7 @@ pub mod fitted;
 pub mod model;
 pub mod node;
 pub mod oracle;
+pub mod sampling;
 
 use qosd_core::control::{Cadence, ControlLoop};
 use qosd_core::{Allocations, Feedback, FreqRange, NodeCaps, Plan, Policy, Snapshot};

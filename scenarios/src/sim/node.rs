@@ -8,11 +8,13 @@
 
 use qosd_core::admit::{admit, even_share, Peers};
 use qosd_core::control::{AppInterval, Applied, Node, Sensed, Tick};
+use qosd_core::slo::SloSide;
 use qosd_core::{Allocations, AppState, Limits, NodeCaps, Plan, QosTarget, Resource, Share};
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-use super::model::{percentile, Queue, Sample, SimModel};
+use super::model::{Queue, Sample, SimModel};
+use super::sampling::{normal, sampled_percentiles};
 use super::{node_caps, MAX_BACKLOG_S};
 use crate::calibrate::{network_queue_ms, Calibration};
 use crate::scenario::{AppSpec, Scenario, SimNode};
@@ -21,8 +23,8 @@ struct AppSim {
     spec: AppSpec,
     model: SimModel,
     target_us: Option<f64>,
-    /// The eBPF-side target (at the same knee load); the client's if none.
-    ebpf_target_us: Option<f64>,
+    /// The eBPF side of the app's SLO (client target − calibrated gap).
+    slo: Option<SloSide>,
     percentile: f64,
     capacity_rps: f64,
     backlog: f64,
@@ -50,13 +52,6 @@ pub struct SimulatedNode {
     node_energy_j: f64,
     /// Start of the current interval, ms.
     interval_start_ms: u64,
-}
-
-/// A standard normal sample (Box–Muller), from the app's own stream.
-fn normal(rng: &mut ChaCha8Rng) -> f64 {
-    let u1: f64 = 1.0 - rng.gen::<f64>();
-    let u2: f64 = rng.gen::<f64>();
-    (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
 }
 
 /// The starting allocation of a replay, real or simulated: every app
@@ -95,7 +90,7 @@ impl SimulatedNode {
                 spec: a.clone(),
                 model: SimModel::of(a),
                 target_us: cal.target_us(a),
-                ebpf_target_us: cal.ebpf_target_us(a).or(cal.target_us(a)),
+                slo: cal.slo(a),
                 percentile: a.target.as_ref().map_or(99.0, |t| t.percentile),
                 capacity_rps: cal.apps.get(&a.name).map_or(1.0, |c| c.capacity_rps),
                 backlog: 0.0,
@@ -189,12 +184,13 @@ impl SimulatedNode {
             let p = app_power(node, &a, busy.min(c as f64));
             st.energy_j += p * dt;
             self.node_energy_j += p * dt;
+            let seen = sampled_percentiles(&[sample], st.percentile, &mut st.rng);
             states.push(state(
                 st,
-                &[sample],
+                seen,
                 self.client_feedback,
                 served / dt,
-                busy / st.model.effective_cpus(&a, node).max(1e-9),
+                (busy / st.model.effective_cpus(&a, node).max(1e-9), busy),
                 p,
             ));
         }
@@ -210,7 +206,14 @@ impl SimulatedNode {
             st.energy_j += p * dt;
             self.node_energy_j += p * dt;
             let util = cpus / st.model.effective_cpus(&a, node).max(1e-9);
-            states.push(state(st, &[], self.client_feedback, 0.0, util, p));
+            states.push(state(
+                st,
+                (None, None, 0),
+                self.client_feedback,
+                0.0,
+                (util, cpus),
+                p,
+            ));
         }
         states
     }
@@ -228,25 +231,33 @@ impl SimulatedNode {
             };
             let power = st.energy_j / iv_s;
             let job = st.spec.job.is_some();
+            // The eBPF-side target at the interval's load, as the policy
+            // would derive it from what eBPF counts.
+            let ebpf_target = st.slo.as_ref().map(|s| s.ebpf_target_us(st.served / iv_s));
+            // What the sensors saw of the interval's requests: the
+            // timeline and the policy get the same figures.
+            let samples = std::mem::take(&mut st.samples);
+            let seen = sampled_percentiles(&samples, st.percentile, &mut st.rng);
             rows.push(AppInterval {
                 app: st.spec.name.clone(),
                 offered_rps: (!job).then_some(st.offered / iv_s),
                 achieved_rps: st.served / iv_s,
-                client_us: percentile(&st.samples, st.percentile, true),
-                ebpf_us: percentile(&st.samples, st.percentile, false),
+                client_us: seen.0,
+                ebpf_us: seen.1,
                 client_target_us: st.target_us,
-                ebpf_target_us: st.ebpf_target_us,
+                ebpf_target_us: ebpf_target.map(|t| t.0),
+                ebpf_target_from: ebpf_target.map(|t| t.1),
                 power_w: Some(power),
                 be_ops_per_s: job.then_some(st.ops / iv_s),
             });
-            let util = st.busy_core_s / iv_s / st.model.effective_cpus(&a, &self.node).max(1e-9);
-            let samples = std::mem::take(&mut st.samples);
+            let busy = st.busy_core_s / iv_s;
+            let util = busy / st.model.effective_cpus(&a, &self.node).max(1e-9);
             states.push(state(
                 st,
-                &samples,
+                seen,
                 self.client_feedback,
                 st.served / iv_s,
-                util,
+                (util, busy),
                 power,
             ));
             (st.offered, st.served, st.busy_core_s, st.energy_j, st.ops) =
@@ -320,30 +331,36 @@ fn app_power(node: &SimNode, a: &Share, busy_cpus: f64) -> f64 {
     held * node.core_idle_w * fr + busy_cpus * node.core_busy_w * fr.powi(3)
 }
 
+/// An app's state for the policy: `seen` is what the sensors reported
+/// (client and server percentile, requests behind them), `cpu` its
+/// utilisation and the CPUs it kept busy.
 fn state(
     st: &AppSim,
-    samples: &[Sample],
+    seen: (Option<f64>, Option<f64>, u64),
     client: bool,
     rps: f64,
-    util: f64,
+    cpu: (f64, f64),
     power_w: f64,
 ) -> AppState {
     AppState {
         name: st.spec.name.clone(),
         class: st.spec.class,
-        // The target on the same side as the latency the policy is fed.
+        // The target on the same side as the latency the policy is fed:
+        // on the eBPF side the client's less the gap at the load eBPF
+        // counts, slack still a fraction of the client's.
         target: if client {
-            st.target_us
+            st.target_us.map(|v| QosTarget::new(st.percentile, v))
         } else {
-            st.ebpf_target_us
-        }
-        .map(|v| QosTarget {
-            percentile: st.percentile,
-            value_us: v,
-        }),
-        latency_us: percentile(samples, st.percentile, client),
+            st.slo.as_ref().map(|s| QosTarget {
+                slo_us: Some(s.client_target_us),
+                ..QosTarget::new(st.percentile, s.ebpf_target_us(rps).0)
+            })
+        },
+        latency_us: if client { seen.0 } else { seen.1 },
         rps,
-        cpu_util: util.clamp(0.0, 1.0),
+        nr_samples: seen.2,
+        cpu_util: cpu.0.clamp(0.0, 1.0),
+        cpus_used: Some(cpu.1),
         power_w: Some(power_w),
         limits: Limits::default(),
     }

@@ -169,6 +169,7 @@ impl DaemonNode {
                     ebpf_us,
                     client_target_us: target,
                     ebpf_target_us: target,
+                    ebpf_target_from: target.map(|_| qosd_core::slo::TargetFrom::Client),
                     power_w: live.power_w,
                     be_ops_per_s: live.be_ops_per_s,
                 })
