@@ -30,7 +30,7 @@ KUBECONFORM_VERSION := v0.8.0
 # kube-apiserver): built from the Go module proxy, a few minutes once.
 KUBE_VERSION := v1.32.4
 
-.PHONY: all deps tools tracefs build fixtures test test-k8s demo bench fmt lint clean install uninstall man
+.PHONY: all deps tools tracefs build fixtures test test-k8s test-kernels demo bench fmt lint clean install uninstall man
 
 all: build
 
@@ -72,6 +72,11 @@ fixtures:
 ## test: every test, real eBPF and real servers included (run as root)
 test: build fixtures
 	$(CARGO) test --release --workspace --no-fail-fast -- --test-threads=2
+
+## test-kernels: the root suites of the sensors and actuators on Debian 12's
+## and 13's kernels (guests with cgroup v2 only) and this host; docs/kernels.md
+test-kernels: build fixtures
+	bash kernels/matrix.sh
 
 ## test-k8s: qosd against a real API server (etcd + kube-apiserver on loopback)
 test-k8s: build
