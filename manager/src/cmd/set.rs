@@ -195,7 +195,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Knob::Cores { pid, .. }
         | Knob::Ways { pid, .. }
         | Knob::Mb { pid, .. }
-        | Knob::Quota { pid, .. } => pid.as_slice(),
+        | Knob::Quota { pid, .. }
+        | Knob::Priority { pid, .. } => pid.as_slice(),
+        Knob::Hedge(h) => std::slice::from_ref(&h.pid),
         Knob::Freq { .. } => &[],
     };
     if pids.contains(&1) && !args.force {

@@ -109,7 +109,7 @@ pub fn run(
     std::thread::sleep(Duration::from_secs(1));
     let refused = hedges.check(&mut ctx, &app.name);
     let sig = match &refused {
-        Ok(()) => Some(signals::wait(&sigs).map_err(to_anyhow)?),
+        Ok(()) => Some(sigs.wait().map_err(to_anyhow)?),
         Err(_) => None,
     };
     if let Some(c) = hedges.counters(&app.name) {
