@@ -67,6 +67,9 @@ impl CoresActuator {
         cpus: &[u32],
     ) -> Result<()> {
         let group = mount.join(app.group_name());
+        if v2 {
+            cgroup::enable_for_groups(ctx, R, mount, "cpuset")?;
+        }
         let created = ctx.mkdir(R, &group)?;
         ctx.write(R, &group.join("cpuset.cpus"), &cpulist::format(cpus), false)?;
         // A cpuset needs memory nodes before it can hold a task: the

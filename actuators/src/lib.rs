@@ -21,6 +21,7 @@ pub mod error;
 pub mod freq;
 pub mod grouplock;
 pub mod journal;
+pub mod netns;
 pub mod pqos;
 pub mod priority;
 pub mod proc;
@@ -92,7 +93,9 @@ impl AppTarget {
 /// One value changed (or restored), for logs and `qosd set` output.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Change {
-    pub resource: Resource,
+    /// The knob's name: a [`Resource`]'s (`cores`, ...) or a lever's that
+    /// is not a share of the node (`hedge`).
+    pub resource: &'static str,
     /// The file, or "pid N thread T affinity", or the command run.
     pub target: String,
     pub from: String,
@@ -106,8 +109,18 @@ impl Change {
         from: impl Into<String>,
         to: impl Into<String>,
     ) -> Self {
+        Self::knob(resource.name(), target, from, to)
+    }
+
+    /// A change of a knob that is not a [`Resource`].
+    pub fn knob(
+        knob: &'static str,
+        target: impl Into<String>,
+        from: impl Into<String>,
+        to: impl Into<String>,
+    ) -> Self {
         Change {
-            resource,
+            resource: knob,
             target: target.into(),
             from: from.into().trim().to_owned(),
             to: to.into().trim().to_owned(),

@@ -36,7 +36,8 @@ pub enum QuotaBackend {
     Cgroup1,
 }
 
-/// The cgroup v2 mount with the `cpu` controller enabled for children.
+/// The cgroup v2 mount with the `cpu` controller (enabled for its
+/// children when qosd first makes a group there).
 pub fn probe_cgroup2(root: &Root) -> std::result::Result<PathBuf, String> {
     cgroup2_with(root, "cpu")
 }
@@ -184,6 +185,9 @@ impl Actuator for QuotaActuator {
             )));
         }
         let group = self.mount.join(plan.app.group_name());
+        if self.v2 {
+            cgroup::enable_for_groups(ctx, R, &self.mount, "cpu")?;
+        }
         ctx.mkdir(R, &group)?;
         // The group's period (a group made in a dry run does not exist).
         let period = self

@@ -107,6 +107,9 @@ impl Config {
             return Err(Invalid::new(path, reason));
         }
         self.api.validate(&root.key("api"))?;
+        if let Some(k) = &self.kubernetes {
+            k.validate(&root.key("kubernetes"))?;
+        }
         if let Some(p) = &self.state_file {
             if !p.is_absolute() {
                 return Err(Invalid::new(
@@ -140,7 +143,12 @@ impl AppConfig {
         }
         let m = &self.matcher;
         let mat = at.key("match");
-        let set = [m.pid.is_some(), m.comm.is_some(), m.cgroup.is_some()];
+        let set = [
+            m.pid.is_some(),
+            m.comm.is_some(),
+            m.cgroup.is_some(),
+            m.pod.is_some(),
+        ];
         let nr_set = set.iter().filter(|b| **b).count();
         if self.job.is_some() {
             self.validate_job(at)?;
@@ -153,9 +161,12 @@ impl AppConfig {
         } else if nr_set != 1 {
             return Err(Invalid::new(
                 mat,
-                "needs exactly one of `pid`, `comm` or `cgroup` (or, for a best-effort app, \
-                 a `job` that qosd runs)",
+                "needs exactly one of `pid`, `comm`, `cgroup` or `pod` (or, for a best-effort \
+                 app, a `job` that qosd runs)",
             ));
+        }
+        if let Some(p) = &m.pod {
+            p.validate(&mat.key("pod"))?;
         }
         if m.pid.is_some_and(|p| p <= 0) {
             return Err(Invalid::new(

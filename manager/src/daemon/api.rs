@@ -198,6 +198,8 @@ pub fn app_json(a: &AppLive, window_ms: u64, knobs: &[Resource]) -> Value {
         "target": a.target.map(|t| json!({ "percentile": t.percentile, "latency_us": t.value_us })),
         "running": !a.pids.is_empty(),
         "pids": a.pids,
+        // The pods' containers it is (namespace, pod, container, uid).
+        "pods": a.pods,
         "managed": a.share.is_some(),
         "allocation": alloc,
         "latency": {
