@@ -137,7 +137,10 @@ pub fn detect(cfg: &Config) -> Result<(Caps, Plugins)> {
 
     // CPU quota.
     let (cpu_quota, q) = crate::quota::detect(&root, cfg.cpu_quota_backend, nr_cpus);
-    let quota_plugin = q.map(|q| Box::new(q) as Box<dyn Actuator>);
+    let quota_plugin = q.map(|mut q| {
+        q.period_us = cfg.cpu_quota_period_us;
+        Box::new(q) as Box<dyn Actuator>
+    });
 
     Ok((
         Caps {

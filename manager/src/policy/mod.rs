@@ -156,7 +156,13 @@ mod tests {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies/parties.yaml");
         let text = std::fs::read_to_string(&path).expect("policies/parties.yaml");
         let f = PolicyFile::parse(&path, &text).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(f.parties, Some(PartiesParams::default()));
+        // The paper's values, and BE quota first where apps share CPUs
+        // (PARTIES had no quota knob).
+        let want = PartiesParams {
+            quota_be_first: true,
+            ..PartiesParams::default()
+        };
+        assert_eq!(f.parties, Some(want));
     }
 
     #[test]

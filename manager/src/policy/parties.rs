@@ -366,6 +366,7 @@ impl Policy for Parties {
         self.before = Some((self.apps.clone(), self.pending.clone()));
         self.last_decide_ms = Some(now_ms);
         let mut ed = Editor::new(node, snap, current);
+        ed.quota_be_first = self.p.quota_be_first;
         let note = match self.judge(now_ms, &mut ed) {
             Verdict::Reverted => return ed.finish(),
             Verdict::Note(n) => format!("{n}; "),
@@ -472,3 +473,6 @@ mod fixes_tests;
 
 #[cfg(test)]
 mod quota_tests;
+
+#[cfg(test)]
+mod sharing_tests;

@@ -128,6 +128,12 @@ pub struct PartiesParams {
     /// monitoring ticks between the decision intervals (0: only at the
     /// decision interval; PARTIES' code: 100).
     pub idle_decide_ms: u64,
+    /// Where apps share the CPUs (a quota knob and no cores knob), move the
+    /// best-effort apps' quota (their cap) first: a latency-critical app
+    /// stays uncapped and is capped only for another LC app, since a cap
+    /// throttles it for the rest of each CFS period (not in PARTIES,
+    /// which had no quota knob: false by default).
+    pub quota_be_first: bool,
 }
 
 /// How a downsize is found harmful.
@@ -157,6 +163,7 @@ impl Default for PartiesParams {
             revert_vote: RevertVote::First,
             restart_wheel_on_turn: false,
             idle_decide_ms: 0,
+            quota_be_first: false,
         }
     }
 }
