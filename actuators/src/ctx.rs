@@ -170,6 +170,37 @@ impl Ctx {
         Ok(true)
     }
 
+    /// Enables `controller` in the cgroup2 `cgroup.subtree_control` file
+    /// `path` unless it is on already (journalled: restore disables it).
+    pub fn enable_controller(
+        &mut self,
+        resource: Resource,
+        path: &Path,
+        controller: &str,
+    ) -> Result<()> {
+        let now = read_file(path)?;
+        if now.split_whitespace().any(|c| c == controller) {
+            return Ok(());
+        }
+        let entry = Entry::EnabledController {
+            resource,
+            path: path.to_owned(),
+            controller: controller.to_owned(),
+        };
+        self.journal.record(entry.clone())?;
+        if !self.dry_run {
+            write_file(path, &format!("+{controller}"), false)?;
+        }
+        self.txn.push(entry);
+        self.note(Change::new(
+            resource,
+            self.root.show(path),
+            now.trim(),
+            format!("+{controller}"),
+        ));
+        Ok(())
+    }
+
     /// Sets the affinity of every thread of `pid` to `cpus`, repeating
     /// until no new thread shows up (threads created meanwhile inherit from
     /// a thread already changed or are caught by the next pass).
@@ -296,6 +327,35 @@ impl Ctx {
         Ok(())
     }
 
+    /// Makes a network object in `netns`: records `undo` (the command that
+    /// removes it, keyed by `key`; the first per key is kept) first, then
+    /// runs `argv` there when given (`None`: the caller makes the object
+    /// itself, e.g. attaches a BPF program over netlink, right after).
+    pub fn net(
+        &mut self,
+        knob: &'static str,
+        netns: &crate::netns::NetnsRef,
+        argv: Option<&[String]>,
+        key: &str,
+        undo: Vec<String>,
+    ) -> Result<()> {
+        crate::netns::check_undo(&undo)?;
+        let entry = Entry::Net {
+            knob: knob.to_owned(),
+            key: key.to_owned(),
+            netns: netns.clone(),
+            argv: undo,
+        };
+        self.journal.record(entry.clone())?;
+        self.txn.push(entry);
+        let shown = argv.map(|a| a.join(" ")).unwrap_or_else(|| key.to_owned());
+        if let (Some(argv), false) = (argv, self.dry_run) {
+            netns.run(argv)?;
+        }
+        self.note(Change::knob(knob, shown, "", "run"));
+        Ok(())
+    }
+
     /// Writes into a group qosd made (a task id into `tasks`): nothing to
     /// record, removing the group undoes it.
     pub fn assign(&mut self, resource: Resource, path: &Path, value: &str) -> Result<()> {
@@ -309,7 +369,7 @@ impl Ctx {
     /// Restores the entries of one resource (or all with `None`).
     pub fn restore(&mut self, resource: Option<Resource>) -> (Vec<Change>, Vec<Error>) {
         self.restore_where(|e| match resource {
-            Some(r) => e.resource() == r,
+            Some(r) => e.resource() == Some(r),
             None => true,
         })
     }

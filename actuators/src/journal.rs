@@ -11,6 +11,7 @@ use qosd_core::Resource;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::netns::NetnsRef;
 use crate::root::{read_file, write_file, Root};
 use crate::{proc, statefile, Change};
 
@@ -46,10 +47,28 @@ pub enum Entry {
         start_time: u64,
         back_to: PathBuf,
     },
+    /// A controller qosd enabled in a cgroup2 `cgroup.subtree_control`
+    /// (`path`) so that its groups under it can use it: restoring writes
+    /// `-controller` (after the groups are gone).
+    EnabledController {
+        resource: Resource,
+        path: PathBuf,
+        controller: String,
+    },
     /// An external command that puts a setting back (pqos, cpupower).
     Command {
         resource: Resource,
         key: String,
+        argv: Vec<String>,
+    },
+    /// A network object qosd made (a TC filter or clsact qdisc, a delay
+    /// line veth) and the `ip`/`tc` command that removes it, run in the
+    /// namespace where it was made ([`crate::netns`]).
+    Net {
+        /// The knob's name (`hedge`).
+        knob: String,
+        key: String,
+        netns: NetnsRef,
         argv: Vec<String>,
     },
 }
@@ -62,18 +81,26 @@ impl Entry {
             Entry::Affinity { pid, .. } => format!("affinity:{pid}"),
             Entry::CreatedDir { path, .. } => format!("dir:{}", path.display()),
             Entry::Moved { pid, back_to, .. } => format!("moved:{pid}:{}", back_to.display()),
+            Entry::EnabledController {
+                path, controller, ..
+            } => format!("controller:{}:{controller}", path.display()),
             Entry::Command { key, .. } => format!("command:{key}"),
+            Entry::Net { key, netns, .. } => format!("net:{}:{key}", netns.inode),
         }
     }
 
-    pub fn resource(&self) -> Resource {
-        match self {
+    /// The resource the entry belongs to (`None`: a knob that is not a
+    /// share of the node, see [`Entry::Net`]).
+    pub fn resource(&self) -> Option<Resource> {
+        Some(match self {
             Entry::File { resource, .. }
             | Entry::Affinity { resource, .. }
             | Entry::CreatedDir { resource, .. }
             | Entry::Moved { resource, .. }
+            | Entry::EnabledController { resource, .. }
             | Entry::Command { resource, .. } => *resource,
-        }
+            Entry::Net { .. } => return None,
+        })
     }
 
     /// Puts this entry's original back. `dry_run` logs instead.
@@ -181,14 +208,75 @@ impl Entry {
                     root.show(back_to.parent().unwrap_or(back_to)),
                 ));
             }
+            Entry::EnabledController {
+                resource,
+                path,
+                controller,
+            } => {
+                let now = read_file(path).unwrap_or_default();
+                if !now.split_whitespace().any(|c| c == controller) {
+                    return Ok(out);
+                }
+                if !dry_run {
+                    match write_file(path, &format!("-{controller}"), false) {
+                        Ok(()) => {}
+                        // Groups qosd did not make use it now: disabling it
+                        // would take it from them, so it stays, and says so.
+                        Err(Error::Io { ref source, .. })
+                            if source.raw_os_error() == Some(libc::EBUSY) =>
+                        {
+                            tracing::warn!(
+                                "{controller} stays enabled in {}: other groups use it now",
+                                root.show(path)
+                            );
+                            return Ok(out);
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+                out.push(Change::new(
+                    *resource,
+                    root.show(path),
+                    now.trim(),
+                    format!("-{controller}"),
+                ));
+            }
             Entry::Command { resource, argv, .. } => {
                 if !dry_run {
                     crate::tool::run(argv)?;
                 }
                 out.push(Change::new(*resource, argv.join(" "), "", "run"));
             }
+            Entry::Net {
+                knob, netns, argv, ..
+            } => {
+                let Some(full) = netns.command(argv) else {
+                    tracing::info!(
+                        "network namespace {} is gone: `{}` needs no restore",
+                        netns.path.display(),
+                        argv.join(" ")
+                    );
+                    return Ok(out);
+                };
+                if !dry_run {
+                    match crate::tool::run(&full) {
+                        Err(e) if crate::netns::already_gone(&e) => return Ok(out),
+                        r => r?,
+                    }
+                }
+                out.push(Change::knob(knob_name(knob), full.join(" "), "", "run"));
+            }
         }
         Ok(out)
+    }
+}
+
+/// The static name of a knob recorded in a state file (`Change` holds
+/// `&'static str`); an unknown one (a newer qosd's) shows as `net`.
+fn knob_name(k: &str) -> &'static str {
+    match k {
+        "hedge" => "hedge",
+        _ => "net",
     }
 }
 

@@ -6,6 +6,7 @@
 //! error names `file:line:col` and the key.
 
 pub mod api;
+pub mod kube;
 pub mod units;
 
 use std::collections::BTreeSet;
@@ -18,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use crate::policy::PolicyFile;
 use crate::yamlfile::{self, FileError, Invalid, KeyPath};
 pub use api::{ApiConfig, DEFAULT_API_ADDR};
+pub use kube::{KubernetesConfig, PodMatch};
 pub use units::Target;
 
 /// The whole file.
@@ -59,6 +61,11 @@ pub struct Config {
     /// `<actuators.root>/run/qosd/state.json`).
     #[serde(default)]
     pub state_file: Option<PathBuf>,
+    /// Where pods come from, for `match: { pod: ... }` and `qosd.io/*`
+    /// annotations (absent: in-cluster credentials, `$NODE_NAME`, and
+    /// only if some app matches pods).
+    #[serde(default)]
+    pub kubernetes: Option<KubernetesConfig>,
 }
 
 fn default_policy() -> PathBuf {
@@ -78,7 +85,8 @@ pub struct AppConfig {
     /// Unique name (letters, digits, `_`, `-`, `.`): API paths, metric labels.
     pub name: String,
     /// How to find the app's processes: exactly one of `pid`, `comm`,
-    /// `cgroup` (none for an app with a `job`: the job is its process).
+    /// `cgroup`, `pod` (none for an app with a `job`: the job is its
+    /// process).
     #[serde(rename = "match", default)]
     pub matcher: Match,
     /// A best-effort app's batch job, which the daemon runs itself (the
@@ -137,6 +145,10 @@ pub struct Match {
     /// Absolute cgroup directory; every process in it.
     #[serde(default)]
     pub cgroup: Option<PathBuf>,
+    /// Pods on this node by namespace, labels and container, learnt from
+    /// the API server; every process in their containers' cgroups.
+    #[serde(default)]
+    pub pod: Option<PodMatch>,
 }
 
 /// Per-resource amounts; an absent field means "not set".
@@ -161,26 +173,17 @@ pub struct Amounts {
 }
 
 impl Amounts {
+    /// The amount of `r` (by its [`qosd_core::Knob::share_key`], the same
+    /// name as this struct's field); `None` when unset or not sized here.
     fn get(&self, r: Resource) -> Option<u32> {
-        match r {
-            Resource::Cores => self.nr_cores,
-            Resource::CacheWays => self.nr_ways,
-            Resource::Frequency => self.freq_mhz,
-            Resource::MemoryBandwidth => self.mb_percent,
-            Resource::CpuQuota => self.cpu_quota_milli,
-        }
+        let v = serde_json::to_value(self).ok()?;
+        v.get(amount_key(r))?.as_u64().map(|x| x as u32)
     }
 }
 
 /// Field name of each resource in [`Amounts`].
 fn amount_key(r: Resource) -> &'static str {
-    match r {
-        Resource::Cores => "nr_cores",
-        Resource::CacheWays => "nr_ways",
-        Resource::Frequency => "freq_mhz",
-        Resource::MemoryBandwidth => "mb_percent",
-        Resource::CpuQuota => "cpu_quota_milli",
-    }
+    qosd_core::knob(r).share_key
 }
 
 /// Initial amounts and the range the policy may move them in.
@@ -334,6 +337,7 @@ impl AppConfig {
 }
 
 mod validate;
+pub use validate::MAX_APP_NAME;
 
 impl Config {
     /// The policy file's path, resolved against the config's directory.
@@ -368,6 +372,13 @@ impl Config {
         }
         let policy = PolicyFile::load_for(&ppath, &c.app_names())?;
         Ok((c, policy))
+    }
+
+    /// Whether the daemon needs the API server's pods: some app matches
+    /// pods, or the `kubernetes:` section asks for annotated pods.
+    pub fn wants_pods(&self) -> bool {
+        self.apps.iter().any(|a| a.matcher.pod.is_some())
+            || self.kubernetes.as_ref().is_some_and(|k| k.annotations)
     }
 
     /// The names of all apps, for lookups.

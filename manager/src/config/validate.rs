@@ -115,6 +115,9 @@ impl Config {
             return Err(Invalid::new(path, reason));
         }
         self.api.validate(&root.key("api"))?;
+        if let Some(k) = &self.kubernetes {
+            k.validate(&root.key("kubernetes"))?;
+        }
         if let Some(p) = &self.state_file {
             if !p.is_absolute() {
                 return Err(Invalid::new(
@@ -148,7 +151,12 @@ impl AppConfig {
         }
         let m = &self.matcher;
         let mat = at.key("match");
-        let set = [m.pid.is_some(), m.comm.is_some(), m.cgroup.is_some()];
+        let set = [
+            m.pid.is_some(),
+            m.comm.is_some(),
+            m.cgroup.is_some(),
+            m.pod.is_some(),
+        ];
         let nr_set = set.iter().filter(|b| **b).count();
         if self.job.is_some() {
             self.validate_job(at)?;
@@ -161,9 +169,12 @@ impl AppConfig {
         } else if nr_set != 1 {
             return Err(Invalid::new(
                 mat,
-                "needs exactly one of `pid`, `comm` or `cgroup` (or, for a best-effort app, \
-                 a `job` that qosd runs)",
+                "needs exactly one of `pid`, `comm`, `cgroup` or `pod` (or, for a best-effort \
+                 app, a `job` that qosd runs)",
             ));
+        }
+        if let Some(p) = &m.pod {
+            p.validate(&mat.key("pod"))?;
         }
         if m.pid.is_some_and(|p| p <= 0) {
             return Err(Invalid::new(
@@ -257,17 +268,8 @@ impl AppConfig {
             let (ini, min, max) = (r.initial.get(res), r.min.get(res), r.max.get(res));
             for (which, v) in [("initial", ini), ("min", min), ("max", max)] {
                 let Some(v) = v else { continue };
-                let bad = match res {
-                    Resource::Cores | Resource::CacheWays | Resource::Frequency => v == 0,
-                    Resource::MemoryBandwidth => v == 0 || v > 100,
-                    Resource::CpuQuota => v < 10,
-                };
-                if bad {
-                    let range = match res {
-                        Resource::MemoryBandwidth => "1 to 100",
-                        Resource::CpuQuota => "at least 10 (0.01 CPU)",
-                        _ => "at least 1",
-                    };
+                let (lo, hi, range) = qosd_core::knob(res).config_range;
+                if !(lo..=hi).contains(&v) {
                     return Err(Invalid::new(
                         at.key(which).key(key),
                         format!("must be {range}"),

@@ -17,10 +17,13 @@ use qosd_sensors::power::PowerSensor;
 use qosd_sensors::procfs::{CpuMeter, NodeCpu, Procfs};
 use qosd_sensors::stats::LogHistogram;
 
+use qosd_actuators::grouplock::GroupLocks;
+
 use super::discover::Finder;
 use super::jobs::Jobs;
 use super::state::SharedState;
 use crate::config::AppConfig;
+use crate::kube::PodRef;
 use crate::node::actuate::Actuation;
 use crate::node::latency::{figures_from_tracer, FigureTick, Recent};
 
@@ -42,6 +45,12 @@ struct AppRt {
     /// Its latencies as the policy sees them: the last decision
     /// interval's ticks, started again whenever a plan is applied.
     window: Recent,
+    /// The pods' containers it is (`match: { pod: ... }` and annotated
+    /// pods), as of the last scan.
+    containers: Vec<PodRef>,
+    /// An app an annotated pod asked for (not in the config): it goes
+    /// when the pod does. Holds its group name's lock.
+    from_pod: Option<Option<GroupLocks>>,
 }
 
 /// Something worth a line on stdout.
@@ -70,9 +79,12 @@ pub struct DaemonNode {
     scan: bool,
     /// Log lines of the current tick.
     events: Events,
+    /// Annotated pods seen (`qosd.io/class`).
+    pods: pods::PodApps,
 }
 
 mod discovery;
+mod pods;
 mod report;
 pub use report::{describe_target, live_entry};
 
@@ -95,18 +107,7 @@ impl Controller {
         let nr_apps = apps.len();
         let apps = apps
             .iter()
-            .map(|a| AppRt {
-                window: Recent::new(nr_slots),
-                feedback: feedback_override.unwrap_or(a.feedback),
-                limits: a.limits(),
-                cfg: a.clone(),
-                pids: Vec::new(),
-                note: None,
-                cpu: CpuMeter::default(),
-                cpu_span_s: 0.0,
-                cpu_util: 0.0,
-                cpu_total_s: 0.0,
-            })
+            .map(|a| AppRt::new(a, feedback_override.unwrap_or(a.feedback), nr_slots))
             .collect();
         let node = DaemonNode {
             apps,
@@ -121,6 +122,7 @@ impl Controller {
             jobs: Jobs::none(nr_apps),
             scan: true,
             events: Events::new(),
+            pods: pods::PodApps::new(root, dry_run, nr_slots),
         };
         Controller {
             node,
@@ -136,6 +138,13 @@ impl Controller {
     /// Stops every batch job (before the knobs are put back on exit).
     pub fn stop_jobs(&mut self) -> Events {
         self.node.jobs.stop_all()
+    }
+
+    /// Resolves `match: { pod: ... }` from the API server's pods, and
+    /// (`annotations`) manages pods annotated `qosd.io/class`.
+    pub fn set_pods(&mut self, pods: crate::kube::select::PodSource, annotations: bool) {
+        self.node.finder = self.node.finder.clone().with_pods(pods);
+        self.node.pods.annotations = annotations;
     }
 
     /// Samples `power` on every decision tick from now on.
@@ -191,6 +200,25 @@ impl Controller {
         }
         self.node.publish(decide, self.ctl.counters());
         ev
+    }
+}
+
+impl AppRt {
+    fn new(cfg: &AppConfig, feedback: Feedback, nr_slots: usize) -> AppRt {
+        AppRt {
+            window: Recent::new(nr_slots),
+            feedback,
+            limits: cfg.limits(),
+            cfg: cfg.clone(),
+            pids: Vec::new(),
+            note: None,
+            cpu: CpuMeter::default(),
+            cpu_span_s: 0.0,
+            cpu_util: 0.0,
+            cpu_total_s: 0.0,
+            containers: Vec::new(),
+            from_pod: None,
+        }
     }
 }
 
@@ -388,6 +416,7 @@ impl DaemonNode {
                 };
                 live.share = share;
                 live.cpus = cpus;
+                live.pods.clone_from(&a.containers);
             }
         }
     }

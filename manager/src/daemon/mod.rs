@@ -120,6 +120,15 @@ async fn serve(o: Options, cfg: Config, policy: PolicyFile, ppath: PathBuf) -> a
     let token_path = cfg.api.token_path(&cfg.actuators.root);
     let (token, token_created) =
         auth::Token::load_or_create(&token_path).context("preparing the API's write token")?;
+    // Pods from the API server: credentials and node name checked before
+    // any knob is touched.
+    let pods = if cfg.wants_pods() {
+        let (pods, _node) =
+            crate::kube::start(cfg.kubernetes.as_ref()).map_err(|e| usage!("{e}"))?;
+        Some(pods)
+    } else {
+        None
+    };
     let act_cfg = qosd_actuators::Config {
         root: cfg.actuators.root.clone(),
         dry_run: cfg.actuators.dry_run,
@@ -291,6 +300,10 @@ async fn serve(o: Options, cfg: Config, policy: PolicyFile, ppath: PathBuf) -> a
     if let Some(p) = power {
         ctl.set_power(p);
     }
+    if let Some(pods) = pods {
+        let annotations = cfg.kubernetes.as_ref().is_none_or(|k| k.annotations);
+        ctl.set_pods(pods, annotations);
+    }
     if cfg.apps.iter().any(|a| a.job.is_some()) {
         if cfg.actuators.dry_run {
             // A job is work on the node, not a knob: a dry run starts none.
@@ -312,11 +325,12 @@ async fn serve(o: Options, cfg: Config, policy: PolicyFile, ppath: PathBuf) -> a
         };
         let t = describe_target(a.qos_target());
         let m = &a.matcher;
-        let how = match (m.pid, &m.comm, &m.cgroup) {
+        let how = match (m.pid, &m.comm, &m.cgroup, &m.pod) {
             _ if a.job.is_some() => "its batch job".to_owned(),
-            (Some(p), _, _) => format!("pid {p}"),
-            (_, Some(c), _) => format!("comm {c}"),
-            (_, _, Some(g)) => format!("cgroup {}", g.display()),
+            (Some(p), _, _, _) => format!("pid {p}"),
+            (_, Some(c), _, _) => format!("comm {c}"),
+            (_, _, Some(g), _) => format!("cgroup {}", g.display()),
+            (_, _, _, Some(p)) => format!("pod {}", crate::kube::describe(p)),
             _ => "-".into(),
         };
         let sh = shared.lock();

@@ -18,6 +18,7 @@ pub mod deploy;
 pub mod fake;
 pub mod grpc;
 pub mod hostile;
+pub mod kube;
 pub mod replay;
 pub mod trace;
 

@@ -13,6 +13,14 @@ use super::{DaemonNode, Events};
 impl DaemonNode {
     pub(super) fn discover(&mut self, now_ms: u64, scan: bool) -> Events {
         let mut ev = Events::new();
+        if scan {
+            ev.extend(self.sync_pod_apps());
+            for a in &mut self.apps {
+                if a.cfg.matcher.pod.is_some() {
+                    a.containers = self.finder.containers_of(&a.cfg.matcher);
+                }
+            }
+        }
         let mut found: Vec<Vec<i32>> = if scan {
             let matchers: Vec<_> = self.apps.iter().map(|a| &a.cfg.matcher).collect();
             let known: Vec<&[i32]> = self.apps.iter().map(|a| a.pids.as_slice()).collect();
@@ -88,6 +96,11 @@ impl DaemonNode {
     /// selection `qosd trace` makes, [`crate::daemon::discover::topmost`]),
     /// so a matched pre-fork master and its matched workers count each
     /// request once, under the master.
+    /// Stops tracing an app that is going away.
+    pub(super) fn untrace(&mut self, i: usize, pids: &[i32]) {
+        self.follow(i, pids, &[]);
+    }
+
     fn follow(&mut self, i: usize, old: &[i32], new: &[i32]) {
         let Some(t) = &self.tracer else { return };
         // A batch job serves no requests.
