@@ -234,6 +234,11 @@ pub struct ActuatorsConfig {
     /// = 0.1 CPU).
     #[serde(default = "default_quota_unit")]
     pub cpu_quota_unit_milli: u32,
+    /// The CFS period quotas are enforced over, µs (1000-1000000; unset:
+    /// each group's own, the kernel's 100 ms). A group that used its quota
+    /// waits for the next period, so a short one bounds that wait.
+    #[serde(default)]
+    pub cpu_quota_period_us: Option<u64>,
     /// Root prefix of every /sys, /proc, cgroup and resctrl path (tests
     /// point it at a fake tree).
     #[serde(default = "default_root")]
@@ -262,6 +267,7 @@ impl Default for ActuatorsConfig {
             cache_ways_backend: WaysBackend::default(),
             cpu_quota_backend: QuotaBackend::default(),
             cpu_quota_unit_milli: default_quota_unit(),
+            cpu_quota_period_us: None,
             root: default_root(),
             dry_run: false,
         }

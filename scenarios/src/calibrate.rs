@@ -235,6 +235,7 @@ pub fn sim(sc: &Scenario) -> Calibration {
             let net = network_queue_ms(&m, x) * 1000.0 + m.network_ms * 1000.0;
             Sample {
                 queue: q,
+                throttle: None,
                 shift_us: m.fixed_us,
                 network_us: net,
                 noise: 1.0,

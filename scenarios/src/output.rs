@@ -186,6 +186,8 @@ pub fn compare(dirs: &[PathBuf], out: &Path) -> anyhow::Result<String> {
         "fed viol. %",
         "core·s",
         "mean cores",
+        "quota CPU·s",
+        "BE ops/s",
         "energy J",
         "p99 max ms",
         "x oracle",
@@ -208,6 +210,12 @@ pub fn compare(dirs: &[PathBuf], out: &Path) -> anyhow::Result<String> {
                 f.violation_fraction_fed.show(100.0, 1),
                 f.core_seconds.show(1.0, 0),
                 f.mean_cores.show(1.0, 2),
+                f.quota_cpu_seconds
+                    .as_ref()
+                    .map_or("-".into(), |m| m.show(1.0, 1)),
+                f.be_ops_per_s
+                    .as_ref()
+                    .map_or("-".into(), |m| m.show(1.0, 0)),
                 f.energy_j.as_ref().map_or("-".into(), |m| m.show(1.0, 0)),
                 f.p99_max_ms.as_ref().map_or("-".into(), |m| m.show(1.0, 2)),
                 ratio.map_or("-".into(), |m| m.show(1.0, 2)),
@@ -237,6 +245,8 @@ pub fn compare(dirs: &[PathBuf], out: &Path) -> anyhow::Result<String> {
     table.push_str(
         "(violation: client latency vs the client-side target, whatever fed the policy;\n \
          fed viol.: the fed latency vs its own side's target; over several runs: mean ± 95 % CI;\n \
+         quota CPU·s: CPU quota in force × time (the allocation where apps share CPUs);\n \
+         BE ops/s: the batch job's mean throughput;\n \
          x oracle: core·s over the least allocation that meets every target by the model, sim only)\n",
     );
     table.push('\n');

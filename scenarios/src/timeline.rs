@@ -281,6 +281,11 @@ pub struct AppSummary {
     /// Σ cores × interval, core·s.
     pub core_seconds: f64,
     pub mean_cores: f64,
+    /// Σ CPU quota in force × interval, CPU·s: the allocation of a run
+    /// that moves quota (where apps share CPUs core·s reads 0); `None`
+    /// when no interval had a quota.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quota_cpu_seconds: Option<f64>,
     /// Σ power × interval, J (the app's share; node total in `total`);
     /// `None` when the run had no power figure (not a zero).
     pub energy_j: Option<f64>,
@@ -337,6 +342,12 @@ fn app_summary(rows: &[&Row], dt: f64, client: bool) -> AppSummary {
         violation_fraction_client: by(|r| r.client_p99_ms, |r| r.target_ms),
         violation_fraction_ebpf: by(|r| r.ebpf_p99_ms, |r| r.ebpf_target_ms.or(r.target_ms)),
         core_seconds,
+        quota_cpu_seconds: rows.iter().any(|r| r.cpu_quota_milli.is_some()).then(|| {
+            rows.iter()
+                .filter_map(|r| r.cpu_quota_milli)
+                .map(|q| f64::from(q) / 1000.0 * dt)
+                .sum::<f64>()
+        }),
         mean_cores: if rows.is_empty() {
             0.0
         } else {

@@ -64,6 +64,7 @@ fn more_cores_and_higher_frequency_lower_latency() {
         percentile(
             &[Sample {
                 queue: q,
+                throttle: None,
                 shift_us: 0.0,
                 network_us: 0.0,
                 noise: 1.0,

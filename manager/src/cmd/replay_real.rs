@@ -62,7 +62,7 @@ pub fn run(
         .unwrap_or_else(|| out.join("state.json"));
     // Absolute, so that the restore hint works from any directory.
     let state = std::path::absolute(&state).unwrap_or(state);
-    let mut act = start_actuation(&state, &enabled)?;
+    let mut act = start_actuation(&state, &enabled, sc.node.cfs_period_us)?;
     let cal = match &args.calibration {
         Some(p) => Calibration::read(p).map_err(|e| usage!("{}: {e:#}", p.display()))?,
         None => {
@@ -397,9 +397,15 @@ fn progress(tl: &Timeline, nr_apps: usize, duration: f64) {
 /// The actuators with their defaults but journalling to `state` (the
 /// replay's own state file, not the daemon's), behind the daemon's
 /// actuation. Knobs the machine lacks are simply absent from the node.
-pub(crate) fn start_actuation(state: &Path, enabled: &[Resource]) -> anyhow::Result<Actuation> {
+/// Quotas are enforced over the scenario's CFS period (`period_us`).
+pub(crate) fn start_actuation(
+    state: &Path,
+    enabled: &[Resource],
+    period_us: u64,
+) -> anyhow::Result<Actuation> {
     let cfg = qosd_actuators::Config {
         state_file: Some(state.to_owned()),
+        cpu_quota_period_us: Some(period_us),
         ..Default::default()
     };
     let (act, leftovers) = qosd_actuators::Actuators::start(&cfg)

@@ -85,6 +85,14 @@ impl Config {
                 "must be 10 to 1000 (0.01 to 1 CPU)",
             ));
         }
+        if let Some(p) = self.actuators.cpu_quota_period_us {
+            if !qosd_actuators::quota::PERIOD_RANGE_US.contains(&p) {
+                return Err(Invalid::new(
+                    act.key("cpu_quota_period_us"),
+                    "must be 1000 to 1000000 (1 ms to 1 s)",
+                ));
+            }
+        }
         if !self.actuators.root.is_absolute() {
             return Err(Invalid::new(act.key("root"), "must be an absolute path"));
         }

@@ -152,6 +152,7 @@ async fn serve(
         cache_ways_backend: cfg.actuators.cache_ways_backend,
         cpu_quota_backend: cfg.actuators.cpu_quota_backend,
         cpu_quota_unit_milli: cfg.actuators.cpu_quota_unit_milli,
+        cpu_quota_period_us: cfg.actuators.cpu_quota_period_us,
         ..Default::default()
     };
     // One daemon per group name on the node, whatever its state file:

@@ -284,6 +284,7 @@ impl Policy for Parties {
         self.before = Some((self.apps.clone(), self.pending.clone()));
         self.last_decide_ms = Some(now_ms);
         let mut ed = Editor::new(node, snap, current);
+        ed.quota_be_first = self.p.quota_be_first;
         let note = match self.judge(now_ms, &mut ed) {
             Verdict::Reverted => return ed.finish(),
             Verdict::Note(n) => format!("{n}; "),
@@ -410,3 +411,4 @@ mod quota_tests;
 
 #[cfg(test)]
 mod judge_tests;
+mod sharing_tests;

@@ -297,6 +297,11 @@ pub(crate) fn node_ok(n: &SimNode, nr_apps: usize, base: &[Seg]) -> Result<(), F
             )
         },
     )?;
+    check(
+        (1_000..=1_000_000).contains(&n.cfs_period_us),
+        k("cfs_period_us"),
+        || format!("{}: must be 1000 to 1000000 (1 ms to 1 s)", n.cfs_period_us),
+    )?;
     for (key, v) in [
         ("idle_w", n.idle_w),
         ("core_busy_w", n.core_busy_w),

@@ -3,8 +3,10 @@
 //! in force at once by `apply` when they fit the node. Time is the loop's:
 //! the node never looks at a clock. A best-effort batch job runs on the
 //! CPUs its allocation gives it; where apps share the node's CPUs, on what
-//! the latency-critical apps leave (they are served first: the sim does not
-//! model the job slowing them down).
+//! the latency-critical apps leave when it runs in the idle class
+//! (`node.be_idle`, qosd's default), or at normal weight beside them, when
+//! the latency-critical apps get only their fair part of the CPUs it runs
+//! on ([`SimulatedNode::be_slowdown`]).
 
 use qosd_core::admit::{admit, even_share, Peers};
 use qosd_core::control::{AppInterval, Applied, Node, Sensed, Tick};
@@ -13,7 +15,7 @@ use qosd_core::{Allocations, AppState, Limits, NodeCaps, Plan, QosTarget, Resour
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-use super::model::{Queue, Sample, SimModel};
+use super::model::{percentile, Queue, Sample, Shifts, SimModel};
 use super::sampling::{normal, sampled_percentiles};
 use super::{node_caps, MAX_BACKLOG_S};
 use crate::calibrate::{network_queue_ms, Calibration};
@@ -146,14 +148,14 @@ impl SimulatedNode {
         // CPUs the latency-critical apps keep busy: what a batch job on
         // shared CPUs cannot have. Servers first, then jobs.
         let mut lc_busy = 0.0;
+        let slow = self.be_slowdown();
         for st in self.apps.iter_mut().filter(|st| st.spec.job.is_none()) {
             let Some(&a) = self.allocs.get(&st.spec.name) else {
                 continue;
             };
             let lambda = st.spec.load.level_at((t0 + dt / 2.0) * self.scale) * st.capacity_rps;
             let s_us = st.model.service_time_us(&a, node);
-            let c = st.model.servers(&a, node);
-            let cap = c as f64 * 1e6 / s_us;
+            let cap = st.model.effective_cpus(&a, node) * 1e6 / (s_us * slow);
             let before = st.backlog;
             let served = (st.backlog + lambda * dt).min(cap * dt);
             // Clients give up on requests older than MAX_BACKLOG_S: the
@@ -166,19 +168,20 @@ impl SimulatedNode {
             st.net_q_ms += (target_net - st.net_q_ms) * (1.0 - (-dt / tau).exp());
             let sigma = st.model.noise;
             let noise = (sigma * normal(&mut st.rng) - sigma * sigma / 2.0).exp();
-            let sample = Sample {
-                queue: Queue::new(c, s_us, st.model.service_cv, lambda.min(cap) * 1e-6),
+            let at = Shifts {
                 shift_us: st.model.fixed_us + wait_us,
                 network_us: (st.model.network_ms + st.net_q_ms) * 1000.0,
                 noise,
                 weight: served.max(1e-9),
             };
+            let sample = st.model.sample(&a, node, lambda, slow, at);
             st.samples.push(sample);
             st.offered += lambda * dt;
             st.served += served;
-            // CPUs busy: the share of capacity served, of the CPUs the
-            // app can use (a quota stretches holding times, not CPU time).
-            let busy = (served / dt) / cap * st.model.effective_cpus(&a, node);
+            // CPUs busy: CPU time served (sharing stretches holding
+            // times, not CPU time).
+            let busy = (served / dt) * s_us * 1e-6;
+            let c = st.model.servers(&a, node);
             lc_busy += busy;
             st.busy_core_s += busy * dt;
             let p = app_power(node, &a, busy.min(c as f64));
@@ -198,7 +201,12 @@ impl SimulatedNode {
             let Some(&a) = self.allocs.get(&st.spec.name) else {
                 continue;
             };
-            let free = node.nr_cores as f64 - lc_busy;
+            // In the idle class the job runs on what the LC apps leave; at
+            // normal weight it also keeps a fair half where it wants one.
+            let mut free = node.nr_cores as f64 - lc_busy;
+            if !node.be_idle {
+                free = free.max(0.5 * node.nr_cores as f64);
+            }
             let (cpus, ops_per_s) = st.model.job_ops_per_s(&a, node, free);
             st.ops += ops_per_s * dt;
             st.busy_core_s += cpus * dt;
@@ -216,6 +224,37 @@ impl SimulatedNode {
             ));
         }
         states
+    }
+
+    /// How much longer LC requests take on CPUs shared with best-effort
+    /// jobs at normal weight (1 in the idle class, or with cores apart):
+    /// the jobs run on up to `want` CPUs (their threads, within their
+    /// quota); the LC apps' threads get the CPUs the jobs leave, and at
+    /// least a fair half of the node, so their service stretches by the
+    /// CPUs they may use over what is left to them. A wake-up's wait for
+    /// a running job's slice is not modelled.
+    fn be_slowdown(&self) -> f64 {
+        let node = &self.node;
+        if node.be_idle || !node.shared_cpus {
+            return 1.0;
+        }
+        let n = node.nr_cores as f64;
+        let want: f64 = self
+            .apps
+            .iter()
+            .filter(|st| st.spec.job.is_some())
+            .filter_map(|st| {
+                Some(
+                    st.model
+                        .effective_cpus(self.allocs.get(&st.spec.name)?, node),
+                )
+            })
+            .sum();
+        if want <= 0.0 {
+            return 1.0;
+        }
+        let left = (n - want).max(0.5 * n);
+        (n / left).max(1.0)
     }
 
     /// The interval that ends at this decision tick: rows and the

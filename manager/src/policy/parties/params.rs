@@ -147,6 +147,12 @@ pub struct PartiesParams {
     /// idle CPUs do not shorten a tail that queueing does not make, so
     /// slack alone would keep them forever. `null`: never (PARTIES).
     pub downsize_below_util: Option<f64>,
+    /// Where apps share the CPUs (a quota knob and no cores knob), move the
+    /// best-effort apps' quota (their cap) first: a latency-critical app
+    /// stays uncapped and is capped only for another LC app, since a cap
+    /// throttles it for the rest of each CFS period (not in PARTIES,
+    /// which had no quota knob: false by default).
+    pub quota_be_first: bool,
 }
 
 /// How a downsize is found harmful.
@@ -184,6 +190,7 @@ impl Default for PartiesParams {
             idle_decide_ms: 0,
             max_util: None,
             downsize_below_util: None,
+            quota_be_first: false,
         }
     }
 }
