@@ -411,4 +411,6 @@ mod quota_tests;
 
 #[cfg(test)]
 mod judge_tests;
+
+#[cfg(test)]
 mod sharing_tests;

@@ -15,7 +15,7 @@ use qosd_core::{Allocations, AppState, Limits, NodeCaps, Plan, QosTarget, Resour
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-use super::model::{percentile, Queue, Sample, Shifts, SimModel};
+use super::model::{Sample, Shifts, SimModel};
 use super::sampling::{normal, sampled_percentiles};
 use super::{node_caps, MAX_BACKLOG_S};
 use crate::calibrate::{network_queue_ms, Calibration};

@@ -96,6 +96,7 @@ mod tests {
     fn few_requests_give_a_noisy_percentile_many_an_exact_one() {
         let sample = |weight: f64| Sample {
             queue: Queue::new(1, 100.0, 1.0, 0.005),
+            throttle: None,
             shift_us: 0.0,
             network_us: 300.0,
             noise: 1.0,
