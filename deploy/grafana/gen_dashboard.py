@@ -85,7 +85,7 @@ row("Decisions and health")
 ts("Decisions", "Policy decisions per interval, by app, resource and kind (upsize, downsize, revert, reclaim, grant).", "short", [
     (f'sum by (instance, app, resource, kind) (increase(qosd_decisions_total{{{SEL}}}[$__rate_interval]))', "{{app}} {{kind}} {{resource}} ({{instance}})"),
 ], 0, extra={"fieldConfig": {"defaults": {"unit": "short", "custom": {"drawStyle": "bars"}}, "overrides": []}})
-ts("Drops and errors", "eBPF request records lost to a full ring buffer, allocations that could not be applied, monitoring ticks missed: all should stay at zero.", "short", [
+ts("Drops and errors", "eBPF request records lost to a full ring buffer, allocations that could not be applied, monitoring ticks missed: all should stay at zero. Lost records are empty where no app is eBPF-fed (no tracer is attached then).", "short", [
     ('rate(qosd_ebpf_dropped_records_total{instance=~"$instance"}[$__rate_interval])', "eBPF records dropped/s ({{instance}})"),
     (f'rate(qosd_app_apply_errors_total{{{SEL}}}[$__rate_interval])', "apply errors/s {{app}} ({{instance}})"),
     ('rate(qosd_missed_ticks_total{instance=~"$instance"}[$__rate_interval])', "missed ticks/s ({{instance}})"),
