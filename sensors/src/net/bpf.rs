@@ -111,34 +111,42 @@ impl Programs {
         Ok(Programs { skel })
     }
 
-    /// Attaches the program of `dir` to `ifindex` (of the calling thread's
-    /// network namespace) at TC priority `pref`, making the clsact qdisc if
-    /// missing. The filter outlives this object: removing it is the
+    /// Attaches both programs to `ifindex` (of the calling thread's
+    /// network namespace) at TC priority `pref`, making the clsact qdisc
+    /// if missing. The filters outlive this object: removing them is the
     /// caller's (the journal's `tc filter del` or `tc qdisc del`).
-    pub fn attach(&self, ifindex: u32, dir: Direction, pref: u32) -> Result<(), NetError> {
-        let p = &self.skel.progs;
-        let (prog, point) = match dir {
-            Direction::Ingress => (&p.net_ingress, TC_INGRESS),
-            Direction::Egress => (&p.net_egress, TC_EGRESS),
-        };
+    pub fn attach(&self, ifindex: u32, pref: u32) -> Result<(), NetError> {
         let idx = i32::try_from(ifindex)
             .map_err(|_| NetError::Iface(format!("interface index {ifindex}")))?;
-        let mut h = TcHookBuilder::new(prog.as_fd())
-            .ifindex(idx)
-            .replace(true)
-            .handle(1)
-            .priority(pref)
-            .hook(point);
-        h.create().map_err(|e| {
-            NetError::Bpf(format!(
-                "making the clsact qdisc of interface {ifindex}: {e}"
-            ))
-        })?;
-        h.attach().map_err(|e| {
-            NetError::Bpf(format!(
-                "attaching the {dir} program to interface {ifindex}: {e}"
-            ))
-        })?;
+        let p = &self.skel.progs;
+        for (n, (dir, prog, point)) in [
+            (Direction::Ingress, &p.net_ingress, TC_INGRESS),
+            (Direction::Egress, &p.net_egress, TC_EGRESS),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let mut h = TcHookBuilder::new(prog.as_fd())
+                .ifindex(idx)
+                .replace(true)
+                .handle(1)
+                .priority(pref)
+                .hook(point);
+            // One clsact qdisc holds both hooks: made once (if missing;
+            // libbpf treats an existing one as made).
+            if n == 0 {
+                h.create().map_err(|e| {
+                    NetError::Bpf(format!(
+                        "making the clsact qdisc of interface {ifindex}: {e}"
+                    ))
+                })?;
+            }
+            h.attach().map_err(|e| {
+                NetError::Bpf(format!(
+                    "attaching the {dir} program to interface {ifindex}: {e}"
+                ))
+            })?;
+        }
         Ok(())
     }
 

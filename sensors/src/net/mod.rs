@@ -115,9 +115,10 @@ impl NetSensor {
         Ok(NetSensor { programs, opts })
     }
 
-    /// Attaches both programs to `ifindex` at TC priority `pref`.
-    pub fn attach(&self, ifindex: u32, dir: Direction, pref: u32) -> Result<(), NetError> {
-        self.programs.attach(ifindex, dir, pref)
+    /// Attaches both programs to `ifindex` at TC priority `pref`
+    /// ([`Programs::attach`]).
+    pub fn attach(&self, ifindex: u32, pref: u32) -> Result<(), NetError> {
+        self.programs.attach(ifindex, pref)
     }
 
     pub fn programs(&self) -> &Programs {
@@ -172,6 +173,7 @@ pub fn wait_window_end(w: u64, max: Duration) -> Option<()> {
 /// The name of IP protocol `p` (tcp, udp, icmp, icmpv6, or its number).
 pub fn proto_name(p: u8) -> String {
     match p {
+        0 => "hopopt".into(),
         1 => "icmp".into(),
         6 => "tcp".into(),
         17 => "udp".into(),
