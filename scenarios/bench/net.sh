@@ -97,7 +97,7 @@ def q(v):
     qs = statistics.quantiles(v, n=4, method="inclusive") if len(v) > 1 else [v[0]] * 3
     return qs
 
-print("## Network counters: `qosd net` (`scenarios/bench/net.sh`)")
+print("## Network counters: `qosd net` (`scenarios/bench/net.sh`, issue 26)")
 print()
 print(f"iperf3 (Debian) across a veth pair between two network namespaces, {secs} s per run, with and")
 print("without `qosd net`'s TC programs (ingress + egress of the client's veth, 1 ms bins),")
