@@ -86,19 +86,9 @@ impl Default for Limits {
             min: Share {
                 nr_cores: 1,
                 nr_ways: 1,
-                freq_mhz: 0,
-                mb_percent: 0,
-                cpu_quota_milli: 0,
-                cpu_priority: 0,
+                ..Share::default()
             },
-            max: Share {
-                nr_cores: u32::MAX,
-                nr_ways: u32::MAX,
-                freq_mhz: u32::MAX,
-                mb_percent: u32::MAX,
-                cpu_quota_milli: u32::MAX,
-                cpu_priority: u32::MAX,
-            },
+            max: Share::filled(u32::MAX),
         }
     }
 }

@@ -168,6 +168,15 @@ impl Share {
     pub fn set(&mut self, r: Resource, value: u32) {
         (knob(r).set_share)(self, value)
     }
+
+    /// Every resource at `value` (e.g. `u32::MAX`: no ceiling on any knob).
+    pub fn filled(value: u32) -> Share {
+        let mut s = Share::default();
+        for r in Resource::ALL {
+            s.set(r, value);
+        }
+        s
+    }
 }
 
 /// The frequency range of the node's cores (cpufreq).

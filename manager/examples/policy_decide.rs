@@ -25,8 +25,7 @@ fn node() -> NodeCaps {
             min_percent: 10,
             step_percent: 10,
         }),
-        quota: None,
-        cpu_priority: false,
+        ..NodeCaps::default()
     }
 }
 
@@ -66,8 +65,7 @@ fn initial(nr_apps: usize) -> Allocations {
                 nr_ways: 1,
                 freq_mhz: 2000,
                 mb_percent: 50,
-                cpu_quota_milli: 0,
-                cpu_priority: 0,
+                ..Share::default()
             };
             (format!("app{i:02}"), s)
         })

@@ -1,8 +1,10 @@
 //! Issue 21, the daemon (root, real cgroups, real processes): a SIGTERM
 //! right after the first change is applied still restores (the handlers
 //! are in place before anything is touched); a `qosd-<app>` group removed
-//! under the daemon, a token file replaced or deleted, and a second daemon
-//! managing the same process are each logged; a log written to a file has
+//! under the daemon and a second daemon managing the same process are each
+//! logged; a token file replaced, deleted or made untrusted is read again
+//! (the new token writes, the old one is refused, an untrusted file refuses
+//! every write); a log written to a file has
 //! no colour codes; a dry run's stop says nothing was put back; no eBPF
 //! program is attached when every app is client-fed. Run alone:
 //! `cargo test --release -p qosd-manager --test hardening2_daemon`.
@@ -100,7 +102,7 @@ fn hardening2_sigterm_right_after_the_first_change_restores() {
 }
 
 #[test]
-fn hardening2_a_removed_group_and_a_changed_token_file_are_logged() {
+fn hardening2_a_removed_group_is_logged_and_a_changed_token_file_is_read_again() {
     let sleeper = Killed::sleeper(120);
     let pid = sleeper.pid();
     let dir = tempfile::tempdir().unwrap();
@@ -121,10 +123,13 @@ fn hardening2_a_removed_group_and_a_changed_token_file_are_logged() {
         stderr_of(dir.path())
     );
     assert!(wait_for(Duration::from_secs(10), || group.exists()));
-    // The token file replaced, then deleted.
+    // The token file replaced: the new token is the one writes need.
     let token = dir.path().join("api.token");
+    let old = std::fs::read_to_string(&token).unwrap().trim().to_owned();
     let new = dir.path().join("new.token");
-    std::fs::write(&new, "0123456789abcdef0123456789abcdef\n").unwrap();
+    let fresh = "0123456789abcdef0123456789abcdef";
+    std::fs::write(&new, format!("{fresh}\n")).unwrap();
+    std::fs::set_permissions(&new, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     std::fs::rename(&new, &token).unwrap();
     let said = |what: &str| {
         d.output()
@@ -136,12 +141,30 @@ fn hardening2_a_removed_group_and_a_changed_token_file_are_logged() {
         "{:?}",
         d.output()
     );
+    let path = format!("/v1/apps/{app}/latency");
+    let body = r#"{"latencies_us": [100]}"#;
+    let status = |t: &str| d.post_auth(&path, body, Some(&format!("Bearer {t}"))).0;
+    assert_eq!(status(&old), 401, "the replaced token still writes");
+    assert_eq!(status(fresh), 200, "the new token is refused");
+    // Deleted: qosd makes a new token, as at start; the last one is refused.
     std::fs::remove_file(&token).unwrap();
     assert!(
         wait_for(Duration::from_secs(10), || said("was deleted")),
         "{:?}",
         d.output()
     );
+    let made = std::fs::read_to_string(&token).unwrap().trim().to_owned();
+    assert_ne!(made, fresh);
+    assert_eq!(status(fresh), 401);
+    assert_eq!(status(&made), 200);
+    // Readable by others: no token is trusted, every write refused.
+    std::fs::set_permissions(&token, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    assert!(
+        wait_for(Duration::from_secs(10), || said("writes are refused")),
+        "{:?}",
+        d.output()
+    );
+    assert_eq!(status(&made), 401);
     let (st, _) = d.stop();
     assert!(st.success());
     // Logged to a file: no colour codes.

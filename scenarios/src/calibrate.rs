@@ -207,9 +207,7 @@ pub fn whole_node(node: &crate::scenario::SimNode) -> Share {
         nr_cores: node.nr_cores,
         nr_ways: node.nr_ways,
         freq_mhz: node.freq_max_mhz,
-        mb_percent: 0,
-        cpu_quota_milli: 0,
-        cpu_priority: 0,
+        ..Share::default()
     }
 }
 

@@ -138,9 +138,63 @@ fn create(path: &Path) -> std::io::Result<bool> {
     }
 }
 
-/// Watches the token file for changes while the daemon runs. The token is
-/// read once, at start: a file replaced, deleted or made unreadable
-/// afterwards changes nothing for the API, so each change is said once.
+/// The API's write credential while the daemon runs: the token in the
+/// file now. A file replaced with a new token is read again (the old token
+/// stops working), a deleted file is made again with a new token (as at
+/// start), and a file qosd cannot trust any more (another owner, readable
+/// by others) refuses every write until it is fixed: fail closed, never the
+/// old token silently.
+pub struct Credential {
+    pub path: PathBuf,
+    current: std::sync::RwLock<Result<Token, String>>,
+}
+
+impl Credential {
+    pub fn new(token: Token) -> Credential {
+        Credential {
+            path: token.path.clone(),
+            current: std::sync::RwLock::new(Ok(token)),
+        }
+    }
+
+    /// True if an `Authorization` header value carries the current token.
+    pub fn accepts(&self, authorization: Option<&[u8]>) -> bool {
+        match &*self.current.read().unwrap_or_else(|e| e.into_inner()) {
+            Ok(t) => t.accepts(authorization),
+            Err(_) => false,
+        }
+    }
+
+    /// Why writes are refused whatever they carry, if they are.
+    pub fn unusable(&self) -> Option<String> {
+        self.current
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .err()
+            .cloned()
+    }
+
+    /// Reads the file again (making a new token if it is gone); a line
+    /// saying what the API accepts from now on.
+    fn reload(&self) -> String {
+        let next = Token::load_or_create(&self.path);
+        let mut cur = self.current.write().unwrap_or_else(|e| e.into_inner());
+        let said = match (&*cur, &next) {
+            (_, Err(e)) => format!("writes are refused until it is fixed: {e}"),
+            (Ok(old), Ok((new, _))) if old.secret == new.secret => {
+                "the token in it is unchanged".to_owned()
+            }
+            (_, Ok((_, true))) => "qosd made a new token in it; writes need the new one".to_owned(),
+            (_, Ok(_)) => "writes need the token now in it; the old one is refused".to_owned(),
+        };
+        *cur = next.map(|(t, _)| t).map_err(|e| e.to_string());
+        said
+    }
+}
+
+/// Watches the token file while the daemon runs: each change is read into
+/// the [`Credential`] and said once.
 pub struct TokenWatch {
     path: PathBuf,
     last: Option<(u64, u64, i64, i64, u32, u64)>,
@@ -166,8 +220,9 @@ impl TokenWatch {
         }
     }
 
-    /// A line to log when the file changed since the last call.
-    pub fn changed(&mut self) -> Option<String> {
+    /// A line to log when the file changed since the last call, after the
+    /// credential has followed the change.
+    pub fn changed(&mut self, cred: &Credential) -> Option<String> {
         let now = stamp(&self.path);
         if now == self.last {
             return None;
@@ -179,10 +234,11 @@ impl TokenWatch {
             (Some(a), Some(b)) if a.4 != b.4 => "given another mode",
             _ => "rewritten",
         };
-        self.last = now;
+        let said = cred.reload();
+        // What the reload itself did (a new file made) is no change to say again.
+        self.last = stamp(&self.path);
         Some(format!(
-            "api: token file {} was {what} while qosd runs: writes still need the token read \
-             at start; restart qosd to use a new one",
+            "api: token file {} was {what} while qosd runs: {said}",
             self.path.display()
         ))
     }

@@ -412,10 +412,11 @@ async fn serve(
             limits.max_connections, cfg.api.max_connections
         );
     }
+    let credential = Arc::new(auth::Credential::new(token));
     let app = api::router(api::Api {
         shared: shared.clone(),
         tracer: tracer.clone(),
-        token: Arc::new(token),
+        token: credential.clone(),
     });
     let server = server::Server::spawn(listener, app, limits);
 
@@ -472,7 +473,7 @@ async fn serve(
         last_at = now;
         let t_ms = elapsed.as_millis() as u64;
         let mut events = ctl.tick(t_ms, dt, decide, decide);
-        events.extend(watch.changed());
+        events.extend(watch.changed(&credential));
         for e in events {
             println!("[{:>8.1} s] {e}", t_ms as f64 / 1000.0);
         }

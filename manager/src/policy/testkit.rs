@@ -22,8 +22,7 @@ pub fn node(cores: u32, ways: u32, freq: bool, mb: bool) -> NodeCaps {
             min_percent: 10,
             step_percent: 10,
         }),
-        quota: None,
-        cpu_priority: false,
+        ..NodeCaps::default()
     }
 }
 
@@ -80,8 +79,7 @@ pub fn allocs(rows: &[(&str, u32, u32, u32, u32)]) -> Allocations {
                     nr_ways: w,
                     freq_mhz: f,
                     mb_percent: m,
-                    cpu_quota_milli: 0,
-                    cpu_priority: 0,
+                    ..Share::default()
                 },
             )
         })

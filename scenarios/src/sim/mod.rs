@@ -67,7 +67,7 @@ pub fn node_caps(node: &SimNode) -> NodeCaps {
             step_milli: node.quota_step_milli,
             max_milli: node.nr_cores * qosd_core::quota::MILLI_PER_CPU,
         }),
-        cpu_priority: false,
+        ..NodeCaps::default()
     }
 }
 
