@@ -72,6 +72,11 @@ fixtures:
 ## test: every test, real eBPF and real servers included (run as root)
 test: build fixtures
 	$(CARGO) test --release --workspace --no-fail-fast -- --test-threads=2
+	# The exact-count trace suites again with the histograms in the kernel
+	# (docs/aggregation.md); --workspace keeps the same build.
+	QOSD_AGGREGATE=kernel $(CARGO) test --release --workspace --no-fail-fast \
+		--test trace_real --test trace_pipelined --test trace_tls --test trace_sockets \
+		-- --test-threads=2
 
 ## test-kernels: the root suites of the sensors and actuators on Debian 12's
 ## and 13's kernels (guests with cgroup v2 only) and this host; docs/kernels.md
