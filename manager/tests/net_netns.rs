@@ -458,6 +458,8 @@ fn usage_errors_exit_2_and_change_nothing() {
         (&["--peers-max", "0"][..], "--peers-max"),
         (&["--top", "0"][..], "--top"),
         (&["--duration", "0"][..], "--duration"),
+        (&["--duration", "1e20"][..], "expected seconds in"),
+        (&["--duration", "NaN"][..], "expected seconds in"),
     ] {
         let out = Command::new(QOSD)
             .arg("net")
