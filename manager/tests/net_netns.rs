@@ -2,14 +2,14 @@
 //! a veth pair between two of them, static neighbours so no ARP frame is
 //! in the way): a UDP stream of N packets of S bytes counts exactly N
 //! packets and N × (S + 42) bytes (Ethernet 14 + IPv4 20 + UDP 8) for the
-//! peer, and an app's listening port counts exactly what it received; a
+//! peer (and S + 62 over IPv6), and an app's listening port counts exactly what it received; a
 //! burst of K packets inside one millisecond bin is one bin of K; LRU
 //! evictions are counted; the TC programs are removed after SIGTERM and
 //! after SIGKILL + `qosd restore`, and a clsact qdisc that was there
 //! before stays. Needs root.
 
 use std::io::{BufRead, BufReader};
-use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6, UdpSocket};
 use std::os::fd::AsFd;
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -69,6 +69,8 @@ impl Pair {
                 "dev",
                 dev,
             ]);
+            let v6 = format!("fd26:{net:x}::{me}/64");
+            sh(&["ip", "-n", ns, "addr", "add", &v6, "dev", dev, "nodad"]);
             sh(&["ip", "-n", ns, "link", "set", dev, "up"]);
         }
         let mac = |ns: &str, dev: &str| {
@@ -78,30 +80,40 @@ impl Pair {
         };
         let (mac_a, mac_b) = (mac(&p.a, &p.va), mac(&p.b, &vb));
         for (ns, dev, other, m) in [(&p.a, &p.va, 2, &mac_b), (&p.b, &vb, 1, &mac_a)] {
-            let ip = format!("10.226.{net}.{other}");
-            sh(&[
-                "ip",
-                "-n",
-                ns,
-                "neigh",
-                "replace",
-                &ip,
-                "lladdr",
-                m,
-                "dev",
-                dev,
-                "nud",
-                "permanent",
-            ]);
+            for ip in [
+                format!("10.226.{net}.{other}"),
+                format!("fd26:{net:x}::{other}"),
+            ] {
+                sh(&[
+                    "ip",
+                    "-n",
+                    ns,
+                    "neigh",
+                    "replace",
+                    &ip,
+                    "lladdr",
+                    m,
+                    "dev",
+                    dev,
+                    "nud",
+                    "permanent",
+                ]);
+            }
         }
         // Traffic only into our own veth.
-        let route = sh(&["ip", "-n", &p.a, "route", "get", &p.ip(2).to_string()]);
-        assert!(route.contains(&format!("dev {}", p.va)), "{route}");
+        for to in [p.ip(2).to_string(), p.ip6(2).to_string()] {
+            let route = sh(&["ip", "-n", &p.a, "route", "get", &to]);
+            assert!(route.contains(&format!("dev {}", p.va)), "{route}");
+        }
         p
     }
 
     fn ip(&self, host: u8) -> Ipv4Addr {
         Ipv4Addr::new(10, 226, self.net, host)
+    }
+
+    fn ip6(&self, host: u16) -> Ipv6Addr {
+        Ipv6Addr::new(0xfd26, u16::from(self.net), 0, 0, 0, 0, 0, host)
     }
 
     /// Runs `f` in a thread inside namespace `ns`.
@@ -277,6 +289,15 @@ fn udp_stream_and_an_apps_port_count_exactly_and_sigterm_removes_everything() {
             }
         }
     });
+    // And n6 of them over IPv6: 14 + 40 + 8 bytes of headers each.
+    let n6 = 100u64;
+    let to6 = SocketAddrV6::new(p.ip6(2), 9, 0, 0);
+    Pair::within(&p.a, || {
+        let sock = UdpSocket::bind("[::]:0").unwrap();
+        for _ in 0..n6 {
+            assert_eq!(sock.send_to(&vec![1u8; s], to6).unwrap(), s);
+        }
+    });
     let windows = q.windows_past(mono_s());
     let status = q.signal(nix::sys::signal::Signal::SIGTERM);
     assert!(status.success(), "{status}");
@@ -285,6 +306,10 @@ fn udp_stream_and_an_apps_port_count_exactly_and_sigterm_removes_everything() {
     };
     let out = total(&windows, "peers", |e| peer(e, p.ip(2), "egress"));
     assert_eq!(out, (n, n * (s as u64 + HEADERS)), "{windows:?}");
+    let out6 = total(&windows, "peers", |e| {
+        e["addr"] == p.ip6(2).to_string() && e["proto"] == 17 && e["dir"] == "egress"
+    });
+    assert_eq!(out6, (n6, n6 * (s as u64 + 14 + 40 + 8)), "{windows:?}");
     let inb = total(&windows, "peers", |e| peer(e, p.ip(2), "ingress"));
     assert_eq!(inb, (m, m * (100 + HEADERS)));
     let app = total(&windows, "ports", |e| {
@@ -433,6 +458,8 @@ fn usage_errors_exit_2_and_change_nothing() {
         (&["--peers-max", "0"][..], "--peers-max"),
         (&["--top", "0"][..], "--top"),
         (&["--duration", "0"][..], "--duration"),
+        (&["--duration", "1e20"][..], "expected seconds in"),
+        (&["--duration", "NaN"][..], "expected seconds in"),
     ] {
         let out = Command::new(QOSD)
             .arg("net")

@@ -17,6 +17,7 @@ use qosd_sensors::net::{
     NetSensor, Window,
 };
 
+use super::secs::secs;
 use super::set::to_anyhow;
 
 /// Journal keys of `qosd net`'s objects start with this.
@@ -75,13 +76,6 @@ impl Args {
             ports_max: self.ports_max,
         };
         o.validate().map_err(|e| crate::usage!("{e}"))?;
-        if let Some(d) = self.duration {
-            if !d.is_finite() || d <= 0.0 {
-                return Err(crate::usage!(
-                    "--duration {d}: not a positive number of seconds"
-                ));
-            }
-        }
         if self.top == 0 {
             return Err(crate::usage!("--top 0: show at least one peer"));
         }
@@ -111,6 +105,10 @@ impl Args {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let opts = args.options()?;
+    let end = args
+        .duration
+        .map(|d| secs("--duration", d, 0.0, f64::INFINITY))
+        .transpose()?;
     let ifaces = args.ifaces()?;
     let sigs = signals::block_termination().map_err(to_anyhow)?;
     let cfg = Config {
@@ -126,7 +124,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let sensor = NetSensor::load(opts).map_err(|e| anyhow::anyhow!("{e}"))?;
     let ns = NetnsRef::of_pid(std::process::id() as i32).map_err(to_anyhow)?;
     let attached = attach_all(&mut guard.0, &sensor, &ns, &ifaces);
-    let result = attached.and_then(|()| watch(&args, &sensor, &ifaces, &sigs));
+    let result = attached.and_then(|()| watch(&args, end, &sensor, &ifaces, &sigs));
     if let Some(e) = guard.restore().into_iter().next() {
         return Err(to_anyhow(e));
     }
@@ -190,6 +188,7 @@ fn attach_all(
 /// terminating signal comes (`Some(signal)`).
 fn watch(
     args: &Args,
+    end: Option<Duration>,
     sensor: &NetSensor,
     ifaces: &[Iface],
     sigs: &signals::Blocked,
@@ -201,7 +200,6 @@ fn watch(
         args.bin_ms
     ));
     let start = Instant::now();
-    let end = args.duration.map(Duration::from_secs_f64);
     // The first window is the one the programs were attached in: it holds
     // everything counted since.
     let mut window = now_ns() / 1_000_000_000;

@@ -91,9 +91,9 @@ impl NetOptions {
             )));
         }
         for (name, v) in [("peers-max", self.peers_max), ("ports-max", self.ports_max)] {
-            if !(1..=1 << 20).contains(&v) {
+            if !(1..=65536).contains(&v) {
                 return Err(NetError::Invalid(format!(
-                    "--{name} {v}: must be 1..=1048576 entries"
+                    "--{name} {v}: must be 1..=65536 entries (per-CPU values: entries x 104 bytes x CPUs)"
                 )));
             }
         }
