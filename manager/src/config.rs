@@ -288,6 +288,11 @@ pub struct SensorsConfig {
     /// `power:`).
     #[serde(default = "default_true")]
     pub power: bool,
+    /// Where requests are aggregated: `records` (a ring-buffer record per
+    /// request) or `kernel` (histograms in BPF maps; docs/aggregation.md).
+    /// Unset: $QOSD_AGGREGATE, else `records`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aggregate: Option<qosd_sensors::ebpf::Aggregate>,
 }
 
 fn default_true() -> bool {
@@ -307,6 +312,7 @@ impl Default for SensorsConfig {
             ring_buffer_kib: default_ringbuf_kib(),
             window_requests: default_window(),
             power: true,
+            aggregate: None,
         }
     }
 }

@@ -379,3 +379,16 @@ fn default_api_address_parses() {
         Some(SocketAddr::from(([127, 0, 0, 1], 9477)))
     );
 }
+
+#[test]
+fn sensors_aggregate_is_kernel_records_or_unset() {
+    use qosd_sensors::ebpf::Aggregate;
+    assert_eq!(parse(GOOD).unwrap().sensors.aggregate, None);
+    let c = parse(&format!("{GOOD}sensors: {{ aggregate: kernel }}\n")).unwrap();
+    assert_eq!(c.sensors.aggregate, Some(Aggregate::Kernel));
+    let c = parse(&format!("{GOOD}sensors: {{ aggregate: records }}\n")).unwrap();
+    assert_eq!(c.sensors.aggregate, Some(Aggregate::Records));
+    let e = parse(&format!("{GOOD}sensors: {{ aggregate: kernal }}\n")).unwrap_err();
+    assert_eq!(e.line, 13, "{e}");
+    assert!(e.to_string().contains("kernal"), "{e}");
+}

@@ -191,6 +191,10 @@ async fn serve(
         RequestTracer::start(TracerOptions {
             ringbuf_bytes: cfg.sensors.ring_buffer_kib.saturating_mul(1024),
             window: cfg.sensors.window_requests as usize,
+            aggregate: cfg
+                .sensors
+                .aggregate
+                .unwrap_or_else(qosd_sensors::ebpf::Aggregate::from_env),
             ..Default::default()
         })
     }) {

@@ -21,7 +21,8 @@ use super::Shared;
 use crate::stats::NR_BUCKETS;
 
 /// How requests reach userspace.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Aggregate {
     /// One ring-buffer record per request; statistics in userspace.
     #[default]
