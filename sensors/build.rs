@@ -9,7 +9,7 @@ fn main() {
     // Watch the whole folder so that added or removed headers are noticed.
     println!("cargo:rerun-if-changed={}", bpf_dir.display());
     // One skeleton per program; more names join this list.
-    for name in ["requests", "sockets", "grpc", "sched"] {
+    for name in ["requests", "sockets", "grpc", "sched", "net"] {
         let src = bpf_dir.join(format!("{name}.bpf.c"));
         println!("cargo:rerun-if-changed={}", src.display());
         SkeletonBuilder::new()

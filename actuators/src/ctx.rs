@@ -372,6 +372,33 @@ impl Ctx {
         Ok(())
     }
 
+    /// Journals how to remove a TC program qosd is about to attach to
+    /// `dev`'s `dir` hook (`ingress`/`egress`) at priority `pref`: the whole
+    /// clsact qdisc when qosd makes it (none there, or one qosd made
+    /// earlier under `prefix`), else only qosd's filter, so a clsact qdisc
+    /// that was there before is never removed. Keys start with `prefix`.
+    pub fn tc_hook(
+        &mut self,
+        knob: &'static str,
+        ns: &crate::netns::NetnsRef,
+        prefix: &str,
+        dev: &str,
+        dir: &str,
+        pref: u32,
+    ) -> Result<()> {
+        let sv = |a: &[&str]| a.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        let qdiscs = ns.run(&sv(&["tc", "qdisc", "show", "dev", dev]))?;
+        let has_clsact = qdiscs.lines().any(|l| l.starts_with("qdisc clsact"));
+        let clsact_key = format!("{prefix}clsact:{dev}");
+        if !has_clsact || self.journal.has(&format!("net:{}:{clsact_key}", ns.inode)) {
+            let undo = sv(&["tc", "qdisc", "del", "dev", dev, "clsact"]);
+            return self.net(knob, ns, None, &clsact_key, undo);
+        }
+        let pref = pref.to_string();
+        let undo = sv(&["tc", "filter", "del", "dev", dev, dir, "pref", &pref]);
+        self.net(knob, ns, None, &format!("{prefix}filter:{dev}:{dir}"), undo)
+    }
+
     /// Writes into a group qosd made (a task id into `tasks`): nothing to
     /// record, removing the group undoes it.
     pub fn assign(&mut self, resource: Resource, path: &Path, value: &str) -> Result<()> {

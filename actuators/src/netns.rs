@@ -111,7 +111,7 @@ pub fn check_undo(argv: &[String]) -> Result<()> {
     let ok = match a.as_slice() {
         ["ip", "link", "del", dev] => dev.starts_with(DELAY_PREFIX),
         ["tc", "filter", "del", "dev", _, "ingress" | "egress", "pref", p] => {
-            *p == TC_PREF.to_string()
+            [TC_PREF, NET_TC_PREF].iter().any(|q| *p == q.to_string())
         }
         ["tc", "qdisc", "del", "dev", _, "clsact"] => true,
         _ => false,
@@ -131,6 +131,9 @@ pub const DELAY_PREFIX: &str = "qhd-";
 /// TC filter priority of qosd's programs (one value, so a restore removes
 /// qosd's filters and nobody else's).
 pub const TC_PREF: u32 = 0x4851;
+/// TC filter priority of `qosd net`'s counting programs: its own, so that
+/// removing them leaves a hedge's filters on the same interface alone.
+pub const NET_TC_PREF: u32 = 0x4e54;
 
 #[cfg(test)]
 mod tests {
@@ -145,6 +148,7 @@ mod tests {
         for ok in [
             "ip link del qhd-1a2b",
             "tc filter del dev eth0 egress pref 18513",
+            "tc filter del dev eth0 ingress pref 20052",
             "tc qdisc del dev eth0 clsact",
         ] {
             check_undo(&v(ok)).unwrap();

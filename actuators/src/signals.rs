@@ -84,6 +84,29 @@ impl Blocked {
         sys("sigwait", unsafe { libc::sigwait(&self.0, &mut sig) })?;
         Ok(sig)
     }
+
+    /// Waits at most `timeout` for one of the blocked signals: `None` when
+    /// none came (a loop that must also do timed work, e.g. `qosd net`).
+    pub fn wait_timeout(&self, timeout: std::time::Duration) -> Result<Option<i32>> {
+        let ts = libc::timespec {
+            tv_sec: timeout.as_secs() as libc::time_t,
+            tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
+        };
+        // SAFETY: the set and the timespec are initialised; a null info
+        // pointer is allowed.
+        let rc = unsafe { libc::sigtimedwait(&self.0, std::ptr::null_mut(), &ts) };
+        if rc >= 0 {
+            return Ok(Some(rc));
+        }
+        match nix::Error::last() {
+            nix::Error::EAGAIN | nix::Error::EINTR => Ok(None),
+            e => Err(Error::Sys {
+                op: "sigtimedwait",
+                tid: 0,
+                source: e,
+            }),
+        }
+    }
 }
 
 #[cfg(test)]

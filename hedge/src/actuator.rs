@@ -225,8 +225,7 @@ impl Hedges {
         Ok(Some(Wired { programs, thread }))
     }
 
-    /// Journals how to remove the filter of `hook` on `dev`: the whole
-    /// clsact qdisc when qosd makes it, else only qosd's filter.
+    /// Journals how to remove the filter of `hook` on `dev` ([`Ctx::tc_hook`]).
     fn journal_hook(
         &self,
         ctx: &mut Ctx,
@@ -235,36 +234,7 @@ impl Hedges {
         dev: &str,
         hook: Hook,
     ) -> Result<()> {
-        let pre = key_prefix(app);
-        let qdiscs = ns.run(&sv(&["tc", "qdisc", "show", "dev", dev]))?;
-        let has_clsact = qdiscs.lines().any(|l| l.starts_with("qdisc clsact"));
-        let clsact_key = format!("{pre}clsact:{dev}");
-        if !has_clsact || ctx.journal().has(&format!("net:{}:{clsact_key}", ns.inode)) {
-            return ctx.net(
-                R,
-                ns,
-                None,
-                &clsact_key,
-                sv(&["tc", "qdisc", "del", "dev", dev, "clsact"]),
-            );
-        }
-        let dir = hook.direction();
-        ctx.net(
-            R,
-            ns,
-            None,
-            &format!("{pre}filter:{dev}:{dir}"),
-            sv(&[
-                "tc",
-                "filter",
-                "del",
-                "dev",
-                dev,
-                dir,
-                "pref",
-                &TC_PREF.to_string(),
-            ]),
-        )
+        ctx.tc_hook(R, ns, &key_prefix(app), dev, hook.direction(), TC_PREF)
     }
 
     /// Turns hedging off for `app`: removes its filters, qdiscs and delay

@@ -10,6 +10,7 @@ pub mod completions;
 pub mod fixture;
 pub mod load;
 pub mod metrics;
+pub mod net;
 pub mod power;
 pub mod replay;
 pub mod replay_real;

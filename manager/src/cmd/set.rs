@@ -205,6 +205,50 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "--pid 1 is init: its setting is the whole node's; add --force if that is meant"
         ));
     }
+    let cfg = config(&args);
+    if let Knob::Hedge(h) = &args.knob {
+        return super::set_hedge::run(h, &args.root, &cfg.state_path(), args.dry_run, args.hold);
+    }
+    // Parse before anything is opened: bad input changes nothing.
+    let quota = match &args.knob {
+        Knob::Quota { quota, .. } => Some(parse_quota(quota)?),
+        _ => None,
+    };
+    // Block the termination signals before changing anything, so that
+    // with --hold a signal arriving mid-change waits and then restores.
+    let sigs = if args.hold {
+        Some(signals::block_termination().map_err(to_anyhow)?)
+    } else {
+        None
+    };
+    let mut acts = Actuators::new(&cfg).map_err(to_anyhow)?;
+    let changes = apply(&mut acts, &args.knob, quota)?;
+    print_changes(&changes, args.dry_run)?;
+    let state = cfg.state_path();
+    match sigs {
+        Some(set) if !args.dry_run => {
+            crate::outln!("holding; SIGINT/SIGTERM (any terminating signal) restores")?;
+            let sig = signals::name(set.wait().map_err(to_anyhow)?);
+            let restored = acts.restore_all().map_err(to_anyhow)?;
+            for c in &restored {
+                crate::outln!("restored {c}")?;
+            }
+            crate::outln!("restored on {sig}")?;
+        }
+        _ if !args.dry_run && !changes.is_empty() => {
+            acts.keep_changes();
+            crate::outln!(
+                "originals recorded in {}; `qosd restore` puts them back",
+                state.display()
+            )?;
+        }
+        _ => acts.keep_changes(),
+    }
+    Ok(())
+}
+
+/// The actuators' config for one knob: the backend the user chose.
+fn config(args: &Args) -> Config {
     let mut cfg = Config {
         root: args.root.clone(),
         dry_run: args.dry_run,
@@ -235,16 +279,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 WaysArg::Pqos => WaysBackend::Pqos,
             }
         }
-        Knob::Mb { .. } | Knob::Priority { .. } => {}
-        Knob::Hedge(h) => {
-            return super::set_hedge::run(
-                h,
-                &args.root,
-                &cfg.state_path(),
-                args.dry_run,
-                args.hold,
-            );
-        }
         Knob::Quota { backend, .. } => {
             cfg.cpu_quota_backend = match backend {
                 QuotaArg::Auto => QuotaBackend::Auto,
@@ -252,28 +286,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 QuotaArg::Cgroup1 => QuotaBackend::Cgroup1,
             }
         }
+        Knob::Mb { .. } | Knob::Priority { .. } | Knob::Hedge(_) => {}
     }
-    // Parse before anything is opened: bad input changes nothing.
-    let quota = match &args.knob {
-        Knob::Quota { quota, .. } => Some(parse_quota(quota)?),
-        _ => None,
-    };
-    // Block the termination signals before changing anything, so that
-    // with --hold a signal arriving mid-change waits and then restores.
-    let sigs = if args.hold {
-        Some(signals::block_termination().map_err(to_anyhow)?)
-    } else {
-        None
-    };
-    let mut acts = Actuators::new(&cfg).map_err(to_anyhow)?;
-    let changes = match &args.knob {
-        Knob::Cores { pid, cpus, .. } => {
-            let alloc = Allocation {
+    cfg
+}
+
+/// Puts the one knob in force; the changes made.
+fn apply(acts: &mut Actuators, knob: &Knob, quota: Option<u32>) -> anyhow::Result<Vec<Change>> {
+    match knob {
+        Knob::Cores { pid, cpus, .. } => acts.apply(
+            &app(pid),
+            &Allocation {
                 cpus: Some(parse_cpus(cpus)?),
                 ..Default::default()
-            };
-            acts.apply(&app(pid), &alloc)
-        }
+            },
+        ),
         Knob::Freq { cpus, mhz, .. } => acts.set_cpu_freq(&parse_cpus(cpus)?, *mhz),
         Knob::Ways { pid, ways, .. } => acts.apply(
             &app(pid),
@@ -296,8 +323,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 ..Default::default()
             },
         ),
-        // Returned above, before any signal or actuator is set up.
-        Knob::Hedge(_) => Ok(Vec::new()),
         Knob::Priority { pid, class } => acts.apply(
             &app(pid),
             &Allocation {
@@ -308,30 +333,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 ..Default::default()
             },
         ),
+        // Handled by `run` before any actuator is set up.
+        Knob::Hedge(_) => Ok(Vec::new()),
     }
-    .map_err(to_anyhow)?;
-    print_changes(&changes, args.dry_run)?;
-    let state = cfg.state_path();
-    match sigs {
-        Some(set) if !args.dry_run => {
-            crate::outln!("holding; SIGINT/SIGTERM (any terminating signal) restores")?;
-            let sig = signals::name(set.wait().map_err(to_anyhow)?);
-            let restored = acts.restore_all().map_err(to_anyhow)?;
-            for c in &restored {
-                crate::outln!("restored {c}")?;
-            }
-            crate::outln!("restored on {sig}")?;
-        }
-        _ if !args.dry_run && !changes.is_empty() => {
-            acts.keep_changes();
-            crate::outln!(
-                "originals recorded in {}; `qosd restore` puts them back",
-                state.display()
-            )?;
-        }
-        _ => acts.keep_changes(),
-    }
-    Ok(())
+    .map_err(to_anyhow)
 }
 
 fn print_changes(changes: &[Change], dry_run: bool) -> anyhow::Result<()> {
