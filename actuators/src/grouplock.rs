@@ -180,6 +180,16 @@ impl PidClaims {
     }
 }
 
+impl Drop for PidClaims {
+    /// A daemon that stops leaves no claim file (one per process would
+    /// pile up in `/run` otherwise); after a SIGKILL the kernel drops the
+    /// locks and a file nobody holds counts for nothing.
+    fn drop(&mut self) {
+        let pids: Vec<i32> = self.held.keys().copied().collect();
+        self.release(&pids);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
