@@ -50,6 +50,10 @@ pub struct AppInterval {
     /// A best-effort app's batch job: operations per second over the
     /// interval (`None` for apps without a job).
     pub be_ops_per_s: Option<f64>,
+    /// CPUs' worth of time the app's processes used over the interval
+    /// (CPU seconds per second): with `achieved_rps`, its operational
+    /// figures ([`crate::oa`]).
+    pub cpus_used: Option<f64>,
 }
 
 /// What sensing a node gave: the policy's snapshot, and on decision ticks

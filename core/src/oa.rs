@@ -57,6 +57,18 @@ impl Oa {
         Oa::of(a.rps, a.cpus_used?, cpus_of(share, node)?)
     }
 
+    /// An app's figures over an interval in which it completed `x_rps`
+    /// requests/s and kept `cpus_used` CPUs busy, holding `share` (`None`:
+    /// not managed) on `node`: see [`cpus_held`].
+    pub fn of_interval(
+        x_rps: f64,
+        cpus_used: Option<f64>,
+        share: Option<&Share>,
+        node: &NodeCaps,
+    ) -> Option<Oa> {
+        Oa::of(x_rps, cpus_used?, cpus_held(share, node)?)
+    }
+
     /// Predicted utilisation if the app held `after` instead of `before`
     /// at the same throughput. Fewer CPUs raise it in proportion; a lower
     /// frequency raises the demand at most in proportion (all of a
@@ -89,6 +101,15 @@ pub fn cpus_of(share: &Share, node: &NodeCaps) -> Option<f64> {
         (Some(c), Some(q)) => Some(c.min(q)),
         (c, q) => c.or(q),
     }
+}
+
+/// CPUs an app can run on: its allocation's ([`cpus_of`]), or all the
+/// node's where nothing bounds it (not managed, or no cores or quota
+/// knob); `None` when the node's size is not known either.
+pub fn cpus_held(share: Option<&Share>, node: &NodeCaps) -> Option<f64> {
+    share
+        .and_then(|s| cpus_of(s, node))
+        .or_else(|| (node.nr_cores > 0).then(|| f64::from(node.nr_cores)))
 }
 
 #[cfg(test)]
@@ -154,5 +175,17 @@ mod tests {
             ..before
         };
         assert!((o.util_on(&before, &slower, &n) - 0.8).abs() < 1e-12);
+        // Not managed, or unbounded: the whole node.
+        assert_eq!(cpus_held(None, &n), Some(8.0));
+        let unbounded = Share {
+            nr_cores: 0,
+            cpu_quota_milli: 0,
+            ..before
+        };
+        assert_eq!(cpus_held(Some(&unbounded), &n), Some(8.0));
+        assert_eq!(cpus_held(Some(&quota), &n), Some(0.5));
+        let o = Oa::of_interval(400.0, Some(0.8), Some(&quota), &n).unwrap();
+        assert!((o.util - 1.6).abs() < 1e-12);
+        assert_eq!(Oa::of_interval(400.0, None, Some(&quota), &n), None);
     }
 }

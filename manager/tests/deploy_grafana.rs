@@ -25,8 +25,9 @@ use support::{free_port, repo, wait_for, Daemon, Prometheus};
 /// shrinks). It runs on a fake node whose tree has no `cpu/possible`, so
 /// its power sensor does not start, and whose pids are not real processes
 /// (on a real node both are exported); its apps run no batch job (a job
-/// is a real process: `daemon_be.rs` checks that gauge on a real daemon).
-const NOT_EXPORTED_YET: [(&str, &str, &str); 5] = [
+/// is a real process: `daemon_be.rs` checks that gauge on a real daemon;
+/// `daemon_oa.rs` checks the operational gauges).
+const NOT_EXPORTED_YET: [(&str, &str, &str); 9] = [
     (
         "qosd_ebpf_dropped_records_total",
         "every app on the fake node is client-fed",
@@ -51,6 +52,26 @@ const NOT_EXPORTED_YET: [(&str, &str, &str); 5] = [
         "qosd_app_be_ops_per_second",
         "no app of the fake node runs a batch job",
         "Empty where no app runs a `job:`",
+    ),
+    (
+        "qosd_app_service_demand_seconds",
+        "the fake node's processes use no CPU time: no service demand",
+        "",
+    ),
+    (
+        "qosd_app_oa_utilization_ratio",
+        "the fake node's processes use no CPU time: no service demand",
+        "",
+    ),
+    (
+        "qosd_app_saturation_requests_per_second",
+        "the fake node's processes use no CPU time: no service demand",
+        "",
+    ),
+    (
+        "qosd_app_headroom_ratio",
+        "the fake node's processes use no CPU time: no service demand",
+        "",
     ),
 ];
 

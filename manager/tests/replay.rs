@@ -53,8 +53,24 @@ fn sim_replay_writes_every_output_and_is_deterministic() {
     let text = String::from_utf8(csv(&a)).unwrap();
     assert_eq!(
         text.lines().next().unwrap(),
-        "t_s,app,offered_rps,achieved_rps,client_p99_ms,ebpf_p99_ms,target_ms,violation,cores,freq_mhz,llc_ways,mb_percent,power_w,ebpf_target_ms,fed_violation,cpu_quota_milli,be_ops_per_s,client_slack,ebpf_slack,ebpf_target_from"
+        "t_s,app,offered_rps,achieved_rps,client_p99_ms,ebpf_p99_ms,target_ms,violation,cores,freq_mhz,llc_ways,mb_percent,power_w,ebpf_target_ms,fed_violation,cpu_quota_milli,be_ops_per_s,client_slack,ebpf_slack,ebpf_target_from,util,headroom,demand_ms,x_sat_rps"
     );
+    // Operational analysis per row where the app served requests: the
+    // laws hold between the columns (U = X / X_sat, headroom = 1 − U).
+    let mut checked = 0;
+    for l in text.lines().skip(1) {
+        let c: Vec<&str> = l.split(',').collect();
+        let v = |i: usize| c[i].parse::<f64>().ok();
+        let (Some(x), Some(u), Some(h), Some(d), Some(xs)) = (v(3), v(20), v(21), v(22), v(23))
+        else {
+            continue;
+        };
+        assert!(d > 0.0 && xs > 0.0, "{l}");
+        assert!((u + h - 1.0).abs() < 1e-3, "{l}");
+        assert!((u * xs - x).abs() <= 0.01 * x + 0.2, "{l}");
+        checked += 1;
+    }
+    assert!(checked > 10, "operational figures in {checked} rows");
     // mb_percent is empty: the simulated node has no memory-bandwidth knob.
     assert!(
         text.lines().nth(1).unwrap().contains(",,"),

@@ -392,6 +392,10 @@ mod tests {
             client_slack: None,
             ebpf_slack: None,
             ebpf_target_from: None,
+            util: None,
+            headroom: None,
+            demand_ms: None,
+            x_sat_rps: None,
         }
     }
 

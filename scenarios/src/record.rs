@@ -6,6 +6,7 @@
 use std::io::Write;
 
 use qosd_core::control::{AppInterval, DecisionEntry, LoopCounters, Recorder, Sensed};
+use qosd_core::oa::Oa;
 use qosd_core::{Allocations, NodeCaps, Resource};
 
 use crate::timeline::{Row, Timeline};
@@ -82,6 +83,13 @@ impl RunRecorder {
             let slo = r.client_target_us.or(t).filter(|v| *v > 0.0)?;
             Some((t? - l?) / slo)
         };
+        // Operational analysis on the CPUs it held over the interval.
+        let oa = Oa::of_interval(
+            r.achieved_rps,
+            r.cpus_used,
+            in_force.get(&r.app),
+            &self.caps,
+        );
         Row {
             t_s: t_ms as f64 / 1000.0,
             app: r.app.clone(),
@@ -104,6 +112,10 @@ impl RunRecorder {
             client_slack: slack(r.client_us, r.client_target_us),
             ebpf_slack: slack(r.ebpf_us, r.ebpf_target_us),
             ebpf_target_from: r.ebpf_target_from.map(|f| f.name().to_owned()),
+            util: oa.map(|o| o.util),
+            headroom: oa.map(|o| o.headroom),
+            demand_ms: oa.map(|o| o.demand_s * 1e3),
+            x_sat_rps: oa.map(|o| o.x_sat_rps),
         }
     }
 }

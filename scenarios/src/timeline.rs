@@ -12,7 +12,10 @@ use serde::{Deserialize, Serialize};
 use crate::sim::oracle::Oracle;
 
 /// Columns of `timeline.csv`, in order.
-pub const COLUMNS: &str = "t_s,app,offered_rps,achieved_rps,client_p99_ms,ebpf_p99_ms,target_ms,violation,cores,freq_mhz,llc_ways,mb_percent,power_w,ebpf_target_ms,fed_violation,cpu_quota_milli,be_ops_per_s,client_slack,ebpf_slack,ebpf_target_from";
+pub const COLUMNS: &str = "t_s,app,offered_rps,achieved_rps,client_p99_ms,ebpf_p99_ms,target_ms,violation,cores,freq_mhz,llc_ways,mb_percent,power_w,ebpf_target_ms,fed_violation,cpu_quota_milli,be_ops_per_s,client_slack,ebpf_slack,ebpf_target_from,util,headroom,demand_ms,x_sat_rps";
+
+/// Columns of timelines written before the operational figures: still read.
+const COLUMNS_BEFORE_OA: usize = 20;
 
 /// One app over one interval; `None` where a figure does not exist (no
 /// target, no such knob on this machine, no request seen).
@@ -55,6 +58,15 @@ pub struct Row {
     /// Where the eBPF-side target came from (`client`, `calibrated_gap`,
     /// `refreshed_gap`).
     pub ebpf_target_from: Option<String>,
+    /// Operational analysis of the interval ([`qosd_core::oa`]): U = X·D
+    /// on the CPUs it held.
+    pub util: Option<f64>,
+    /// 1 − X / X_sat.
+    pub headroom: Option<f64>,
+    /// Service demand D, CPU milliseconds per request.
+    pub demand_ms: Option<f64>,
+    /// Saturation throughput X_sat = c / D, requests/s.
+    pub x_sat_rps: Option<f64>,
 }
 
 fn f(v: Option<f64>, decimals: usize) -> String {
@@ -68,7 +80,7 @@ fn u(v: Option<u32>) -> String {
 impl Row {
     pub fn csv(&self) -> String {
         format!(
-            "{:.3},{},{:.1},{:.1},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{:.3},{},{:.1},{:.1},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             self.t_s,
             self.app,
             self.offered_rps,
@@ -91,13 +103,21 @@ impl Row {
             f(self.client_slack, 4),
             f(self.ebpf_slack, 4),
             self.ebpf_target_from.as_deref().unwrap_or(""),
+            f(self.util, 4),
+            f(self.headroom, 4),
+            f(self.demand_ms, 6),
+            f(self.x_sat_rps, 1),
         )
     }
 
     /// Parses a line written by [`Row::csv`].
     pub fn parse(line: &str) -> Option<Row> {
-        let c: Vec<&str> = line.split(',').collect();
-        if c.len() != COLUMNS.split(',').count() {
+        let mut c: Vec<&str> = line.split(',').collect();
+        let n = COLUMNS.split(',').count();
+        if c.len() == COLUMNS_BEFORE_OA {
+            c.resize(n, "");
+        }
+        if c.len() != n {
             return None;
         }
         let of = |s: &str| {
@@ -135,6 +155,10 @@ impl Row {
             client_slack: of(c[17]),
             ebpf_slack: of(c[18]),
             ebpf_target_from: (!c[19].is_empty()).then(|| c[19].to_owned()),
+            util: of(c[20]),
+            headroom: of(c[21]),
+            demand_ms: of(c[22]),
+            x_sat_rps: of(c[23]),
         })
     }
 }
@@ -431,6 +455,10 @@ mod tests {
             client_slack: Some((10.0 - lat - 1.0) / 10.0),
             ebpf_slack: Some((10.0 - lat) / 10.0),
             ebpf_target_from: Some("calibrated_gap".into()),
+            util: Some(0.25),
+            headroom: Some(0.75),
+            demand_ms: Some(2.5),
+            x_sat_rps: Some(400.0),
         }
     }
 
@@ -474,9 +502,17 @@ mod tests {
         );
         assert!((s.total.energy_j.unwrap() - 25.0).abs() < 1e-12);
         assert_eq!(s.total.be_ops_per_s_mean, None, "no batch job ran");
-        // CSV round trip.
+        // CSV round trip, and a row written before the operational
+        // columns still reads (without them).
         let r = &tl.rows[0];
         assert_eq!(Row::parse(&r.csv()).as_ref(), Some(r));
+        let csv = r.csv();
+        let old: Vec<&str> = csv.split(',').take(COLUMNS_BEFORE_OA).collect();
+        let old = Row::parse(&old.join(",")).unwrap();
+        assert_eq!(
+            (old.util, old.x_sat_rps, old.app.as_str()),
+            (None, None, "a")
+        );
     }
 
     #[test]

@@ -163,7 +163,13 @@ impl CpuMeter {
     /// CPU seconds `pids` used since the previous call (a pid seen for the
     /// first time counts from now on). Pids no longer listed are forgotten.
     pub fn delta_s(&mut self, procfs: &Procfs, pids: &[i32]) -> f64 {
-        let mut used = 0.0;
+        self.delta_by_pid(procfs, pids).iter().map(|(_, d)| d).sum()
+    }
+
+    /// The same, per pid: the pids that could be read and had been seen
+    /// before, each with its CPU seconds since the previous call.
+    pub fn delta_by_pid(&mut self, procfs: &Procfs, pids: &[i32]) -> Vec<(i32, f64)> {
+        let mut used = Vec::with_capacity(pids.len());
         let mut next = HashMap::with_capacity(pids.len());
         for &pid in pids {
             // A process that cannot be read (gone, raced) adds nothing.
@@ -171,7 +177,7 @@ impl CpuMeter {
                 continue;
             };
             if let Some(before) = self.last.get(&pid) {
-                used += (now - before).max(0.0);
+                used.push((pid, (now - before).max(0.0)));
             }
             next.insert(pid, now);
         }

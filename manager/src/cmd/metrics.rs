@@ -198,6 +198,24 @@ fn print_figures(what: &str, f: &Value, extra: Option<(f64, &Value)>) -> anyhow:
     Ok(())
 }
 
+/// The operational analysis line (`oa` of an app or a pid), if it has one.
+fn print_oa(oa: &Value) -> anyhow::Result<()> {
+    let f = |k: &str| oa[k].as_f64();
+    if let (Some(d), Some(u), Some(c), Some(xs), Some(h)) = (
+        f("demand_s"),
+        f("util"),
+        f("cpus"),
+        f("x_sat_rps"),
+        f("headroom"),
+    ) {
+        crate::outln!(
+            "  demand D {} CPU/request   U {u:.2} of {c:.2} CPUs   X_sat {xs:.0} req/s   headroom {h:.2}",
+            crate::policy::alloc::fmt_us(d * 1e6),
+        )?;
+    }
+    Ok(())
+}
+
 pub fn run(a: Args) -> anyhow::Result<()> {
     if let Some(p) = a.p {
         if !(p > 0.0 && p <= 100.0) {
@@ -224,6 +242,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             );
             let extra = a.p.map(|p| (p, &v["window"][format!("p{p}_us")]));
             print_figures(&head, &v["window"], extra)?;
+            print_oa(&v["oa"])?;
         }
         v
     } else if let Some(app) = &a.app {
@@ -241,6 +260,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             );
             let extra = a.p.map(|p| (p, &v["latency"][format!("p{p}_us")]));
             print_figures(&head, &v["latency"], extra)?;
+            print_oa(&v["oa"])?;
         }
         v
     } else {

@@ -233,6 +233,9 @@ pub fn app_json(a: &AppLive, window_ms: u64, knobs: &[Resource]) -> Value {
         "apply_errors_total": a.apply_errors_total,
         "cannot_meet": a.cannot_meet,
         "cannot_meet_total": a.cannot_meet_total,
+        // Operational analysis of the last decision interval: x_rps,
+        // demand_s (CPU s/request), cpus (c), util, x_sat_rps, headroom.
+        "oa": a.oa,
         "note": a.note,
     })
 }

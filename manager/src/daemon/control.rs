@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use qosd_core::control::{Applied as PlanApplied, ControlLoop, LoopCounters, Node, Sensed, Tick};
+use qosd_core::oa::{cpus_held, Oa};
 use qosd_core::{Allocations, AppState, Feedback, Limits, NodeCaps, Plan, Policy, Snapshot};
 use qosd_sensors::ebpf::{Figure, RequestTracer};
 use qosd_sensors::power::PowerSensor;
@@ -44,6 +45,8 @@ struct AppRt {
     cpus_used: Option<f64>,
     /// CPU time its processes used since qosd found them, seconds.
     cpu_total_s: f64,
+    /// Its processes' requests and CPU time, per pid.
+    per_pid: oa::PidMeter,
     /// Its latencies as the policy sees them: the last decision
     /// interval's ticks, started again whenever a plan is applied.
     window: Recent,
@@ -94,6 +97,7 @@ pub struct DaemonNode {
 
 mod apps;
 mod discovery;
+mod oa;
 mod pods;
 mod report;
 pub use report::{describe_target, live_entry};
@@ -231,6 +235,7 @@ impl AppRt {
             cpu_util: 0.0,
             cpus_used: None,
             cpu_total_s: 0.0,
+            per_pid: Default::default(),
             containers: Vec::new(),
             from_pod: false,
             lock: None,
@@ -340,7 +345,8 @@ impl DaemonNode {
             if !decide {
                 continue;
             }
-            let used = a.cpu.delta_s(&self.procfs, &a.pids);
+            let by_pid = a.cpu.delta_by_pid(&self.procfs, &a.pids);
+            let used: f64 = by_pid.iter().map(|p| p.1).sum();
             a.cpu_total_s += used;
             let nr_cpus = self
                 .act
@@ -351,6 +357,7 @@ impl DaemonNode {
                 a.cpu_util = (used / (secs * nr_cpus.max(1) as f64)).clamp(0.0, 1.0);
                 a.cpus_used = Some(used / secs);
             }
+            a.per_pid.update(&by_pid, self.tracer.as_deref(), secs);
         }
         let mut snap = Snapshot::default();
         let mut sh = self.shared.lock();
@@ -376,6 +383,11 @@ impl DaemonNode {
             live.cpu_seconds_total = a.cpu_total_s;
             if decide {
                 live.be_ops_per_s = self.jobs.ops_per_s(i);
+                // Operational analysis on what it holds (the API's).
+                let share = self.act.current().get(&a.cfg.name);
+                let node = self.act.node();
+                live.oa = Oa::of_interval(live.recent.rps(), a.cpus_used, share, node);
+                live.pid_oa = a.per_pid.figures(cpus_held(share, node));
             }
             if self.act.current().contains_key(&a.cfg.name) {
                 let pct = live.target.map_or(99.0, |t| t.percentile);

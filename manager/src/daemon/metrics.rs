@@ -348,6 +348,38 @@ pub fn render(sh: &Shared, dropped: Option<u64>) -> String {
             o.sample("qosd_app_be_ops_per_second", &[("app", &a.name)], v);
         }
     }
+    // Operational analysis (docs/control.md): only apps with figures.
+    type OaField = fn(&qosd_core::oa::Oa) -> f64;
+    let oa_gauges: [(&str, &str, OaField); 4] = [
+        (
+            "qosd_app_service_demand_seconds",
+            "Service demand D: CPU seconds per request over the last decision interval.",
+            |o| o.demand_s,
+        ),
+        (
+            "qosd_app_oa_utilization_ratio",
+            "Utilisation U = X·D / c of the CPUs the app holds (can exceed 1 when it is short).",
+            |o| o.util,
+        ),
+        (
+            "qosd_app_saturation_requests_per_second",
+            "Saturation throughput X_sat = c / D on the CPUs the app holds.",
+            |o| o.x_sat_rps,
+        ),
+        (
+            "qosd_app_headroom_ratio",
+            "Headroom 1 − X / X_sat on the CPUs the app holds.",
+            |o| o.headroom,
+        ),
+    ];
+    for (name, help, field) in oa_gauges {
+        o.family(name, "gauge", help);
+        for a in apps() {
+            if let Some(oa) = &a.oa {
+                o.sample(name, &[("app", &a.name)], field(oa));
+            }
+        }
+    }
 
     // Allocations: only knobs in use, only managed apps, only values set.
     for k in &qosd_core::KNOBS {

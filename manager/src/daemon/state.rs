@@ -55,6 +55,11 @@ pub struct AppLive {
     pub cannot_meet: Option<String>,
     /// Decisions at which it was in that state.
     pub cannot_meet_total: u64,
+    /// Operational analysis of the last decision interval (D, U, X_sat,
+    /// headroom on what it holds); `None` without requests or CPU time.
+    pub oa: Option<qosd_core::oa::Oa>,
+    /// The same per traced process, on the app's CPUs.
+    pub pid_oa: BTreeMap<i32, qosd_core::oa::Oa>,
 }
 
 impl AppLive {

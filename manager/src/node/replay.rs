@@ -305,6 +305,7 @@ impl Node for ReplayNode {
                     ebpf_target_from: ebpf_target.map(|t| t.1),
                     power_w,
                     be_ops_per_s,
+                    cpus_used: app_power.as_ref().map(|p| p.cpus_used),
                 });
                 m.iv_client.clear();
                 m.iv_ebpf.clear();

@@ -288,6 +288,7 @@ impl SimulatedNode {
                 ebpf_target_from: ebpf_target.map(|t| t.1),
                 power_w: Some(power),
                 be_ops_per_s: job.then_some(st.ops / iv_s),
+                cpus_used: Some(st.busy_core_s / iv_s),
             });
             let busy = st.busy_core_s / iv_s;
             let util = busy / st.model.effective_cpus(&a, &self.node).max(1e-9);

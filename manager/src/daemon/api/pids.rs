@@ -53,6 +53,11 @@ pub(super) async fn pid(State(api): State<Api>, Path(raw): Path<String>) -> Repl
     let (t, app) = traced(&api, pid)?;
     let p = pid as u32;
     let s = t.summary(p).unwrap_or_default();
+    // Its share of the app's operational figures (on the app's CPUs).
+    let oa = app.as_ref().and_then(|name| {
+        let sh = api.shared.lock();
+        sh.apps.get(name)?.pid_oa.get(&pid).copied()
+    });
     let v = t.summary_of(p, Figure::Service).unwrap_or_default();
     Ok(Json(json!({
         "pid": pid,
@@ -78,6 +83,7 @@ pub(super) async fn pid(State(api): State<Api>, Path(raw): Path<String>) -> Repl
             "p99_us": s.p99_us,
         },
         "exited": t.exited(p),
+        "oa": oa,
     })))
 }
 

@@ -172,6 +172,7 @@ impl DaemonNode {
                     ebpf_target_from: target.map(|_| qosd_core::slo::TargetFrom::Client),
                     power_w: live.power_w,
                     be_ops_per_s: live.be_ops_per_s,
+                    cpus_used: a.cpus_used,
                 })
             })
             .collect()
@@ -245,6 +246,8 @@ pub fn live_entry(
         apply_errors_total: 0,
         cannot_meet: None,
         cannot_meet_total: 0,
+        oa: None,
+        pid_oa: Default::default(),
     }
 }
 
