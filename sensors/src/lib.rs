@@ -3,9 +3,11 @@
 //! application. [`stats`] is the windowed statistics engine behind it;
 //! [`procfs`] reads CPU utilisation per process and node. [`power`]
 //! attributes node power (RAPL, or a labelled model) to threads and apps
-//! from a `sched_switch` BPF program.
+//! from a `sched_switch` BPF program. [`sensor`] is the plugin interface
+//! every node samples them through.
 
 pub mod ebpf;
 pub mod power;
 pub mod procfs;
+pub mod sensor;
 pub mod stats;

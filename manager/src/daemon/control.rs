@@ -11,18 +11,20 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use qosd_core::control::{Applied as PlanApplied, ControlLoop, LoopCounters, Node, Sensed, Tick};
-use qosd_core::{Allocations, AppState, Feedback, Limits, NodeCaps, Plan, Policy, Snapshot};
-use qosd_sensors::ebpf::{Figure, RequestTracer};
+use qosd_core::{Allocations, AppClass, Feedback, Limits, NodeCaps, Plan, Policy};
+use qosd_sensors::ebpf::RequestTracer;
 use qosd_sensors::power::PowerSensor;
-use qosd_sensors::procfs::{CpuMeter, NodeCpu, Procfs};
-use qosd_sensors::stats::LogHistogram;
+use qosd_sensors::sensor::client::{ClientInbox, ClientSensor};
+use qosd_sensors::sensor::ebpf::EbpfSensor;
+use qosd_sensors::sensor::procfs::ProcfsSensor;
+use qosd_sensors::sensor::{BoxedSensor, Sensors};
 
 use super::discover::Finder;
 use super::jobs::Jobs;
 use super::state::SharedState;
 use crate::config::AppConfig;
 use crate::node::actuate::Actuation;
-use crate::node::latency::{figures_from_tracer, FigureTick, Recent};
+use crate::node::sensing::{fed_tick, SenseApp, Sensing};
 
 /// One configured app and what the loop keeps about it.
 struct AppRt {
@@ -32,16 +34,6 @@ struct AppRt {
     pids: Vec<i32>,
     /// Why it is not managed, or its last failure to apply.
     note: Option<String>,
-    cpu: CpuMeter,
-    /// Seconds since its CPU time was last read.
-    cpu_span_s: f64,
-    /// Share of its CPUs it used over the last decision interval.
-    cpu_util: f64,
-    /// CPU time its processes used since qosd found them, seconds.
-    cpu_total_s: f64,
-    /// Its latencies as the policy sees them: the last decision
-    /// interval's ticks, started again whenever a plan is applied.
-    window: Recent,
 }
 
 /// Something worth a line on stdout.
@@ -57,12 +49,10 @@ pub struct Controller {
 pub struct DaemonNode {
     apps: Vec<AppRt>,
     act: Actuation,
-    tracer: Option<Arc<RequestTracer>>,
-    power: Option<PowerSensor>,
+    /// Every sensor's figures of the apps (see [`Sensing`]).
+    sensing: Sensing,
     shared: SharedState,
     finder: Finder,
-    procfs: Procfs,
-    node_cpu: Option<NodeCpu>,
     dry_run: bool,
     /// The batch jobs of best-effort apps that run one.
     jobs: Jobs,
@@ -77,6 +67,9 @@ mod report;
 pub use report::{describe_target, live_entry};
 
 impl Controller {
+    /// The sensors: client reports from the API (each app's inbox in
+    /// `shared` is connected here), CPU time from `root`'s /proc and, with
+    /// a `tracer`, eBPF requests; power is added by [`Self::set_power`].
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         apps: &[AppConfig],
@@ -93,30 +86,47 @@ impl Controller {
             (i.decide_interval_ms / i.monitor_interval_ms.max(1)).max(1) as usize
         };
         let nr_apps = apps.len();
+        let mut feeds = Vec::with_capacity(nr_apps);
+        {
+            let mut sh = shared.lock();
+            for a in apps {
+                let (inbox, rx) = ClientInbox::connected();
+                feeds.push(sh.apps.get_mut(&a.name).map(|live| {
+                    live.inbox = inbox;
+                    rx
+                }));
+            }
+        }
+        let mut list: Vec<BoxedSensor> = vec![
+            Box::new(ClientSensor::new(feeds)),
+            Box::new(ProcfsSensor::new(root)),
+        ];
+        if let Some(t) = tracer {
+            let s = apps.iter().fold(EbpfSensor::new(t), |s, a| {
+                s.with_ports(&a.name, a.ports.clone())
+            });
+            list.push(Box::new(s));
+        }
+        let sense_apps = apps
+            .iter()
+            .map(|a| sense_app(a, feedback_override.unwrap_or(a.feedback)))
+            .collect();
         let apps = apps
             .iter()
             .map(|a| AppRt {
-                window: Recent::new(nr_slots),
                 feedback: feedback_override.unwrap_or(a.feedback),
                 limits: a.limits(),
                 cfg: a.clone(),
                 pids: Vec::new(),
                 note: None,
-                cpu: CpuMeter::default(),
-                cpu_span_s: 0.0,
-                cpu_util: 0.0,
-                cpu_total_s: 0.0,
             })
             .collect();
         let node = DaemonNode {
             apps,
             act,
-            tracer,
-            power: None,
+            sensing: Sensing::new(Sensors::new(list), sense_apps, nr_slots),
             shared,
             finder: Finder::new(root),
-            procfs: Procfs::new(root),
-            node_cpu: None,
             dry_run,
             jobs: Jobs::none(nr_apps),
             scan: true,
@@ -130,6 +140,10 @@ impl Controller {
 
     /// Runs the best-effort apps' batch jobs (started on the next tick).
     pub fn set_jobs(&mut self, jobs: Jobs) {
+        for i in 0..self.node.apps.len() {
+            // A batch job serves no requests.
+            self.node.sensing.app_mut(i).serves = !jobs.is_job(i);
+        }
         self.node.jobs = jobs;
     }
 
@@ -140,7 +154,7 @@ impl Controller {
 
     /// Samples `power` on every decision tick from now on.
     pub fn set_power(&mut self, power: PowerSensor) {
-        self.node.power = Some(power);
+        self.node.sensing.add_sensor(Box::new(power));
     }
 
     pub fn actuation(&self) -> &Actuation {
@@ -207,20 +221,11 @@ impl Node for DaemonNode {
         let mut events = self.jobs.supervise(tick.now_ms);
         events.extend(self.discover(tick.now_ms, self.scan));
         if tick.decide {
-            self.sample_power();
             self.jobs.sample();
         }
-        let snapshot = self.measure(tick.now_ms, tick.dt_s, tick.decide);
-        let interval = if tick.decide {
-            self.interval_rows()
-        } else {
-            Vec::new()
-        };
-        Sensed {
-            snapshot,
-            interval,
-            events,
-        }
+        let mut sensed = self.measure(tick);
+        sensed.events = events;
+        sensed
     }
 
     fn apply(&mut self, tick: &Tick, plan: &Plan) -> PlanApplied {
@@ -243,9 +248,7 @@ impl Node for DaemonNode {
         };
         self.events.extend(ev);
         // What the policy sees next was measured under the new plan.
-        for a in &mut self.apps {
-            a.window.restart();
-        }
+        self.sensing.restart(tick.now_ms);
         PlanApplied {
             in_force: self.act.current().clone(),
             errors,
@@ -273,100 +276,47 @@ impl DaemonNode {
             .collect()
     }
 
-    /// Feeds each app's latencies of this tick in and builds the snapshot
-    /// of the managed apps. CPU time is read on decision ticks only: the
-    /// kernel counts it in 10 ms ticks, too coarse for 100 ms anyway.
-    fn measure(&mut self, now_ms: u64, dt_s: f64, decide: bool) -> Snapshot {
-        // Both eBPF figures of eBPF apps (the API offers either); the
-        // policy gets the app's configured one.
-        let mut ticks: Vec<(FigureTick, Option<[FigureTick; 2]>)> =
-            Vec::with_capacity(self.apps.len());
-        for a in &self.apps {
-            ticks.push(match (a.feedback, &self.tracer) {
-                (Feedback::Ebpf, Some(t)) => {
-                    let both = figures_from_tracer(t, &a.pids);
-                    let i = usize::from(crate::config::figure_of(a.cfg.latency) == Figure::Service);
-                    (both[i].clone(), Some(both))
-                }
-                _ => ((LogHistogram::new(), None), None),
-            });
-        }
-        for a in &mut self.apps {
-            a.cpu_span_s += dt_s;
-            if !decide {
-                continue;
-            }
-            let used = a.cpu.delta_s(&self.procfs, &a.pids);
-            a.cpu_total_s += used;
-            let nr_cpus = self
-                .act
-                .cpus(&a.cfg.name)
-                .map_or(self.act.nr_online_cpus(), |c| c.len());
-            let secs = std::mem::take(&mut a.cpu_span_s);
-            if secs > 0.0 {
-                a.cpu_util = (used / (secs * nr_cpus.max(1) as f64)).clamp(0.0, 1.0);
-            }
-        }
-        let mut snap = Snapshot::default();
+    /// Senses the apps and publishes the tick's figures to the API: the
+    /// fed latencies (a window that is not restarted by plans) and, for
+    /// eBPF apps, both eBPF figures; CPU, power and the batch jobs' rates.
+    fn measure(&mut self, tick: &Tick) -> Sensed {
+        let (mut sensed, readings) = self.sensing.sense(tick, &self.act);
         let mut sh = self.shared.lock();
-        for (i, (a, ((hist, latest), both))) in self.apps.iter_mut().zip(ticks).enumerate() {
-            let util = a.cpu_util;
+        if tick.decide {
+            sh.power_error = self.sensing.sensors().error("power").map(str::to_owned);
+            sh.node_power_w = self.sensing.node_power_w();
+            if let Some(u) = self.sensing.node_cpu_util() {
+                sh.node_cpu_util = Some(u);
+            }
+        }
+        for (i, (a, r)) in self.apps.iter().zip(&readings).enumerate() {
             let Some(live) = sh.apps.get_mut(&a.cfg.name) else {
                 continue;
             };
-            let (hist, latest) = match a.feedback {
-                Feedback::Client => live.inbox.take(),
-                Feedback::Ebpf => (hist, latest),
-            };
-            // The policy's window (restarted when a plan is applied) and
-            // the API's (always the last decision interval).
-            a.window.push(hist.clone(), dt_s, latest);
-            live.recent.push(hist, dt_s, latest);
-            if let Some(both) = both {
-                for (r, (h, l)) in live.ebpf.iter_mut().zip(both) {
-                    r.push(h, dt_s, l);
+            let fed = fed_tick(self.sensing.app(i), r);
+            live.recent.push(fed.hist, tick.dt_s, fed.latest_ns);
+            if let (Feedback::Ebpf, Some(both)) = (a.feedback, &r.server) {
+                for (w, t) in live.ebpf.iter_mut().zip(both.clone()) {
+                    w.push(t.hist, tick.dt_s, t.latest_ns);
                 }
             }
-            live.cpu_util = util;
-            live.cpu_seconds_total = a.cpu_total_s;
-            if decide {
+            live.cpu_util = self.sensing.cpu_util(i);
+            live.cpu_seconds_total = self.sensing.cpu_total_s(i);
+            if tick.decide {
                 live.be_ops_per_s = self.jobs.ops_per_s(i);
-            }
-            if self.act.current().contains_key(&a.cfg.name) {
-                let pct = live.target.map_or(99.0, |t| t.percentile);
-                snap.apps.push(AppState {
-                    name: a.cfg.name.clone(),
-                    class: a.cfg.class,
-                    target: live.target,
-                    latency_us: a.window.percentile_us(pct),
-                    rps: a.window.rps(),
-                    cpu_util: util,
-                    power_w: live.power_w,
-                    limits: a.limits,
-                });
+                live.power = self.sensing.power(i).cloned();
+                live.power_w = live.power.as_ref().map(|p| p.power_w);
             }
         }
-        snap.node_power_w = sh.node_power_w;
-        // The windows restart when a plan is applied: the oldest tick any
-        // app's figure holds.
-        let span_s = self
-            .apps
-            .iter()
-            .map(|a| a.window.span_s())
-            .fold(0.0, f64::max);
-        snap.since_ms = Some(now_ms.saturating_sub((span_s * 1000.0).round() as u64));
-        snap
+        for (i, row) in sensed.interval.iter_mut().enumerate() {
+            row.be_ops_per_s = self.jobs.ops_per_s(i);
+        }
+        sensed
     }
 
     /// Copies allocations, processes and node figures to the shared state.
     fn publish(&mut self, decided: bool, counters: LoopCounters) {
-        let node = decided.then(|| self.procfs.node_cpu().ok()).flatten();
         let mut sh = self.shared.lock();
-        if let Some(n) = node {
-            if let Some(before) = self.node_cpu.replace(n) {
-                sh.node_cpu_util = Some(n.utilisation_since(&before));
-            }
-        }
         sh.loop_counters = counters;
         sh.monitor_ticks_total += 1;
         if decided {
@@ -390,5 +340,23 @@ impl DaemonNode {
                 live.cpus = cpus;
             }
         }
+    }
+}
+
+/// App `a` as the sensing layer needs it: judged against its target (a
+/// latency-critical app's), on both sides, with `feedback` feeding it.
+fn sense_app(a: &AppConfig, feedback: Feedback) -> SenseApp {
+    let target = a.qos_target().filter(|_| a.class == AppClass::Lc);
+    SenseApp {
+        name: a.name.clone(),
+        class: a.class,
+        feedback,
+        figure: crate::config::figure_of(a.latency),
+        limits: a.limits(),
+        percentile: target.map_or(99.0, |t| t.percentile),
+        client_target_us: target.map(|t| t.value_us),
+        ebpf_target_us: target.map(|t| t.value_us),
+        driven: false,
+        serves: true,
     }
 }
