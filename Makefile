@@ -27,7 +27,7 @@ GO ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
 TOOLS := target/tools
 KUBECONFORM_VERSION := v0.8.0
 
-.PHONY: all deps tools tracefs build fixtures test demo bench fmt lint clean install uninstall man
+.PHONY: all deps tools tracefs build fixtures test test-kernels demo bench fmt lint clean install uninstall man
 
 all: build
 
@@ -66,6 +66,11 @@ fixtures:
 ## test: every test, real eBPF and real servers included (run as root)
 test: build fixtures
 	$(CARGO) test --release --workspace --no-fail-fast -- --test-threads=2
+
+## test-kernels: the root suites of the sensors and actuators on Debian 12's
+## and 13's kernels (guests with cgroup v2 only) and this host; docs/kernels.md
+test-kernels: build fixtures
+	bash kernels/matrix.sh
 
 ## demo: search ramped beside a batch job under PARTIES (CPU quota), then the static split, compared
 demo: build

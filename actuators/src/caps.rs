@@ -1,9 +1,19 @@
-//! What the machine offers: per knob, whether it is available, which
-//! backend was chosen and why, and what each backend lacks. This is what
-//! `qosd caps` prints and what the manager plans with.
+//! What the machine offers, probed once at start: per knob, whether it is
+//! available, which backend was chosen and why, and what each backend
+//! lacks ([`Caps`], what `qosd caps` prints), the chosen plugins, and the
+//! node's capacities in the policy's terms ([`NodeCaps`]). The knobs are
+//! the rows of [`DETECTORS`], one detection function per knob, in
+//! [`Resource::ALL`] order.
 
-use qosd_core::Resource;
+use std::collections::BTreeMap;
+
+use qosd_core::{NodeCaps, Resource};
 use serde::Serialize;
+
+use crate::config::Config;
+use crate::root::Root;
+use crate::topology::Topology;
+use crate::{cores, freq, quota, resctrl, Actuator};
 
 /// One backend's probe result.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -12,6 +22,27 @@ pub struct BackendProbe {
     pub available: bool,
     /// What it would use, or why it cannot be used.
     pub reason: String,
+}
+
+impl BackendProbe {
+    /// A probe result from a probe function: `ok` says what an available
+    /// backend would use; the error is why it cannot be used.
+    pub fn of<T>(
+        name: &str,
+        r: std::result::Result<T, String>,
+        ok: impl FnOnce(&T) -> String,
+    ) -> (BackendProbe, Option<T>) {
+        let (available, reason, v) = match r {
+            Ok(v) => (true, ok(&v), Some(v)),
+            Err(reason) => (false, reason, None),
+        };
+        let p = BackendProbe {
+            name: name.into(),
+            available,
+            reason,
+        };
+        (p, v)
+    }
 }
 
 /// One knob.
@@ -73,35 +104,32 @@ impl KnobCaps {
             }
         }
     }
+
+    /// The chosen backend turned out unusable after all (`reason`).
+    pub fn withdraw(&mut self, reason: String) {
+        self.available = false;
+        self.backend = None;
+        self.reason = reason;
+    }
 }
 
-/// Every knob; the JSON keys are the resource names.
+/// Every knob; the JSON keys are the resource names, in [`Resource::ALL`]
+/// order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Caps {
-    pub cores: KnobCaps,
-    pub frequency: KnobCaps,
-    pub cache_ways: KnobCaps,
-    pub memory_bandwidth: KnobCaps,
-    pub cpu_quota: KnobCaps,
-}
+#[serde(transparent)]
+pub struct Caps(BTreeMap<Resource, KnobCaps>);
 
 impl Caps {
     pub fn get(&self, r: Resource) -> &KnobCaps {
-        match r {
-            Resource::Cores => &self.cores,
-            Resource::Frequency => &self.frequency,
-            Resource::CacheWays => &self.cache_ways,
-            Resource::MemoryBandwidth => &self.memory_bandwidth,
-            Resource::CpuQuota => &self.cpu_quota,
-        }
+        // `detect` fills every resource (a test checks).
+        &self.0[&r]
     }
 }
 
 impl std::fmt::Display for Caps {
     /// The human table of `qosd caps`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        for r in Resource::ALL {
-            let k = self.get(r);
+        for (r, k) in &self.0 {
             match &k.backend {
                 Some(b) => writeln!(f, "{:<17} available    backend {b}", r.name())?,
                 None => writeln!(f, "{:<17} unavailable", r.name())?,
@@ -117,5 +145,82 @@ impl std::fmt::Display for Caps {
             }
         }
         Ok(())
+    }
+}
+
+/// What every knob's detection sees.
+pub struct Probe<'a> {
+    pub root: Root,
+    pub cfg: &'a Config,
+    /// The CPU topology, or why it cannot be read.
+    pub topo: std::result::Result<Topology, String>,
+}
+
+/// A knob's caps and, when available, its plugin.
+pub type Detected = (KnobCaps, Option<Box<dyn Actuator>>);
+
+/// Probes the backends of one knob and builds the chosen one.
+pub type Detect = fn(&Probe) -> Detected;
+
+/// Every knob's detection, in [`Resource::ALL`] order.
+pub const DETECTORS: [(Resource, Detect); 5] = [
+    (Resource::Cores, cores::detect),
+    (Resource::Frequency, freq::detect),
+    (Resource::CacheWays, resctrl::detect_ways),
+    (Resource::MemoryBandwidth, resctrl::detect_mb),
+    (Resource::CpuQuota, quota::detect),
+];
+
+/// Probes the machine: what `qosd caps` shows, the chosen plugins (in
+/// [`Resource::ALL`] order) and what the policy may hand out.
+pub fn detect(cfg: &Config) -> crate::Result<(Caps, Vec<Box<dyn Actuator>>)> {
+    let (caps, plugins, _) = detect_all(cfg);
+    Ok((caps, plugins))
+}
+
+/// [`detect`] and the node's capacities, each plugin adding its own
+/// ([`Actuator::offer`]).
+pub(crate) fn detect_all(cfg: &Config) -> (Caps, Vec<Box<dyn Actuator>>, NodeCaps) {
+    let root = Root::new(&cfg.root);
+    let topo = Topology::read(&root).map_err(|e| e.to_string());
+    let p = Probe { root, cfg, topo };
+    let mut caps = BTreeMap::new();
+    let mut plugins = Vec::new();
+    let mut node = NodeCaps::default();
+    for (r, detect) in DETECTORS {
+        let (k, plugin) = detect(&p);
+        if let Some(plugin) = plugin {
+            plugin.offer(&p, &mut node);
+            plugins.push(plugin);
+        }
+        caps.insert(r, k);
+    }
+    (Caps(caps), plugins, node)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_knob_is_detected_in_order() {
+        let rs: Vec<Resource> = DETECTORS.iter().map(|d| d.0).collect();
+        assert_eq!(rs, Resource::ALL.to_vec());
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = Config {
+            root: dir.path().to_owned(),
+            state_file: Some(dir.path().join("state.json")),
+            ..Config::default()
+        };
+        let (caps, plugins, node) = detect_all(&cfg);
+        assert!(plugins.is_empty(), "an empty tree offers nothing");
+        for r in Resource::ALL {
+            assert!(!caps.get(r).available, "{r}");
+            assert!(!node.has(r), "{r}");
+        }
+        let json = serde_json::to_value(&caps).unwrap();
+        let keys: Vec<&String> = json.as_object().unwrap().keys().collect();
+        let names: Vec<&str> = Resource::ALL.iter().map(|r| r.name()).collect();
+        assert_eq!(keys, names);
     }
 }

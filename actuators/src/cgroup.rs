@@ -23,8 +23,10 @@ fn mounts(root: &Root) -> Vec<(String, String, String)> {
         .collect()
 }
 
-/// Finds the cgroup2 mount where `controller` is available and enabled for
-/// child groups (the cores and quota knobs share it).
+/// Finds the cgroup2 mount where `controller` is available (the cores and
+/// quota knobs share it). A controller not yet enabled for child groups in
+/// the mount's `cgroup.subtree_control` is enabled by [`enable_for_groups`]
+/// when qosd first makes a group there, as systemd does for its slices.
 pub fn cgroup2_with(root: &Root, controller: &str) -> std::result::Result<PathBuf, String> {
     let mut cands: Vec<String> = mounts(root)
         .into_iter()
@@ -51,15 +53,22 @@ pub fn cgroup2_with(root: &Root, controller: &str) -> std::result::Result<PathBu
             "cgroup2 at {m}: {controller} not in cgroup.controllers (the controller is bound to a cgroup v1 hierarchy or not built)"
         ));
     }
-    let sub = root
-        .read(format!("{m}/cgroup.subtree_control"))
-        .unwrap_or_default();
-    if !sub.split_whitespace().any(|c| c == controller) {
-        return Err(format!(
-            "cgroup2 at {m}: {controller} not enabled in cgroup.subtree_control (echo +{controller} > {m}/cgroup.subtree_control)"
-        ));
+    if !root.exists(format!("{m}/cgroup.subtree_control")) {
+        return Err(format!("cgroup2 at {m}: no cgroup.subtree_control"));
     }
     Ok(root.path(m))
+}
+
+/// Enables `controller` for the groups under a cgroup2 `mount` (its
+/// `cgroup.subtree_control`), journalled so that restoring disables it
+/// again. A v1 hierarchy needs nothing.
+pub fn enable_for_groups(
+    ctx: &mut Ctx,
+    resource: Resource,
+    mount: &Path,
+    controller: &str,
+) -> Result<()> {
+    ctx.enable_controller(resource, &mount.join("cgroup.subtree_control"), controller)
 }
 
 /// Finds the cgroup v1 hierarchy with `controller` among its mount

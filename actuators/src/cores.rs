@@ -11,7 +11,7 @@ use qosd_core::{cpulist, Allocation, Resource};
 use crate::error::{Error, Result};
 use crate::root::Root;
 use crate::topology::Topology;
-use crate::{cgroup, proc, Actuator, AppTarget, Ctx, KnobPlan};
+use crate::{cgroup, proc, Actuator, AppTarget, Ctx, KnobRequest};
 
 const R: Resource = Resource::Cores;
 
@@ -67,6 +67,9 @@ impl CoresActuator {
         cpus: &[u32],
     ) -> Result<()> {
         let group = mount.join(app.group_name());
+        if v2 {
+            cgroup::enable_for_groups(ctx, R, mount, "cpuset")?;
+        }
         let created = ctx.mkdir(R, &group)?;
         ctx.write(R, &group.join("cpuset.cpus"), &cpulist::format(cpus), false)?;
         // A cpuset needs memory nodes before it can hold a task: the
@@ -103,7 +106,7 @@ impl Actuator for CoresActuator {
         }
     }
 
-    fn apply(&mut self, ctx: &mut Ctx, plan: &KnobPlan<'_>) -> Result<()> {
+    fn apply(&mut self, ctx: &mut Ctx, plan: &KnobRequest<'_>) -> Result<()> {
         let Some(cpus) = &plan.want.cpus else {
             return Ok(());
         };
@@ -139,6 +142,10 @@ impl Actuator for CoresActuator {
         }
     }
 
+    fn offer(&self, _: &crate::caps::Probe, node: &mut qosd_core::NodeCaps) {
+        node.nr_cores = self.topo.cores.len() as u32;
+    }
+
     fn read(&self, ctx: &Ctx, app: &AppTarget) -> Result<Allocation> {
         let pid = cgroup::first_pid(app)?;
         let cpus = match self.group(app) {
@@ -152,4 +159,37 @@ impl Actuator for CoresActuator {
             ..Default::default()
         })
     }
+}
+
+/// The cores knob's row of [`crate::caps::DETECTORS`]: cgroup v2, v1,
+/// then affinity, as the config allows; none without a topology.
+pub fn detect(p: &crate::caps::Probe) -> crate::caps::Detected {
+    use crate::caps::{BackendProbe, KnobCaps};
+    let root = &p.root;
+    let (p2, c2) = BackendProbe::of("cgroup2", probe_cgroup2(root), |m| {
+        format!("cpuset cgroup per app under {}", root.show(m))
+    });
+    let (p1, c1) = BackendProbe::of("cgroup1", probe_cgroup1(root), |m| {
+        format!("cgroup v1 cpuset per app under {}", root.show(m))
+    });
+    let (pa, ca) = BackendProbe::of("affinity", probe_affinity(root), |_| {
+        "sched_setaffinity on every thread in /proc/PID/task (new threads inherit it)".into()
+    });
+    let allowed = |n: &str| crate::config::allowed(p.cfg.cores_backend, n);
+    let mut caps = KnobCaps::choose(vec![p2, p1, pa], allowed);
+    let topo = match (&caps.backend, &p.topo) {
+        (Some(_), Ok(t)) => t.clone(),
+        (Some(_), Err(e)) => {
+            caps.withdraw(format!("cannot read the CPU topology: {e}"));
+            return (caps, None);
+        }
+        (None, _) => return (caps, None),
+    };
+    let imp = match caps.backend.as_deref() {
+        Some("cgroup2") => c2.map(|mount| CoresImpl::Cgroup { v2: true, mount }),
+        Some("cgroup1") => c1.map(|mount| CoresImpl::Cgroup { v2: false, mount }),
+        _ => ca.map(|_| CoresImpl::Affinity),
+    };
+    let plugin = imp.map(|imp| Box::new(CoresActuator { imp, topo }) as Box<dyn Actuator>);
+    (caps, plugin)
 }

@@ -170,6 +170,37 @@ impl Ctx {
         Ok(true)
     }
 
+    /// Enables `controller` in the cgroup2 `cgroup.subtree_control` file
+    /// `path` unless it is on already (journalled: restore disables it).
+    pub fn enable_controller(
+        &mut self,
+        resource: Resource,
+        path: &Path,
+        controller: &str,
+    ) -> Result<()> {
+        let now = read_file(path)?;
+        if now.split_whitespace().any(|c| c == controller) {
+            return Ok(());
+        }
+        let entry = Entry::EnabledController {
+            resource,
+            path: path.to_owned(),
+            controller: controller.to_owned(),
+        };
+        self.journal.record(entry.clone())?;
+        if !self.dry_run {
+            write_file(path, &format!("+{controller}"), false)?;
+        }
+        self.txn.push(entry);
+        self.note(Change::new(
+            resource,
+            self.root.show(path),
+            now.trim(),
+            format!("+{controller}"),
+        ));
+        Ok(())
+    }
+
     /// Sets the affinity of every thread of `pid` to `cpus`, repeating
     /// until no new thread shows up (threads created meanwhile inherit from
     /// a thread already changed or are caught by the next pass).

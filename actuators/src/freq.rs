@@ -8,7 +8,7 @@ use qosd_core::{Allocation, Resource};
 
 use crate::error::{Error, Result};
 use crate::root::Root;
-use crate::{proc, Actuator, AppTarget, Ctx, KnobPlan};
+use crate::{proc, Actuator, AppTarget, Ctx, KnobRequest};
 use qosd_core::cpulist;
 
 const R: Resource = Resource::Frequency;
@@ -222,7 +222,7 @@ impl Actuator for FreqActuator {
         }
     }
 
-    fn apply(&mut self, ctx: &mut Ctx, plan: &KnobPlan<'_>) -> Result<()> {
+    fn apply(&mut self, ctx: &mut Ctx, plan: &KnobRequest<'_>) -> Result<()> {
         let Some(mhz) = plan.want.freq_mhz else {
             return Ok(());
         };
@@ -233,6 +233,19 @@ impl Actuator for FreqActuator {
             )));
         }
         self.apply_cpus(ctx, plan.cpus, mhz)
+    }
+
+    fn offer(&self, p: &crate::caps::Probe, node: &mut qosd_core::NodeCaps) {
+        node.freq = p
+            .topo
+            .as_ref()
+            .ok()
+            .and_then(|t| freq_range(&p.root, &t.cpus));
+    }
+
+    /// For `qosd set freq --cpus`: a CPU list directly.
+    fn apply_to_cpus(&mut self, ctx: &mut Ctx, cpus: &[u32], mhz: u32) -> Result<()> {
+        self.apply_cpus(ctx, cpus, mhz)
     }
 
     fn read(&self, ctx: &Ctx, app: &AppTarget) -> Result<Allocation> {
@@ -267,7 +280,73 @@ pub fn read_mhz(root: &Root, style: FreqStyle, cpu: u32) -> Result<u32> {
     Ok((khz / 1000) as u32)
 }
 
-/// For `qosd set freq --cpus`: applies to a CPU list directly.
-pub fn apply_to_cpus(act: &FreqActuator, ctx: &mut Ctx, cpus: &[u32], mhz: u32) -> Result<()> {
-    act.apply_cpus(ctx, cpus, mhz)
+/// One unit of a frequency decision where the driver lists no steps
+/// (PARTIES moves 100 MHz at a time).
+const DEFAULT_FREQ_STEP_MHZ: u32 = 100;
+
+/// The range every CPU can run at (the highest minimum and the lowest
+/// maximum over `cpus`), and the smallest step between the frequencies the
+/// driver lists.
+fn freq_range(root: &Root, cpus: &[u32]) -> Option<qosd_core::FreqRange> {
+    let khz = |cpu: u32, f: &str| -> Option<u64> {
+        root.read_trim(format!("/sys/devices/system/cpu/cpu{cpu}/cpufreq/{f}"))
+            .ok()?
+            .parse()
+            .ok()
+    };
+    let mut lo = 0u64;
+    let mut hi = u64::MAX;
+    let mut step_khz = u64::MAX;
+    for &c in cpus {
+        lo = lo.max(khz(c, "cpuinfo_min_freq")?);
+        hi = hi.min(khz(c, "cpuinfo_max_freq")?);
+        if let Ok(list) = root.read(format!(
+            "/sys/devices/system/cpu/cpu{c}/cpufreq/scaling_available_frequencies"
+        )) {
+            let mut v: Vec<u64> = list
+                .split_whitespace()
+                .filter_map(|x| x.parse().ok())
+                .collect();
+            v.sort_unstable();
+            for w in v.windows(2) {
+                if w[1] > w[0] {
+                    step_khz = step_khz.min(w[1] - w[0]);
+                }
+            }
+        }
+    }
+    if cpus.is_empty() || hi <= lo {
+        return None;
+    }
+    let step_mhz = if step_khz == u64::MAX {
+        DEFAULT_FREQ_STEP_MHZ
+    } else {
+        (step_khz / 1000).max(1) as u32
+    };
+    Some(qosd_core::FreqRange {
+        min_mhz: (lo / 1000) as u32,
+        max_mhz: (hi / 1000) as u32,
+        step_mhz,
+    })
+}
+
+/// The frequency knob's row of [`crate::caps::DETECTORS`]: cpufreq sysfs,
+/// then the `cpupower` tool, as the config allows.
+pub fn detect(p: &crate::caps::Probe) -> crate::caps::Detected {
+    use crate::caps::{BackendProbe, KnobCaps};
+    let (ps, ss) = BackendProbe::of("cpufreq", probe_sysfs(&p.root), |s| {
+        format!("cpufreq sysfs: {}", s.describe())
+    });
+    let (pc, sc) = BackendProbe::of("cpupower", probe_cpupower(&p.root), |s| {
+        format!("cpupower frequency-set: {}", s.describe())
+    });
+    let allowed = |n: &str| crate::config::allowed(p.cfg.frequency_backend, n);
+    let caps = KnobCaps::choose(vec![ps, pc], allowed);
+    let plugin = match caps.backend.as_deref() {
+        Some("cpufreq") => ss.map(|style| (style, FreqVia::Sysfs)),
+        Some("cpupower") => sc.map(|style| (style, FreqVia::Cpupower)),
+        _ => None,
+    }
+    .map(|(style, via)| Box::new(FreqActuator { style, via }) as Box<dyn Actuator>);
+    (caps, plugin)
 }

@@ -46,6 +46,14 @@ pub enum Entry {
         start_time: u64,
         back_to: PathBuf,
     },
+    /// A controller qosd enabled in a cgroup2 `cgroup.subtree_control`
+    /// (`path`) so that its groups under it can use it: restoring writes
+    /// `-controller` (after the groups are gone).
+    EnabledController {
+        resource: Resource,
+        path: PathBuf,
+        controller: String,
+    },
     /// An external command that puts a setting back (pqos, cpupower).
     Command {
         resource: Resource,
@@ -62,6 +70,9 @@ impl Entry {
             Entry::Affinity { pid, .. } => format!("affinity:{pid}"),
             Entry::CreatedDir { path, .. } => format!("dir:{}", path.display()),
             Entry::Moved { pid, back_to, .. } => format!("moved:{pid}:{}", back_to.display()),
+            Entry::EnabledController {
+                path, controller, ..
+            } => format!("controller:{}:{controller}", path.display()),
             Entry::Command { key, .. } => format!("command:{key}"),
         }
     }
@@ -72,6 +83,7 @@ impl Entry {
             | Entry::Affinity { resource, .. }
             | Entry::CreatedDir { resource, .. }
             | Entry::Moved { resource, .. }
+            | Entry::EnabledController { resource, .. }
             | Entry::Command { resource, .. } => *resource,
         }
     }
@@ -179,6 +191,39 @@ impl Entry {
                     format!("pid {pid} cgroup"),
                     "qosd group",
                     root.show(back_to.parent().unwrap_or(back_to)),
+                ));
+            }
+            Entry::EnabledController {
+                resource,
+                path,
+                controller,
+            } => {
+                let now = read_file(path).unwrap_or_default();
+                if !now.split_whitespace().any(|c| c == controller) {
+                    return Ok(out);
+                }
+                if !dry_run {
+                    match write_file(path, &format!("-{controller}"), false) {
+                        Ok(()) => {}
+                        // Groups qosd did not make use it now: disabling it
+                        // would take it from them, so it stays, and says so.
+                        Err(Error::Io { ref source, .. })
+                            if source.raw_os_error() == Some(libc::EBUSY) =>
+                        {
+                            tracing::warn!(
+                                "{controller} stays enabled in {}: other groups use it now",
+                                root.show(path)
+                            );
+                            return Ok(out);
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+                out.push(Change::new(
+                    *resource,
+                    root.show(path),
+                    now.trim(),
+                    format!("-{controller}"),
                 ));
             }
             Entry::Command { resource, argv, .. } => {

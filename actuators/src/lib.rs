@@ -1,15 +1,16 @@
 //! qosd actuators: apply a resource setting to an app, read back what is in
 //! force, and restore what was found.
 //!
-//! Five knobs, each a plugin behind the small [`Actuator`] trait, with the
-//! backends the machine offers chosen at start ([`caps`]): cores (cgroup v2
-//! or v1 cpuset, or `sched_setaffinity`), frequency (cpufreq sysfs or
-//! `cpupower`), cache ways (resctrl or `pqos`), memory bandwidth (resctrl
-//! MB) and CPU quota (cgroup v2 `cpu.max` or v1 CFS quota). [`Actuators`] holds them for the manager. Every path goes through
+//! Each knob is a plugin behind the small [`Actuator`] trait, with the
+//! backends the machine offers chosen at start by its row of
+//! [`caps::DETECTORS`]: cores (cgroup v2 or v1 cpuset, or
+//! `sched_setaffinity`), frequency (cpufreq sysfs or `cpupower`), cache
+//! ways (resctrl or `pqos`), memory bandwidth (resctrl MB) and CPU quota
+//! (cgroup v2 `cpu.max` or v1 CFS quota). [`Actuators`] holds them for the
+//! manager. Every path goes through
 //! one [`Root`]; every change is journalled first ([`journal`]) so that it
 //! can be undone on drop, on a signal, after a panic, or after a SIGKILL.
 
-pub mod capacities;
 pub mod caps;
 pub mod cgroup;
 pub mod config;
@@ -33,7 +34,7 @@ pub mod ways;
 
 use std::collections::BTreeMap;
 
-pub use caps::{BackendProbe, Caps, KnobCaps};
+pub use caps::{BackendProbe, Caps, KnobCaps, Probe};
 pub use config::{Config, CoresBackend, FreqBackend, WaysBackend};
 pub use ctx::Ctx;
 pub use error::{Error, Result};
@@ -132,9 +133,10 @@ impl std::fmt::Display for Change {
 /// the allocation being applied).
 pub type Apps = BTreeMap<String, (AppTarget, Allocation)>;
 
-/// What one `apply` asks of a plugin (one app's knob settings; not the
-/// policy's [`qosd_core::Plan`] of every app's share).
-pub struct KnobPlan<'a> {
+/// What one `apply` asks of a plugin: one app's knob settings (not the
+/// policy's [`qosd_core::Plan`] of every app's share, nor the manager's
+/// allocations of every app).
+pub struct KnobRequest<'a> {
     pub app: &'a AppTarget,
     /// The allocation wanted for `app` (only this plugin's field matters).
     pub want: &'a Allocation,
@@ -155,10 +157,26 @@ pub trait Actuator: Send {
 
     /// Puts `plan.want`'s field for this resource in force for `plan.app`.
     /// Every change goes through `ctx` (journal, dry-run, rollback).
-    fn apply(&mut self, ctx: &mut Ctx, plan: &KnobPlan<'_>) -> Result<()>;
+    fn apply(&mut self, ctx: &mut Ctx, plan: &KnobRequest<'_>) -> Result<()>;
 
     /// What is in force for `app` (only this resource's field is set).
     fn read(&self, ctx: &Ctx, app: &AppTarget) -> Result<Allocation>;
+
+    /// Adds what this knob offers to the policy's view of the node (its
+    /// range; the default offers nothing).
+    fn offer(&self, probe: &caps::Probe, node: &mut qosd_core::NodeCaps) {
+        let _ = (probe, node);
+    }
+
+    /// Sets a per-CPU knob on a CPU list directly (`qosd set freq --cpus`);
+    /// the default: this knob is not set per CPU.
+    fn apply_to_cpus(&mut self, ctx: &mut Ctx, cpus: &[u32], value: u32) -> Result<()> {
+        let _ = (ctx, cpus, value);
+        Err(Error::Invalid(format!(
+            "{} is not set per CPU",
+            self.resource()
+        )))
+    }
 
     /// Puts back everything this resource changed.
     fn restore(&mut self, ctx: &mut Ctx) -> (Vec<Change>, Vec<Error>) {

@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::journal::Entry;
 use crate::root::Root;
 use crate::ways::WayAllocator;
-use crate::{Actuator, AppTarget, Ctx, KnobPlan};
+use crate::{Actuator, AppTarget, Ctx, KnobRequest};
 use qosd_core::cpulist;
 
 const R: Resource = Resource::CacheWays;
@@ -113,7 +113,11 @@ impl Actuator for PqosWays {
         "pqos"
     }
 
-    fn apply(&mut self, ctx: &mut Ctx, plan: &KnobPlan<'_>) -> Result<()> {
+    fn offer(&self, _: &crate::caps::Probe, node: &mut qosd_core::NodeCaps) {
+        node.nr_ways = self.alloc.nr_ways();
+    }
+
+    fn apply(&mut self, ctx: &mut Ctx, plan: &KnobRequest<'_>) -> Result<()> {
         let Some(ways) = plan.want.llc_ways else {
             return Ok(());
         };

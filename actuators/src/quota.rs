@@ -16,7 +16,7 @@ use crate::caps::{BackendProbe, KnobCaps};
 use crate::cgroup::{self, cgroup1_with, cgroup2_with};
 use crate::error::{Error, Result};
 use crate::root::{read_file, Root};
-use crate::{proc, Actuator, AppTarget, Ctx, KnobPlan};
+use crate::{proc, Actuator, AppTarget, Ctx, KnobRequest};
 
 const R: Resource = Resource::CpuQuota;
 
@@ -36,7 +36,8 @@ pub enum QuotaBackend {
     Cgroup1,
 }
 
-/// The cgroup v2 mount with the `cpu` controller enabled for children.
+/// The cgroup v2 mount with the `cpu` controller (enabled for its
+/// children when qosd first makes a group there).
 pub fn probe_cgroup2(root: &Root) -> std::result::Result<PathBuf, String> {
     cgroup2_with(root, "cpu")
 }
@@ -47,30 +48,15 @@ pub fn probe_cgroup1(root: &Root) -> std::result::Result<PathBuf, String> {
     cgroup1_with(root, "cpu", "cpu.cfs_quota_us")
 }
 
-/// Probes both backends; returns the knob's caps and the chosen plugin.
-/// `nr_cpus`: online CPUs (the most quota any app may get).
-pub fn detect(
-    root: &Root,
-    pref: QuotaBackend,
-    nr_cpus: Option<u32>,
-) -> (KnobCaps, Option<QuotaActuator>) {
-    let probe = |name: &str, r: std::result::Result<PathBuf, String>, what: &str| match r {
-        Ok(m) => (
-            BackendProbe {
-                name: name.into(),
-                available: true,
-                reason: format!("{what} per app under {}", root.show(&m)),
-            },
-            Some(m),
-        ),
-        Err(reason) => (
-            BackendProbe {
-                name: name.into(),
-                available: false,
-                reason,
-            },
-            None,
-        ),
+/// The CPU quota knob's row of [`crate::caps::DETECTORS`]: cgroup v2,
+/// then v1, as the config allows; none without the online CPUs (the most
+/// quota any app may get).
+pub fn detect(p: &crate::caps::Probe) -> crate::caps::Detected {
+    let root = &p.root;
+    let probe = |name: &str, r: std::result::Result<PathBuf, String>, what: &str| {
+        BackendProbe::of(name, r, |m| {
+            format!("{what} per app under {}", root.show(m))
+        })
     };
     let (p2, m2) = probe("cgroup2", probe_cgroup2(root), "cpu.max in a cgroup");
     let (p1, m1) = probe(
@@ -78,7 +64,7 @@ pub fn detect(
         probe_cgroup1(root),
         "cpu.cfs_quota_us in a cgroup v1 cpu group",
     );
-    let allowed = |n: &str| match pref {
+    let allowed = |n: &str| match p.cfg.cpu_quota_backend {
         QuotaBackend::Auto => true,
         QuotaBackend::Cgroup2 => n == "cgroup2",
         QuotaBackend::Cgroup1 => n == "cgroup1",
@@ -89,19 +75,18 @@ pub fn detect(
         Some("cgroup1") => m1.map(|m| (false, m)),
         _ => None,
     };
+    let nr_cpus = p.topo.as_ref().ok().map(|t| t.cpus.len() as u32);
     match (mount, nr_cpus) {
-        (Some((v2, mount)), Some(n)) if n > 0 => (
-            caps,
-            Some(QuotaActuator {
+        (Some((v2, mount)), Some(n)) if n > 0 => {
+            let plugin = QuotaActuator {
                 v2,
                 mount,
                 nr_cpus: n,
-            }),
-        ),
+            };
+            (caps, Some(Box::new(plugin)))
+        }
         (Some(_), _) => {
-            caps.available = false;
-            caps.backend = None;
-            caps.reason = "cannot read the online CPUs (/sys/devices/system/cpu/online)".into();
+            caps.withdraw("cannot read the online CPUs (/sys/devices/system/cpu/online)".into());
             (caps, None)
         }
         (None, _) => (caps, None),
@@ -172,6 +157,13 @@ impl Actuator for QuotaActuator {
         R
     }
 
+    fn offer(&self, p: &crate::caps::Probe, node: &mut qosd_core::NodeCaps) {
+        node.quota = Some(qosd_core::QuotaRange {
+            step_milli: p.cfg.cpu_quota_unit_milli,
+            max_milli: self.nr_cpus * MILLI_PER_CPU,
+        });
+    }
+
     fn backend(&self) -> &'static str {
         if self.v2 {
             "cgroup2"
@@ -180,7 +172,7 @@ impl Actuator for QuotaActuator {
         }
     }
 
-    fn apply(&mut self, ctx: &mut Ctx, plan: &KnobPlan<'_>) -> Result<()> {
+    fn apply(&mut self, ctx: &mut Ctx, plan: &KnobRequest<'_>) -> Result<()> {
         let Some(milli) = plan.want.cpu_quota_milli else {
             return Ok(());
         };
@@ -193,6 +185,9 @@ impl Actuator for QuotaActuator {
             )));
         }
         let group = self.mount.join(plan.app.group_name());
+        if self.v2 {
+            cgroup::enable_for_groups(ctx, R, &self.mount, "cpu")?;
+        }
         ctx.mkdir(R, &group)?;
         // The group's period (a group made in a dry run does not exist).
         let period = self

@@ -11,7 +11,7 @@ use qosd_core::{Allocation, Resource};
 use crate::error::{Error, Result};
 use crate::root::{read_file, Root};
 use crate::ways::{parse_mask, WayAllocator};
-use crate::{proc, Actuator, AppTarget, Ctx, KnobPlan};
+use crate::{proc, Actuator, AppTarget, Ctx, KnobRequest};
 
 pub const BASE: &str = "/sys/fs/resctrl";
 
@@ -176,7 +176,7 @@ pub struct ResctrlWays {
 impl ResctrlWays {
     /// Ways held by qosd groups this set does not manage (another qosd
     /// run, or `qosd set`): those stay out of the allocation.
-    fn foreign(&self, root: &Root, plan: &KnobPlan<'_>) -> Result<u64> {
+    fn foreign(&self, root: &Root, plan: &KnobRequest<'_>) -> Result<u64> {
         let base = root.path(BASE);
         let ours: Vec<String> = plan.all.values().map(|(a, _)| a.group_name()).collect();
         let mut taken = 0;
@@ -200,11 +200,15 @@ impl Actuator for ResctrlWays {
         Resource::CacheWays
     }
 
+    fn offer(&self, _: &crate::caps::Probe, node: &mut qosd_core::NodeCaps) {
+        node.nr_ways = self.alloc.nr_ways();
+    }
+
     fn backend(&self) -> &'static str {
         "resctrl"
     }
 
-    fn apply(&mut self, ctx: &mut Ctx, plan: &KnobPlan<'_>) -> Result<()> {
+    fn apply(&mut self, ctx: &mut Ctx, plan: &KnobRequest<'_>) -> Result<()> {
         if plan.want.llc_ways.is_none() {
             return Ok(());
         }
@@ -282,11 +286,18 @@ impl Actuator for ResctrlMb {
         Resource::MemoryBandwidth
     }
 
+    fn offer(&self, _: &crate::caps::Probe, node: &mut qosd_core::NodeCaps) {
+        node.mb = Some(qosd_core::MbRange {
+            min_percent: self.min_percent,
+            step_percent: self.gran_percent.max(1),
+        });
+    }
+
     fn backend(&self) -> &'static str {
         "resctrl"
     }
 
-    fn apply(&mut self, ctx: &mut Ctx, plan: &KnobPlan<'_>) -> Result<()> {
+    fn apply(&mut self, ctx: &mut Ctx, plan: &KnobRequest<'_>) -> Result<()> {
         let Some(p) = plan.want.mb_percent else {
             return Ok(());
         };
@@ -314,6 +325,53 @@ impl Actuator for ResctrlMb {
             ..Default::default()
         })
     }
+}
+
+/// The cache-ways knob's row of [`crate::caps::DETECTORS`]: resctrl L3
+/// groups, then Intel's `pqos` tool, as the config allows.
+pub fn detect_ways(p: &crate::caps::Probe) -> crate::caps::Detected {
+    use crate::caps::{BackendProbe, KnobCaps};
+    let (pr, wr) = BackendProbe::of("resctrl", probe_l3(&p.root), |a| {
+        format!(
+            "resctrl L3 groups: cbm_mask {:x} ({} ways), min_cbm_bits {}",
+            a.cbm_mask,
+            a.nr_ways(),
+            a.min_cbm_bits
+        )
+    });
+    let pqos = crate::pqos::probe(&p.root, p.cfg.pqos_cbm_bits);
+    let (pq, wq) = BackendProbe::of("pqos", pqos, |a| {
+        format!(
+            "pqos classes of service, {} ways, CPUs associated",
+            a.nr_ways()
+        )
+    });
+    let allowed = |n: &str| crate::config::allowed(p.cfg.cache_ways_backend, n);
+    let caps = KnobCaps::choose(vec![pr, pq], allowed);
+    let plugin: Option<Box<dyn Actuator>> = match caps.backend.as_deref() {
+        Some("resctrl") => wr.map(|alloc| Box::new(ResctrlWays { alloc }) as Box<dyn Actuator>),
+        Some("pqos") => {
+            wq.map(|alloc| Box::new(crate::pqos::PqosWays::new(alloc)) as Box<dyn Actuator>)
+        }
+        _ => None,
+    };
+    (caps, plugin)
+}
+
+/// The memory-bandwidth knob's row of [`crate::caps::DETECTORS`]: resctrl
+/// MB lines, its only backend.
+pub fn detect_mb(p: &crate::caps::Probe) -> crate::caps::Detected {
+    let (pm, m) = crate::caps::BackendProbe::of("resctrl", probe_mb(&p.root), |(g, min)| {
+        format!("resctrl MB lines: granularity {g}%, minimum {min}%")
+    });
+    let caps = crate::caps::KnobCaps::choose(vec![pm], |_| true);
+    let plugin = m.map(|(gran_percent, min_percent)| {
+        Box::new(ResctrlMb {
+            gran_percent,
+            min_percent,
+        }) as Box<dyn Actuator>
+    });
+    (caps, plugin)
 }
 
 #[cfg(test)]

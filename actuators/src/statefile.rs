@@ -167,6 +167,12 @@ pub fn check_entry(root: &Root, e: &Entry) -> Result<()> {
             }
         }
         Entry::File { path, .. } if !under(path, "/sys") => bad("file", path),
+        Entry::EnabledController { path, .. }
+            if !under(path, "/sys/fs/cgroup")
+                || path.file_name().and_then(OsStr::to_str) != Some("cgroup.subtree_control") =>
+        {
+            bad("cgroup file", path)
+        }
         Entry::Moved { back_to, .. } if !under(back_to, "/sys/fs/cgroup") => {
             bad("cgroup file", back_to)
         }

@@ -69,7 +69,13 @@ fn cgroup2_apply_read_restore_is_byte_identical() {
     let before = snapshot(&root);
     let state = d.path().join("state.json");
     let mut a = Actuators::new(&config(&root, &state)).unwrap();
-    assert_eq!(a.caps().cores.backend.as_deref(), Some("cgroup2"));
+    assert_eq!(
+        a.caps()
+            .get(qosd_actuators::Resource::Cores)
+            .backend
+            .as_deref(),
+        Some("cgroup2")
+    );
     let app = AppTarget::new("web", vec![4242]);
     let alloc = Allocation {
         cpus: Some(vec![1, 3]),
@@ -126,7 +132,13 @@ fn cgroup1_apply_read_restore_is_byte_identical() {
     let app = AppTarget::new("web", vec![4242]);
     {
         let mut a = Actuators::new(&cfg).unwrap();
-        assert_eq!(a.caps().cores.backend.as_deref(), Some("cgroup1"));
+        assert_eq!(
+            a.caps()
+                .get(qosd_actuators::Resource::Cores)
+                .backend
+                .as_deref(),
+            Some("cgroup1")
+        );
         a.apply(
             &app,
             &Allocation {

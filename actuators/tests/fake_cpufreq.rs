@@ -61,8 +61,18 @@ fn setspeed_style_apply_read_restore() {
     process(&root, 500, &[500], "2-3", "0::/\n");
     let before = snapshot(&root);
     let mut a = Actuators::new(&config(&root, &d.path().join("s.json"))).unwrap();
-    assert_eq!(a.caps().frequency.backend.as_deref(), Some("cpufreq"));
-    assert!(a.caps().frequency.reason.contains("scaling_setspeed"));
+    assert_eq!(
+        a.caps()
+            .get(qosd_actuators::Resource::Frequency)
+            .backend
+            .as_deref(),
+        Some("cpufreq")
+    );
+    assert!(a
+        .caps()
+        .get(qosd_actuators::Resource::Frequency)
+        .reason
+        .contains("scaling_setspeed"));
     // 1700 MHz is not a step: rounded down to 1600.
     let app = AppTarget::new("web", vec![500]);
     a.apply(
@@ -98,7 +108,11 @@ fn max_freq_style_apply_read_restore() {
     intel_pstate(&root, 2);
     let before = snapshot(&root);
     let mut a = Actuators::new(&config(&root, &d.path().join("s.json"))).unwrap();
-    assert!(a.caps().frequency.reason.contains("scaling_max_freq"));
+    assert!(a
+        .caps()
+        .get(qosd_actuators::Resource::Frequency)
+        .reason
+        .contains("scaling_max_freq"));
     let ch = a.set_cpu_freq(&[0, 1], 2000).unwrap();
     assert_eq!(ch.len(), 2);
     for c in [0, 1] {

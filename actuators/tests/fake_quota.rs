@@ -85,7 +85,13 @@ fn cgroup2_cpu_max_shares_the_cpuset_group_and_restores_byte_identical() {
     let before = snapshot(&root);
     let state = d.path().join("state.json");
     let mut a = Actuators::new(&config(&root, &state)).unwrap();
-    assert_eq!(a.caps().cpu_quota.backend.as_deref(), Some("cgroup2"));
+    assert_eq!(
+        a.caps()
+            .get(qosd_actuators::Resource::CpuQuota)
+            .backend
+            .as_deref(),
+        Some("cgroup2")
+    );
     assert_eq!(
         a.node_caps().quota,
         Some(qosd_core::QuotaRange {
@@ -128,7 +134,7 @@ fn cgroup2_without_the_cpu_controller_says_why_and_v1_is_used_instead() {
     let root = d.path().join("root");
     cgroup2_tree(&root, false);
     let a = Actuators::new(&config(&root, &d.path().join("s.json"))).unwrap();
-    let q = &a.caps().cpu_quota;
+    let q = &a.caps().get(qosd_actuators::Resource::CpuQuota);
     assert!(!q.available);
     assert!(
         q.reason.contains("cpu not in cgroup.controllers"),
@@ -145,12 +151,18 @@ fn cgroup2_without_the_cpu_controller_says_why_and_v1_is_used_instead() {
     let root = d.path().join("root1");
     cgroup1_tree(&root);
     let a = Actuators::new(&config(&root, &d.path().join("s1.json"))).unwrap();
-    assert_eq!(a.caps().cpu_quota.backend.as_deref(), Some("cgroup1"));
+    assert_eq!(
+        a.caps()
+            .get(qosd_actuators::Resource::CpuQuota)
+            .backend
+            .as_deref(),
+        Some("cgroup1")
+    );
     let mut cfg = config(&root, &d.path().join("s2.json"));
     cfg.cpu_quota_backend = QuotaBackend::Cgroup2;
     let a = Actuators::new(&cfg).unwrap();
     assert!(
-        !a.caps().cpu_quota.available,
+        !a.caps().get(qosd_actuators::Resource::CpuQuota).available,
         "cgroup2 asked for, not there"
     );
 }

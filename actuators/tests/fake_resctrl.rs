@@ -46,9 +46,18 @@ fn ways_and_mb_apply_read_restore_is_byte_identical() {
     resctrl(&root);
     let before = snapshot(&root);
     let mut a = Actuators::new(&config(&root, &d.path().join("s.json"))).unwrap();
-    assert_eq!(a.caps().cache_ways.backend.as_deref(), Some("resctrl"));
     assert_eq!(
-        a.caps().memory_bandwidth.backend.as_deref(),
+        a.caps()
+            .get(qosd_actuators::Resource::CacheWays)
+            .backend
+            .as_deref(),
+        Some("resctrl")
+    );
+    assert_eq!(
+        a.caps()
+            .get(qosd_actuators::Resource::MemoryBandwidth)
+            .backend
+            .as_deref(),
         Some("resctrl")
     );
     let web = AppTarget::new("web", vec![600]);
@@ -190,7 +199,7 @@ fn missing_resctrl_is_reported_with_a_reason() {
     process(&root, 600, &[600], "0-1", "0::/\n");
     put(&root, "/proc/filesystems", "nodev\tsysfs\nnodev\tcgroup2\n");
     let mut a = Actuators::new(&config(&root, &d.path().join("s.json"))).unwrap();
-    let c = a.caps().cache_ways.clone();
+    let c = a.caps().get(qosd_actuators::Resource::CacheWays).clone();
     assert!(!c.available);
     assert!(
         c.reason.contains("no resctrl in /proc/filesystems"),
@@ -207,5 +216,9 @@ fn missing_resctrl_is_reported_with_a_reason() {
         )
         .unwrap_err();
     assert!(e.to_string().starts_with("cache_ways: unavailable"), "{e}");
-    assert!(!a.caps().memory_bandwidth.available);
+    assert!(
+        !a.caps()
+            .get(qosd_actuators::Resource::MemoryBandwidth)
+            .available
+    );
 }

@@ -33,7 +33,13 @@ fn release_removes_only_the_exited_apps_group() {
     let before = snapshot(&root);
     let state = d.path().join("state.json");
     let mut a = Actuators::new(&config(&root, &state)).unwrap();
-    assert_eq!(a.caps().cores.backend.as_deref(), Some("cgroup1"));
+    assert_eq!(
+        a.caps()
+            .get(qosd_actuators::Resource::Cores)
+            .backend
+            .as_deref(),
+        Some("cgroup1")
+    );
     let web = AppTarget::new("web", vec![4242]);
     let db = AppTarget::new("db", vec![4343]);
     for (app, cpus) in [(&web, vec![0]), (&db, vec![1, 2])] {
@@ -121,7 +127,18 @@ fn node_caps_of_this_machine_match_its_topology() {
     let topo = Topology::read(&Root::default()).unwrap();
     let n = a.node_caps();
     assert_eq!(n.nr_cores as usize, topo.cores.len());
-    assert_eq!(n.nr_ways > 0, a.caps().cache_ways.available);
-    assert_eq!(n.freq.is_some(), a.caps().frequency.available);
-    assert_eq!(n.mb.is_some(), a.caps().memory_bandwidth.available);
+    assert_eq!(
+        n.nr_ways > 0,
+        a.caps().get(qosd_actuators::Resource::CacheWays).available
+    );
+    assert_eq!(
+        n.freq.is_some(),
+        a.caps().get(qosd_actuators::Resource::Frequency).available
+    );
+    assert_eq!(
+        n.mb.is_some(),
+        a.caps()
+            .get(qosd_actuators::Resource::MemoryBandwidth)
+            .available
+    );
 }

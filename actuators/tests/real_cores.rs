@@ -182,14 +182,14 @@ fn real_cores_cpuset_cgroup_holds_new_threads() {
     let caps_cfg = config(Path::new("/nonexistent/s.json"), CoresBackend::Auto);
     let (caps, _) = qosd_actuators::registry::detect(&caps_cfg).unwrap();
     let backend = caps
-        .cores
+        .get(qosd_actuators::Resource::Cores)
         .backends
         .iter()
         .find(|b| b.available && b.name.starts_with("cgroup"))
         .unwrap_or_else(|| {
             panic!(
                 "this machine has no usable cpuset cgroup: {}",
-                caps.cores.reason
+                caps.get(qosd_actuators::Resource::Cores).reason
             )
         });
     let backend = if backend.name == "cgroup2" {

@@ -77,10 +77,17 @@ fn top_of(mount: &PathBuf) -> (Vec<String>, Vec<String>) {
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     names.sort();
-    let vals = ["cpu.cfs_quota_us", "cpu.cfs_period_us", "cpu.max"]
-        .iter()
-        .filter_map(|f| std::fs::read_to_string(mount.join(f)).ok())
-        .collect();
+    // cgroup.subtree_control: a controller qosd enabled for its groups
+    // (cgroup v2) is disabled again.
+    let vals = [
+        "cpu.cfs_quota_us",
+        "cpu.cfs_period_us",
+        "cpu.max",
+        "cgroup.subtree_control",
+    ]
+    .iter()
+    .filter_map(|f| std::fs::read_to_string(mount.join(f)).ok())
+    .collect();
     (names, vals)
 }
 
@@ -93,14 +100,17 @@ fn quota_caps_a_real_process_and_restores_exactly() {
         ..Config::default()
     };
     let mut a = Actuators::new(&cfg).unwrap();
-    let caps = a.caps().cpu_quota.clone();
+    let caps = a.caps().get(qosd_actuators::Resource::CpuQuota).clone();
     assert!(caps.available, "this machine has CFS bandwidth: {caps:?}");
     let v2 = caps.backend.as_deref() == Some("cgroup2");
-    let mount = PathBuf::from(if v2 {
-        "/sys/fs/cgroup/unified"
+    // The hierarchy the knob chose: the cgroup2 mount (at /sys/fs/cgroup on
+    // a unified layout, /sys/fs/cgroup/unified on a hybrid one) or v1 cpu.
+    let root = qosd_actuators::root::Root::default();
+    let mount = if v2 {
+        qosd_actuators::cgroup::cgroup2_with(&root, "cpu").unwrap()
     } else {
-        "/sys/fs/cgroup/cpu"
-    });
+        qosd_actuators::cgroup::cgroup1_with(&root, "cpu", "cpu.cfs_quota_us").unwrap()
+    };
     let before_top = top_of(&mount);
 
     let spin = Spinner::start();
@@ -207,6 +217,12 @@ fn bad_quota_changes_nothing() {
             .unwrap_err();
         assert!(e.is_invalid_input(), "{q}: {e}");
     }
-    assert!(!PathBuf::from("/sys/fs/cgroup/cpu/qosd-quota-bad").exists());
+    for m in [
+        "/sys/fs/cgroup/cpu",
+        "/sys/fs/cgroup",
+        "/sys/fs/cgroup/unified",
+    ] {
+        assert!(!PathBuf::from(m).join("qosd-quota-bad").exists(), "{m}");
+    }
     assert!(!d.path().join("state.json").exists());
 }

@@ -9,6 +9,7 @@
 pub mod admit;
 pub mod control;
 pub mod cpulist;
+pub mod knobs;
 pub mod measure;
 pub mod plan;
 pub mod policy;
@@ -17,6 +18,7 @@ pub mod quota;
 pub mod resources;
 pub mod yamlfile;
 
+pub use knobs::{knob, Knob, KNOBS};
 pub use measure::{Feedback, LatencyFrom, LatencySummary};
 pub use policy::{
     Allocations, AppClass, AppState, Decision, DecisionKind, FreqRange, Limits, MbRange, NodeCaps,

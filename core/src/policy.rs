@@ -11,8 +11,22 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 pub use crate::plan::{Decision, DecisionKind, Plan, Unmet};
-use crate::quota::QuotaRange;
 use crate::resources::Resource;
+pub use crate::resources::{FreqRange, MbRange, NodeCaps, Share};
+
+/// The PARTIES order of the knobs a policy moves.
+impl Resource {
+    /// The PARTIES order: cores → cache ways → frequency → memory
+    /// bandwidth, then CPU quota (the knob every Linux node has; policies
+    /// move it under the quota-and-cores rule of [`crate::quota`]).
+    pub const CYCLE: [Resource; 5] = [
+        Resource::Cores,
+        Resource::CacheWays,
+        Resource::Frequency,
+        Resource::MemoryBandwidth,
+        Resource::CpuQuota,
+    ];
+}
 
 /// How an app is treated: latency-critical apps have a QoS target that the
 /// policy defends; best-effort apps get what is left.
@@ -25,39 +39,6 @@ pub enum AppClass {
     Be,
 }
 
-/// What a policy needs to know about each [`Resource`] beyond its name.
-impl Resource {
-    /// The PARTIES order: cores → cache ways → frequency → memory
-    /// bandwidth, then CPU quota (the knob every Linux node has; policies
-    /// move it under the quota-and-cores rule of [`crate::quota`]).
-    pub const CYCLE: [Resource; 5] = [
-        Resource::Cores,
-        Resource::CacheWays,
-        Resource::Frequency,
-        Resource::MemoryBandwidth,
-        Resource::CpuQuota,
-    ];
-
-    /// True for resources partitioned from a node-wide pool (cores, ways):
-    /// what one app gets, another cannot have. Frequency, memory
-    /// bandwidth and CPU quota are per-app levels (how quota is bounded by
-    /// cores and by the node: [`crate::quota`]).
-    pub fn is_pooled(self) -> bool {
-        matches!(self, Resource::Cores | Resource::CacheWays)
-    }
-
-    /// The unit a [`Share`] counts this resource in.
-    pub fn unit(self) -> &'static str {
-        match self {
-            Resource::Cores => "cores",
-            Resource::CacheWays => "ways",
-            Resource::Frequency => "MHz",
-            Resource::MemoryBandwidth => "%",
-            Resource::CpuQuota => "m-CPU",
-        }
-    }
-}
-
 /// A QoS target: the latency at `percentile` must stay at or below
 /// `value_us`. Example: `p99: 25ms` is `{ percentile: 99.0, value_us: 25000.0 }`.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -66,50 +47,6 @@ pub struct QosTarget {
     pub percentile: f64,
     /// Latency bound in microseconds, > 0.
     pub value_us: f64,
-}
-
-/// An app's share of the node as a policy sees it: counts and levels
-/// (2 cores, 4 ways, 1800 MHz, 50 % MB). The actuators turn it into a
-/// concrete [`crate::Allocation`] (which CPUs, which way mask). A field for
-/// a resource the node lacks is 0 and is left alone.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
-pub struct Share {
-    /// Number of CPU cores.
-    pub nr_cores: u32,
-    /// Number of LLC ways.
-    pub nr_ways: u32,
-    /// Frequency of the app's cores, in MHz.
-    pub freq_mhz: u32,
-    /// Memory-bandwidth throttle, in percent (1..=100).
-    pub mb_percent: u32,
-    /// CPU bandwidth ceiling, in milli-CPUs (300 = 0.3 CPU); 0 = no quota.
-    /// How it combines with `nr_cores`: [`crate::quota`].
-    #[serde(default)]
-    pub cpu_quota_milli: u32,
-}
-
-impl Share {
-    /// The value of one resource (cores, ways, MHz or percent).
-    pub fn get(&self, r: Resource) -> u32 {
-        match r {
-            Resource::Cores => self.nr_cores,
-            Resource::CacheWays => self.nr_ways,
-            Resource::Frequency => self.freq_mhz,
-            Resource::MemoryBandwidth => self.mb_percent,
-            Resource::CpuQuota => self.cpu_quota_milli,
-        }
-    }
-
-    /// Sets the value of one resource.
-    pub fn set(&mut self, r: Resource, value: u32) {
-        match r {
-            Resource::Cores => self.nr_cores = value,
-            Resource::CacheWays => self.nr_ways = value,
-            Resource::Frequency => self.freq_mhz = value,
-            Resource::MemoryBandwidth => self.mb_percent = value,
-            Resource::CpuQuota => self.cpu_quota_milli = value,
-        }
-    }
 }
 
 /// The share of every managed app, by app name (ordered, so that
@@ -198,88 +135,6 @@ impl Snapshot {
     /// The state of the app with this name.
     pub fn app(&self, name: &str) -> Option<&AppState> {
         self.apps.iter().find(|a| a.name == name)
-    }
-}
-
-/// The frequency range of the node's cores (cpufreq).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FreqRange {
-    pub min_mhz: u32,
-    pub max_mhz: u32,
-    /// One unit of a frequency decision (100 MHz in PARTIES).
-    pub step_mhz: u32,
-}
-
-/// The memory-bandwidth throttle range (resctrl `MB:`); the maximum is 100.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MbRange {
-    pub min_percent: u32,
-    /// Granularity of the throttle (resctrl `info/MB/bandwidth_gran`).
-    pub step_percent: u32,
-}
-
-/// Which resources the node has and how much of each. A policy skips the
-/// resources that are absent (`nr_* == 0` or `None`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NodeCaps {
-    /// Cores the manager may hand out; 0 when no core actuator works.
-    pub nr_cores: u32,
-    /// LLC ways; 0 when there is no cache allocation (CAT).
-    pub nr_ways: u32,
-    pub freq: Option<FreqRange>,
-    pub mb: Option<MbRange>,
-    /// CPU bandwidth (CFS quota); `None` when no cpu controller is usable
-    /// or the config leaves it off.
-    #[serde(default)]
-    pub quota: Option<QuotaRange>,
-}
-
-impl NodeCaps {
-    /// True when the node can actuate this resource.
-    pub fn has(&self, r: Resource) -> bool {
-        match r {
-            Resource::Cores => self.nr_cores > 0,
-            Resource::CacheWays => self.nr_ways > 0,
-            Resource::Frequency => self.freq.is_some_and(|f| f.max_mhz > f.min_mhz),
-            Resource::MemoryBandwidth => self.mb.is_some_and(|m| m.min_percent < 100),
-            Resource::CpuQuota => self.quota.is_some_and(|q| q.max_milli > q.step_milli),
-        }
-    }
-
-    /// The lowest and highest value of a resource for one app, before the
-    /// app's own limits; `None` when the node lacks it.
-    pub fn range(&self, r: Resource) -> Option<(u32, u32)> {
-        if !self.has(r) {
-            return None;
-        }
-        Some(match r {
-            Resource::Cores => (1, self.nr_cores),
-            Resource::CacheWays => (1, self.nr_ways),
-            Resource::Frequency => self.freq.map(|f| (f.min_mhz, f.max_mhz))?,
-            Resource::MemoryBandwidth => self.mb.map(|m| (m.min_percent, 100))?,
-            Resource::CpuQuota => self.quota.map(|q| (q.step_milli, q.max_milli))?,
-        })
-    }
-
-    /// The node's own granularity of a resource (1 core, 1 way, the
-    /// cpufreq step, the MBA granularity).
-    pub fn granularity(&self, r: Resource) -> u32 {
-        match r {
-            Resource::Cores | Resource::CacheWays => 1,
-            Resource::Frequency => self.freq.map_or(1, |f| f.step_mhz.max(1)),
-            Resource::MemoryBandwidth => self.mb.map_or(1, |m| m.step_percent.max(1)),
-            Resource::CpuQuota => self.quota.map_or(1, |q| q.step_milli.max(1)),
-        }
-    }
-
-    /// Total of a pooled resource on the node (cores, ways); `None` for
-    /// per-app levels.
-    pub fn pool(&self, r: Resource) -> Option<u32> {
-        match r {
-            Resource::Cores => Some(self.nr_cores),
-            Resource::CacheWays => Some(self.nr_ways),
-            _ => None,
-        }
     }
 }
 

@@ -1,7 +1,14 @@
 //! The resource vocabulary shared by actuators, policies and the manager:
-//! which knobs exist and what one app is given of each.
+//! which knobs exist ([`Resource`]), what one app is given of each in the
+//! policy's counts and levels ([`Share`]) and as concrete settings
+//! ([`Allocation`]), and what the node offers ([`NodeCaps`]). Everything
+//! that differs from knob to knob beyond these fields is a row of
+//! [`crate::knobs::KNOBS`].
 
 use serde::{Deserialize, Serialize};
+
+use crate::knobs::knob;
+use crate::quota::QuotaRange;
 
 /// A kind of node resource qosd can hand to an app.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -25,6 +32,7 @@ pub enum Resource {
 }
 
 impl Resource {
+    /// Every knob, in the order of [`crate::knobs::KNOBS`].
     pub const ALL: [Resource; 5] = [
         Resource::Cores,
         Resource::Frequency,
@@ -35,13 +43,20 @@ impl Resource {
 
     /// The snake_case name used in JSON, YAML and messages.
     pub fn name(self) -> &'static str {
-        match self {
-            Resource::Cores => "cores",
-            Resource::Frequency => "frequency",
-            Resource::CacheWays => "cache_ways",
-            Resource::MemoryBandwidth => "memory_bandwidth",
-            Resource::CpuQuota => "cpu_quota",
-        }
+        knob(self).name
+    }
+
+    /// True for resources partitioned from a node-wide pool (cores, ways):
+    /// what one app gets, another cannot have. Frequency, memory
+    /// bandwidth and CPU quota are per-app levels (how quota is bounded by
+    /// cores and by the node: [`crate::quota`]).
+    pub fn is_pooled(self) -> bool {
+        knob(self).pooled
+    }
+
+    /// The unit a [`Share`] counts this resource in.
+    pub fn unit(self) -> &'static str {
+        knob(self).unit
     }
 }
 
@@ -76,32 +91,136 @@ pub struct Allocation {
 impl Allocation {
     /// True when no resource is set.
     pub fn is_empty(&self) -> bool {
-        self.cpus.is_none()
-            && self.freq_mhz.is_none()
-            && self.llc_ways.is_none()
-            && self.mb_percent.is_none()
-            && self.cpu_quota_milli.is_none()
+        self.resources().is_empty()
     }
 
     /// The resources this allocation sets.
     pub fn resources(&self) -> Vec<Resource> {
-        let mut v = Vec::new();
-        if self.cpus.is_some() {
-            v.push(Resource::Cores);
+        Resource::ALL
+            .into_iter()
+            .filter(|&r| (knob(r).in_alloc)(self))
+            .collect()
+    }
+
+    /// True when this allocation sets `r`.
+    pub fn sets(&self, r: Resource) -> bool {
+        (knob(r).in_alloc)(self)
+    }
+
+    /// Copies `src`'s setting of `r` over this one's, when `src` sets it.
+    pub fn take(&mut self, src: &Allocation, r: Resource) {
+        if src.sets(r) {
+            (knob(r).copy_alloc)(self, src);
         }
-        if self.freq_mhz.is_some() {
-            v.push(Resource::Frequency);
+    }
+
+    /// This allocation with every setting `over` makes laid over it.
+    pub fn merged(&self, over: &Allocation) -> Allocation {
+        let mut out = self.clone();
+        for r in Resource::ALL {
+            out.take(over, r);
         }
-        if self.llc_ways.is_some() {
-            v.push(Resource::CacheWays);
+        out
+    }
+}
+
+/// An app's share of the node as a policy sees it: counts and levels
+/// (2 cores, 4 ways, 1800 MHz, 50 % MB). The actuators turn it into a
+/// concrete [`Allocation`] (which CPUs, which way mask). A field for
+/// a resource the node lacks is 0 and is left alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+pub struct Share {
+    /// Number of CPU cores.
+    pub nr_cores: u32,
+    /// Number of LLC ways.
+    pub nr_ways: u32,
+    /// Frequency of the app's cores, in MHz.
+    pub freq_mhz: u32,
+    /// Memory-bandwidth throttle, in percent (1..=100).
+    pub mb_percent: u32,
+    /// CPU bandwidth ceiling, in milli-CPUs (300 = 0.3 CPU); 0 = no quota.
+    /// How it combines with `nr_cores`: [`crate::quota`].
+    #[serde(default)]
+    pub cpu_quota_milli: u32,
+}
+
+impl Share {
+    /// The value of one resource (cores, ways, MHz or percent).
+    pub fn get(&self, r: Resource) -> u32 {
+        (knob(r).share)(self)
+    }
+
+    /// Sets the value of one resource.
+    pub fn set(&mut self, r: Resource, value: u32) {
+        (knob(r).set_share)(self, value)
+    }
+}
+
+/// The frequency range of the node's cores (cpufreq).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FreqRange {
+    pub min_mhz: u32,
+    pub max_mhz: u32,
+    /// One unit of a frequency decision (100 MHz in PARTIES).
+    pub step_mhz: u32,
+}
+
+/// The memory-bandwidth throttle range (resctrl `MB:`); the maximum is 100.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MbRange {
+    pub min_percent: u32,
+    /// Granularity of the throttle (resctrl `info/MB/bandwidth_gran`).
+    pub step_percent: u32,
+}
+
+/// Which resources the node has and how much of each. A policy skips the
+/// resources that are absent (`nr_* == 0` or `None`; the default has none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct NodeCaps {
+    /// Cores the manager may hand out; 0 when no core actuator works.
+    pub nr_cores: u32,
+    /// LLC ways; 0 when there is no cache allocation (CAT).
+    pub nr_ways: u32,
+    pub freq: Option<FreqRange>,
+    pub mb: Option<MbRange>,
+    /// CPU bandwidth (CFS quota); `None` when no cpu controller is usable
+    /// or the config leaves it off.
+    #[serde(default)]
+    pub quota: Option<QuotaRange>,
+}
+
+impl NodeCaps {
+    /// True when the node can actuate this resource.
+    pub fn has(&self, r: Resource) -> bool {
+        (knob(r).has)(self)
+    }
+
+    /// The lowest and highest value of a resource for one app, before the
+    /// app's own limits; `None` when the node lacks it.
+    pub fn range(&self, r: Resource) -> Option<(u32, u32)> {
+        if !self.has(r) {
+            return None;
         }
-        if self.mb_percent.is_some() {
-            v.push(Resource::MemoryBandwidth);
-        }
-        if self.cpu_quota_milli.is_some() {
-            v.push(Resource::CpuQuota);
-        }
-        v
+        (knob(r).range)(self)
+    }
+
+    /// The node's own granularity of a resource (1 core, 1 way, the
+    /// cpufreq step, the MBA granularity).
+    pub fn granularity(&self, r: Resource) -> u32 {
+        (knob(r).step)(self)
+    }
+
+    /// Total of a pooled resource on the node (cores, ways); `None` for
+    /// per-app levels.
+    pub fn pool(&self, r: Resource) -> Option<u32> {
+        let k = knob(r);
+        k.pooled.then(|| (k.range)(self).map_or(0, |(_, hi)| hi))
+    }
+
+    /// The node as a policy sees it when `r` is turned off (the config's
+    /// `enabled` list leaves it out).
+    pub fn disable(&mut self, r: Resource) {
+        (knob(r).disable)(self)
     }
 }
 
@@ -119,5 +238,23 @@ mod tests {
         assert_eq!(a.resources(), vec![Resource::Cores, Resource::CacheWays]);
         assert!(!a.is_empty());
         assert!(Allocation::default().is_empty());
+    }
+
+    #[test]
+    fn merged_lays_set_fields_over() {
+        let a = Allocation {
+            cpus: Some(vec![0]),
+            freq_mhz: Some(1000),
+            ..Default::default()
+        };
+        let b = Allocation {
+            freq_mhz: Some(2000),
+            cpu_quota_milli: Some(300),
+            ..Default::default()
+        };
+        let m = a.merged(&b);
+        assert_eq!(m.cpus, Some(vec![0]));
+        assert_eq!(m.freq_mhz, Some(2000));
+        assert_eq!(m.cpu_quota_milli, Some(300));
     }
 }

@@ -161,26 +161,17 @@ pub struct Amounts {
 }
 
 impl Amounts {
+    /// The amount of `r` (by its [`qosd_core::Knob::share_key`], the same
+    /// name as this struct's field); `None` when unset or not sized here.
     fn get(&self, r: Resource) -> Option<u32> {
-        match r {
-            Resource::Cores => self.nr_cores,
-            Resource::CacheWays => self.nr_ways,
-            Resource::Frequency => self.freq_mhz,
-            Resource::MemoryBandwidth => self.mb_percent,
-            Resource::CpuQuota => self.cpu_quota_milli,
-        }
+        let v = serde_json::to_value(self).ok()?;
+        v.get(amount_key(r))?.as_u64().map(|x| x as u32)
     }
 }
 
 /// Field name of each resource in [`Amounts`].
 fn amount_key(r: Resource) -> &'static str {
-    match r {
-        Resource::Cores => "nr_cores",
-        Resource::CacheWays => "nr_ways",
-        Resource::Frequency => "freq_mhz",
-        Resource::MemoryBandwidth => "mb_percent",
-        Resource::CpuQuota => "cpu_quota_milli",
-    }
+    qosd_core::knob(r).share_key
 }
 
 /// Initial amounts and the range the policy may move them in.

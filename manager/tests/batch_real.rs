@@ -112,7 +112,11 @@ fn batch_throughput_follows_its_cpu_quota() {
         ..Config::default()
     };
     let mut act = Actuators::new(&cfg).unwrap();
-    assert!(act.caps().cpu_quota.available, "{:?}", act.caps().cpu_quota);
+    assert!(
+        act.caps().get(qosd_actuators::Resource::CpuQuota).available,
+        "{:?}",
+        act.caps().get(qosd_actuators::Resource::CpuQuota)
+    );
     let mut job = BatchJob::start("be-quota", &cmd(), &args(1)).unwrap();
     let (free_ops, free_cpu) = measure(&mut job, Duration::from_millis(1000));
     // Ops per CPU-second: what the job does with the CPU it gets, whatever

@@ -249,17 +249,8 @@ impl AppConfig {
             let (ini, min, max) = (r.initial.get(res), r.min.get(res), r.max.get(res));
             for (which, v) in [("initial", ini), ("min", min), ("max", max)] {
                 let Some(v) = v else { continue };
-                let bad = match res {
-                    Resource::Cores | Resource::CacheWays | Resource::Frequency => v == 0,
-                    Resource::MemoryBandwidth => v == 0 || v > 100,
-                    Resource::CpuQuota => v < 10,
-                };
-                if bad {
-                    let range = match res {
-                        Resource::MemoryBandwidth => "1 to 100",
-                        Resource::CpuQuota => "at least 10 (0.01 CPU)",
-                        _ => "at least 1",
-                    };
+                let (lo, hi, range) = qosd_core::knob(res).config_range;
+                if !(lo..=hi).contains(&v) {
                     return Err(Invalid::new(
                         at.key(which).key(key),
                         format!("must be {range}"),

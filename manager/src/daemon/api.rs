@@ -178,15 +178,18 @@ async fn status(State(api): State<Api>) -> Json<Value> {
 pub fn app_json(a: &AppLive, window_ms: u64, knobs: &[Resource]) -> Value {
     let s = a.recent.summary();
     let alloc = a.share.map(|sh| {
-        let level = |r: Resource, v: u32| (knobs.contains(&r) && v > 0).then_some(v);
-        json!({
-            "cores": level(Resource::Cores, sh.nr_cores),
-            "cpus": a.cpus.as_ref().map(|c| qosd_core::cpulist::format(c)),
-            "llc_ways": level(Resource::CacheWays, sh.nr_ways),
-            "frequency_mhz": level(Resource::Frequency, sh.freq_mhz),
-            "memory_bandwidth_percent": level(Resource::MemoryBandwidth, sh.mb_percent),
-            "cpu_quota_milli": level(Resource::CpuQuota, sh.cpu_quota_milli),
-        })
+        let mut o = serde_json::Map::new();
+        for k in &qosd_core::KNOBS {
+            let v = (k.share)(&sh);
+            let level = (knobs.contains(&k.resource) && v > 0).then_some(v);
+            o.insert(k.api_key.into(), json!(level));
+            if k.resource == Resource::Cores {
+                // The CPU list beside the count.
+                let cpus = a.cpus.as_ref().map(|c| qosd_core::cpulist::format(c));
+                o.insert("cpus".into(), json!(cpus));
+            }
+        }
+        Value::Object(o)
     });
     json!({
         "name": a.name,

@@ -309,52 +309,15 @@ pub fn render(sh: &Shared, dropped: Option<u64>) -> String {
     }
 
     // Allocations: only knobs in use, only managed apps, only values set.
-    type Get = fn(&qosd_core::Share) -> u32;
-    let knobs: [(Resource, &str, &str, f64, Get); 5] = [
-        (
-            Resource::Cores,
-            "qosd_app_cores",
-            "Physical cores given to the app.",
-            1.0,
-            |s| s.nr_cores,
-        ),
-        (
-            Resource::CacheWays,
-            "qosd_app_llc_ways",
-            "Last-level-cache ways given to the app.",
-            1.0,
-            |s| s.nr_ways,
-        ),
-        (
-            Resource::Frequency,
-            "qosd_app_frequency_hertz",
-            "Frequency set on the app's cores.",
-            1e6,
-            |s| s.freq_mhz,
-        ),
-        (
-            Resource::MemoryBandwidth,
-            "qosd_app_memory_bandwidth_ratio",
-            "Memory-bandwidth throttle of the app (0..1).",
-            0.01,
-            |s| s.mb_percent,
-        ),
-        (
-            Resource::CpuQuota,
-            "qosd_app_cpu_quota_cpus",
-            "CPU bandwidth (CFS quota) of the app, in CPUs.",
-            0.001,
-            |s| s.cpu_quota_milli,
-        ),
-    ];
-    for (r, name, help, scale, get) in knobs {
-        if !in_use(r) {
+    for k in &qosd_core::KNOBS {
+        if !in_use(k.resource) {
             continue;
         }
-        o.family(name, "gauge", help);
+        let m = &k.metric;
+        o.family(m.name, "gauge", m.help);
         for a in apps() {
-            if let Some(v) = a.share.as_ref().map(get).filter(|v| *v > 0) {
-                o.sample(name, &[("app", &a.name)], f64::from(v) * scale);
+            if let Some(v) = a.share.as_ref().map(k.share).filter(|v| *v > 0) {
+                o.sample(m.name, &[("app", &a.name)], f64::from(v) * m.scale);
             }
         }
     }

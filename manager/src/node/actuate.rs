@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use qosd_actuators::{Actuators, AppTarget, Caps, Change, Error, Topology};
-use qosd_core::{Allocation, Allocations, Decision, Limits, NodeCaps, Resource, Share};
+use qosd_core::{Allocation, Allocations, Decision, Limits, NodeCaps, Resource, Share, KNOBS};
 
 use super::coremap::CoreMap;
 use qosd_core::admit::{admit, Peers};
@@ -47,13 +47,7 @@ impl Actuation {
         let mut node = act.node_caps();
         for r in Resource::ALL {
             if !enabled.contains(&r) {
-                match r {
-                    Resource::Cores => node.nr_cores = 0,
-                    Resource::CacheWays => node.nr_ways = 0,
-                    Resource::Frequency => node.freq = None,
-                    Resource::MemoryBandwidth => node.mb = None,
-                    Resource::CpuQuota => node.quota = None,
-                }
+                node.disable(r);
             }
         }
         Ok(Actuation {
@@ -112,34 +106,37 @@ impl Actuation {
         Ok((next, taken))
     }
 
+    /// The settings of the knobs the node has and `s` sets (a level of
+    /// 0 leaves the knob as found); CPU lists come from the core map.
     fn settings(&self, app: &str, s: &Share) -> Allocation {
-        let n = &self.node;
-        Allocation {
-            cpus: (n.has(Resource::Cores) && s.nr_cores > 0)
-                .then(|| self.cores.cpus(&self.topo, app)),
-            llc_ways: (n.has(Resource::CacheWays) && s.nr_ways > 0).then_some(s.nr_ways),
-            freq_mhz: (n.has(Resource::Frequency) && s.freq_mhz > 0).then_some(s.freq_mhz),
-            mb_percent: (n.has(Resource::MemoryBandwidth) && s.mb_percent > 0)
-                .then_some(s.mb_percent),
-            cpu_quota_milli: (n.has(Resource::CpuQuota) && s.cpu_quota_milli > 0)
-                .then_some(s.cpu_quota_milli),
+        let mut a = Allocation::default();
+        for k in &KNOBS {
+            let v = (k.share)(s);
+            if v == 0 || !self.node.has(k.resource) {
+                continue;
+            }
+            match k.level_alloc {
+                Some(put) => put(&mut a, v),
+                None => a.cpus = Some(self.cores.cpus(&self.topo, app)),
+            }
         }
+        a
     }
 
-    /// Puts `plan` in force for the apps in `pids` (the managed apps and
-    /// their processes; an app of the plan not listed is ignored, a listed
-    /// app missing from the plan keeps its allocation). `force` applies
+    /// Puts the allocations `wanted` (a plan's) in force for the apps in
+    /// `pids` (the managed apps and their processes; an app not listed is
+    /// ignored, a listed app missing from `wanted` keeps its allocation). `force` applies
     /// every app again even if nothing changed (the backends write only
     /// what differs), which catches threads that reset their affinity.
     pub fn set(
         &mut self,
-        plan: &Allocations,
+        wanted: &Allocations,
         pids: &BTreeMap<String, Vec<i32>>,
         force: bool,
     ) -> Result<Vec<Applied>, String> {
         let mut want = Allocations::new();
         for app in pids.keys() {
-            if let Some(s) = plan.get(app).or_else(|| self.current.get(app)) {
+            if let Some(s) = wanted.get(app).or_else(|| self.current.get(app)) {
                 want.insert(app.clone(), *s);
             }
         }

@@ -34,11 +34,16 @@ const METRICS: &[(&str, Metric)] = &[
     ("cpu_util", Metric::CpuUtil),
     ("power_w", Metric::PowerW),
     ("node_power_w", Metric::NodePowerW),
-    ("cores", Metric::Alloc(Resource::Cores)),
-    ("ways", Metric::Alloc(Resource::CacheWays)),
-    ("freq_mhz", Metric::Alloc(Resource::Frequency)),
-    ("mb_percent", Metric::Alloc(Resource::MemoryBandwidth)),
 ];
+
+/// Every metric a condition may test: the measurements above, then each
+/// knob's allocation under its [`qosd_core::Knob::rule_metric`] name.
+fn metrics() -> impl Iterator<Item = (&'static str, Metric)> {
+    let allocs = qosd_core::KNOBS
+        .iter()
+        .filter_map(|k| Some((k.rule_metric?, Metric::Alloc(k.resource))));
+    METRICS.iter().copied().chain(allocs)
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Op {
@@ -101,12 +106,11 @@ impl std::str::FromStr for Condition {
             })?;
         let name = s[..pos.0].trim();
         let rhs = s[pos.0 + pos.1..].trim();
-        let metric = METRICS
-            .iter()
+        let metric = metrics()
             .find(|(n, _)| *n == name)
-            .map(|(_, m)| *m)
+            .map(|(_, m)| m)
             .ok_or_else(|| {
-                let known: Vec<&str> = METRICS.iter().map(|(n, _)| *n).collect();
+                let known: Vec<&str> = metrics().map(|(n, _)| n).collect();
                 format!(
                     "`{s}`: unknown metric `{name}`; known: {}",
                     known.join(", ")

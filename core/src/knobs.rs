@@ -1,0 +1,253 @@
+//! The knob table: one [`Knob`] row per [`Resource`], holding everything
+//! that differs from knob to knob (names, unit, which [`Share`] and
+//! [`Allocation`] field holds it, what the node offers of it, how
+//! `/metrics` and the API show it, which amounts a config may give it).
+//! Code that handles "every knob" iterates [`KNOBS`] instead of matching on
+//! `Resource`; adding a knob is a variant, its fields and one row here
+//! (then its actuator: `actuators/src/registry.rs`; see `docs/extending.md`).
+
+use crate::resources::{Allocation, NodeCaps, Resource, Share};
+
+/// How `/metrics` exports a knob's level per app (a gauge).
+#[derive(Debug, Clone, Copy)]
+pub struct MetricSpec {
+    /// The family name, e.g. `qosd_app_cores`.
+    pub name: &'static str,
+    pub help: &'static str,
+    /// Factor from the [`Share`] unit to the metric's base unit (MHz → Hz).
+    pub scale: f64,
+}
+
+/// One knob.
+#[derive(Debug, Clone, Copy)]
+pub struct Knob {
+    pub resource: Resource,
+    /// The snake_case name in JSON, YAML and messages.
+    pub name: &'static str,
+    /// The unit a [`Share`] counts it in.
+    pub unit: &'static str,
+    /// Partitioned from a node-wide pool (what one app has, another cannot).
+    pub pooled: bool,
+    /// Its key in a config's `resources: {initial, min, max}` and in a
+    /// [`Share`]'s JSON.
+    pub share_key: &'static str,
+    /// Its key in the daemon's `/v1/apps` allocation object.
+    pub api_key: &'static str,
+    /// The amounts a config may give it (inclusive) and how to say so.
+    pub config_range: (u32, u32, &'static str),
+    /// Its name in rule conditions (`cores <= 1`), if rules may test it.
+    pub rule_metric: Option<&'static str>,
+    pub metric: MetricSpec,
+    /// `qosd set` syntax, for help and docs.
+    pub set_usage: &'static str,
+    pub share: fn(&Share) -> u32,
+    pub set_share: fn(&mut Share, u32),
+    /// True when an [`Allocation`] sets it.
+    pub in_alloc: fn(&Allocation) -> bool,
+    /// Copies its field from the second allocation into the first.
+    pub copy_alloc: fn(&mut Allocation, &Allocation),
+    /// Puts a [`Share`] level into an [`Allocation`] as is; `None` for
+    /// cores, whose CPU list the manager's core map chooses.
+    pub level_alloc: Option<fn(&mut Allocation, u32)>,
+    /// The node can actuate it.
+    pub has: fn(&NodeCaps) -> bool,
+    /// Lowest and highest value for one app (asked only when `has`).
+    pub range: fn(&NodeCaps) -> Option<(u32, u32)>,
+    /// One unit of the node's own granularity.
+    pub step: fn(&NodeCaps) -> u32,
+    /// Marks it absent (the config leaves it out of `enabled`).
+    pub disable: fn(&mut NodeCaps),
+}
+
+/// Every knob, in [`Resource::ALL`] order (a test checks).
+pub static KNOBS: [Knob; 5] = [
+    Knob {
+        resource: Resource::Cores,
+        name: "cores",
+        unit: "cores",
+        pooled: true,
+        share_key: "nr_cores",
+        api_key: "cores",
+        config_range: (1, u32::MAX, "at least 1"),
+        rule_metric: Some("cores"),
+        metric: MetricSpec {
+            name: "qosd_app_cores",
+            help: "Physical cores given to the app.",
+            scale: 1.0,
+        },
+        set_usage: "qosd set cores --pid PID --cpus LIST [--backend cgroup2|cgroup1|affinity]",
+        share: |s| s.nr_cores,
+        set_share: |s, v| s.nr_cores = v,
+        in_alloc: |a| a.cpus.is_some(),
+        copy_alloc: |d, s| d.cpus.clone_from(&s.cpus),
+        level_alloc: None,
+        has: |n| n.nr_cores > 0,
+        range: |n| Some((1, n.nr_cores)),
+        step: |_| 1,
+        disable: |n| n.nr_cores = 0,
+    },
+    Knob {
+        resource: Resource::Frequency,
+        name: "frequency",
+        unit: "MHz",
+        pooled: false,
+        share_key: "freq_mhz",
+        api_key: "frequency_mhz",
+        config_range: (1, u32::MAX, "at least 1"),
+        rule_metric: Some("freq_mhz"),
+        metric: MetricSpec {
+            name: "qosd_app_frequency_hertz",
+            help: "Frequency set on the app's cores.",
+            scale: 1e6,
+        },
+        set_usage: "qosd set freq --cpus LIST --mhz MHZ [--backend cpufreq|cpupower]",
+        share: |s| s.freq_mhz,
+        set_share: |s, v| s.freq_mhz = v,
+        in_alloc: |a| a.freq_mhz.is_some(),
+        copy_alloc: |d, s| d.freq_mhz = s.freq_mhz,
+        level_alloc: Some(|a, v| a.freq_mhz = Some(v)),
+        has: |n| n.freq.is_some_and(|f| f.max_mhz > f.min_mhz),
+        range: |n| n.freq.map(|f| (f.min_mhz, f.max_mhz)),
+        step: |n| n.freq.map_or(1, |f| f.step_mhz.max(1)),
+        disable: |n| n.freq = None,
+    },
+    Knob {
+        resource: Resource::CacheWays,
+        name: "cache_ways",
+        unit: "ways",
+        pooled: true,
+        share_key: "nr_ways",
+        api_key: "llc_ways",
+        config_range: (1, u32::MAX, "at least 1"),
+        rule_metric: Some("ways"),
+        metric: MetricSpec {
+            name: "qosd_app_llc_ways",
+            help: "Last-level-cache ways given to the app.",
+            scale: 1.0,
+        },
+        set_usage: "qosd set ways --pid PID --ways N [--backend resctrl|pqos]",
+        share: |s| s.nr_ways,
+        set_share: |s, v| s.nr_ways = v,
+        in_alloc: |a| a.llc_ways.is_some(),
+        copy_alloc: |d, s| d.llc_ways = s.llc_ways,
+        level_alloc: Some(|a, v| a.llc_ways = Some(v)),
+        has: |n| n.nr_ways > 0,
+        range: |n| Some((1, n.nr_ways)),
+        step: |_| 1,
+        disable: |n| n.nr_ways = 0,
+    },
+    Knob {
+        resource: Resource::MemoryBandwidth,
+        name: "memory_bandwidth",
+        unit: "%",
+        pooled: false,
+        share_key: "mb_percent",
+        api_key: "memory_bandwidth_percent",
+        config_range: (1, 100, "1 to 100"),
+        rule_metric: Some("mb_percent"),
+        metric: MetricSpec {
+            name: "qosd_app_memory_bandwidth_ratio",
+            help: "Memory-bandwidth throttle of the app (0..1).",
+            scale: 0.01,
+        },
+        set_usage: "qosd set mb --pid PID --percent P",
+        share: |s| s.mb_percent,
+        set_share: |s, v| s.mb_percent = v,
+        in_alloc: |a| a.mb_percent.is_some(),
+        copy_alloc: |d, s| d.mb_percent = s.mb_percent,
+        level_alloc: Some(|a, v| a.mb_percent = Some(v)),
+        has: |n| n.mb.is_some_and(|m| m.min_percent < 100),
+        range: |n| n.mb.map(|m| (m.min_percent, 100)),
+        step: |n| n.mb.map_or(1, |m| m.step_percent.max(1)),
+        disable: |n| n.mb = None,
+    },
+    Knob {
+        resource: Resource::CpuQuota,
+        name: "cpu_quota",
+        unit: "m-CPU",
+        pooled: false,
+        share_key: "cpu_quota_milli",
+        api_key: "cpu_quota_milli",
+        config_range: (10, u32::MAX, "at least 10 (0.01 CPU)"),
+        rule_metric: None,
+        metric: MetricSpec {
+            name: "qosd_app_cpu_quota_cpus",
+            help: "CPU bandwidth (CFS quota) of the app, in CPUs.",
+            scale: 0.001,
+        },
+        set_usage: "qosd set quota --pid PID --quota CPUS [--backend cgroup2|cgroup1]",
+        share: |s| s.cpu_quota_milli,
+        set_share: |s, v| s.cpu_quota_milli = v,
+        in_alloc: |a| a.cpu_quota_milli.is_some(),
+        copy_alloc: |d, s| d.cpu_quota_milli = s.cpu_quota_milli,
+        level_alloc: Some(|a, v| a.cpu_quota_milli = Some(v)),
+        has: |n| n.quota.is_some_and(|q| q.max_milli > q.step_milli),
+        range: |n| n.quota.map(|q| (q.step_milli, q.max_milli)),
+        step: |n| n.quota.map_or(1, |q| q.step_milli.max(1)),
+        disable: |n| n.quota = None,
+    },
+];
+
+/// The row of `r`.
+pub fn knob(r: Resource) -> &'static Knob {
+    &KNOBS[r as usize]
+}
+
+/// The knob whose [`Knob::share_key`] is `key`.
+pub fn by_share_key(key: &str) -> Option<&'static Knob> {
+    KNOBS.iter().find(|k| k.share_key == key)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_is_in_resource_order_and_names_match_serde() {
+        assert_eq!(KNOBS.len(), Resource::ALL.len());
+        for (k, r) in KNOBS.iter().zip(Resource::ALL) {
+            assert_eq!(k.resource, r);
+            assert_eq!(
+                r as usize,
+                Resource::ALL.iter().position(|x| *x == r).unwrap()
+            );
+            assert_eq!(
+                serde_json::to_string(&r).unwrap(),
+                format!("\"{}\"", k.name)
+            );
+        }
+    }
+
+    #[test]
+    fn share_fields_round_trip_and_keys_match_serde() {
+        let mut s = Share::default();
+        for (i, k) in KNOBS.iter().enumerate() {
+            (k.set_share)(&mut s, i as u32 + 3);
+        }
+        let json = serde_json::to_value(s).unwrap();
+        for (i, k) in KNOBS.iter().enumerate() {
+            assert_eq!((k.share)(&s), i as u32 + 3);
+            assert_eq!(json[k.share_key], i as u32 + 3, "{}", k.share_key);
+            assert_eq!(
+                by_share_key(k.share_key).map(|x| x.resource),
+                Some(k.resource)
+            );
+        }
+    }
+
+    #[test]
+    fn copy_alloc_copies_exactly_its_field() {
+        let full = Allocation {
+            cpus: Some(vec![1]),
+            freq_mhz: Some(2),
+            llc_ways: Some(3),
+            mb_percent: Some(4),
+            cpu_quota_milli: Some(5),
+        };
+        for k in &KNOBS {
+            let mut a = Allocation::default();
+            (k.copy_alloc)(&mut a, &full);
+            assert_eq!(a.resources(), vec![k.resource]);
+        }
+    }
+}
