@@ -16,15 +16,13 @@ use qosd_sensors::ebpf::RequestTracer;
 use qosd_sensors::power::PowerSensor;
 use qosd_sensors::sensor::client::{ClientInbox, ClientSensor};
 use qosd_sensors::sensor::ebpf::EbpfSensor;
-use qosd_sensors::sensor::procfs::ProcfsSensor;
-use qosd_sensors::sensor::{BoxedSensor, Sensors};
 
 use super::discover::Finder;
 use super::jobs::Jobs;
 use super::state::SharedState;
 use crate::config::AppConfig;
 use crate::node::actuate::Actuation;
-use crate::node::sensing::{fed_tick, SenseApp, Sensing};
+use crate::node::sensing::{fed_tick, plugins, SenseApp, Sensing};
 
 /// One configured app and what the loop keeps about it.
 struct AppRt {
@@ -97,16 +95,12 @@ impl Controller {
                 }));
             }
         }
-        let mut list: Vec<BoxedSensor> = vec![
-            Box::new(ClientSensor::new(feeds)),
-            Box::new(ProcfsSensor::new(root)),
-        ];
-        if let Some(t) = tracer {
-            let s = apps.iter().fold(EbpfSensor::new(t), |s, a| {
+        let ebpf = tracer.map(|t| {
+            apps.iter().fold(EbpfSensor::new(t), |s, a| {
                 s.with_ports(&a.name, a.ports.clone())
-            });
-            list.push(Box::new(s));
-        }
+            })
+        });
+        let sensors = plugins(Box::new(ClientSensor::new(feeds)), root, ebpf, None);
         let sense_apps = apps
             .iter()
             .map(|a| sense_app(a, feedback_override.unwrap_or(a.feedback)))
@@ -124,7 +118,7 @@ impl Controller {
         let node = DaemonNode {
             apps,
             act,
-            sensing: Sensing::new(Sensors::new(list), sense_apps, nr_slots),
+            sensing: Sensing::new(sensors, sense_apps, nr_slots),
             shared,
             finder: Finder::new(root),
             dry_run,

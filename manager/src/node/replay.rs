@@ -19,12 +19,10 @@ use qosd_sensors::ebpf::RequestTracer;
 use qosd_sensors::procfs::Procfs;
 use qosd_sensors::sensor::client::ClientSensor;
 use qosd_sensors::sensor::ebpf::EbpfSensor;
-use qosd_sensors::sensor::procfs::ProcfsSensor;
-use qosd_sensors::sensor::{BoxedSensor, Sensors};
 
 use super::actuate::Actuation;
 use super::power::{process_tree, RunPower};
-use super::sensing::{SenseApp, Sensing};
+use super::sensing::{plugins, SenseApp, Sensing};
 
 /// One app of the replay.
 pub struct ReplayApp {
@@ -83,17 +81,13 @@ impl ReplayNode {
             })
             .collect();
         let feeds = apps.iter_mut().map(|a| a.reports.take()).collect();
-        let mut list: Vec<BoxedSensor> = vec![
+        let sensors = plugins(
             Box::new(ClientSensor::new(feeds)),
-            Box::new(ProcfsSensor::new("/")),
-        ];
-        if let Some(t) = tracer {
-            list.push(Box::new(EbpfSensor::new(t)));
-        }
-        if let Some(p) = power {
-            list.push(Box::new(p.into_sensor()));
-        }
-        let mut sensing = Sensing::new(Sensors::new(list), sense_apps, nr_slots);
+            std::path::Path::new("/"),
+            tracer.map(EbpfSensor::new),
+            power.map(RunPower::into_sensor),
+        );
+        let mut sensing = Sensing::new(sensors, sense_apps, nr_slots);
         for (i, a) in apps.iter().enumerate() {
             sensing.take_pids(i, a.pids.clone());
         }

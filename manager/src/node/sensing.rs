@@ -6,14 +6,59 @@
 //! they do with the tick's raw readings (the daemon publishes them to its
 //! API).
 
+use std::path::Path;
+
 use qosd_core::control::{AppInterval, Sensed, Tick};
 use qosd_core::{AppClass, AppPower, AppState, Feedback, Limits, QosTarget};
 use qosd_sensors::ebpf::Figure;
-use qosd_sensors::sensor::{AppReading, LatencyTick, Measurements, Quantity, Sensors, Target};
+use qosd_sensors::power::PowerSensor;
+use qosd_sensors::sensor::ebpf::EbpfSensor;
+use qosd_sensors::sensor::procfs::ProcfsSensor;
+use qosd_sensors::sensor::{
+    AppReading, BoxedSensor, LatencyTick, Measurements, Quantity, Sensors, Target,
+};
 use qosd_sensors::stats::LogHistogram;
 
 use super::actuate::Actuation;
 use super::latency::Recent;
+
+/// The sensors of a real node, in one list: the client's reports
+/// (`client`, fed by the node's own channels), CPU time from `root`'s
+/// /proc, and where the node has them the eBPF request sensor and the
+/// power sensor. A plugin every real node runs joins here.
+pub fn plugins(
+    client: BoxedSensor,
+    root: &Path,
+    ebpf: Option<EbpfSensor>,
+    power: Option<PowerSensor>,
+) -> Sensors {
+    let mut list: Vec<BoxedSensor> = vec![client, Box::new(ProcfsSensor::new(root))];
+    if let Some(e) = ebpf {
+        list.push(Box::new(e));
+    }
+    if let Some(p) = power {
+        list.push(Box::new(p));
+    }
+    Sensors::new(list)
+}
+
+/// What the sensing layer asks of the node's actuation: which apps are
+/// managed (they are in the snapshot) and how many CPUs each holds (its
+/// CPU utilisation is relative to them).
+pub trait Holdings {
+    fn managed(&self, app: &str) -> bool;
+    fn nr_cpus(&self, app: &str) -> usize;
+}
+
+impl Holdings for Actuation {
+    fn managed(&self, app: &str) -> bool {
+        self.current().contains_key(app)
+    }
+
+    fn nr_cpus(&self, app: &str) -> usize {
+        self.cpus(app).map_or(self.nr_online_cpus(), |c| c.len())
+    }
+}
 
 /// One app as the sensing layer needs it.
 #[derive(Debug, Clone)]
@@ -139,7 +184,7 @@ impl Sensing {
     /// the policy's snapshot of the apps `act` manages (sorted by name),
     /// the interval's rows on decision ticks (`be_ops_per_s` is left to the
     /// node), and the tick's raw readings per app.
-    pub fn sense(&mut self, tick: &Tick, act: &Actuation) -> (Sensed, Vec<AppReading>) {
+    pub fn sense(&mut self, tick: &Tick, act: &dyn Holdings) -> (Sensed, Vec<AppReading>) {
         let targets: Vec<Target<'_>> = self
             .apps
             .iter()
@@ -158,7 +203,7 @@ impl Sensing {
         }
         let mut sensed = Sensed::default();
         for (i, a) in self.apps.iter().enumerate() {
-            if act.current().contains_key(&a.name) {
+            if act.managed(&a.name) {
                 sensed.snapshot.apps.push(self.state(i));
             }
         }
@@ -195,7 +240,7 @@ impl Sensing {
     }
 
     /// Feeds app `i`'s readings of the tick into its windows and figures.
-    fn feed(&mut self, i: usize, tick: &Tick, r: &mut AppReading, act: &Actuation) {
+    fn feed(&mut self, i: usize, tick: &Tick, r: &mut AppReading, act: &dyn Holdings) {
         let a = &self.apps[i];
         let m = &mut self.meters[i];
         let client = r.client.clone().unwrap_or_default();
@@ -220,7 +265,7 @@ impl Sensing {
         m.cpu_span_s += tick.dt_s;
         if let Some(used) = r.cpu_s {
             m.cpu_total_s += used;
-            let nr_cpus = act.cpus(&a.name).map_or(act.nr_online_cpus(), |c| c.len());
+            let nr_cpus = act.nr_cpus(&a.name);
             let secs = std::mem::take(&mut m.cpu_span_s);
             if secs > 0.0 {
                 m.cpu_util = (used / (secs * nr_cpus.max(1) as f64)).clamp(0.0, 1.0);
@@ -346,5 +391,120 @@ pub fn fed_tick(a: &SenseApp, r: &AppReading) -> LatencyTick {
             .clone()
             .map(|[l, s]| if a.figure == Figure::Service { s } else { l })
             .unwrap_or_default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use qosd_sensors::sensor::{ClientTick, NullSensor, Sensor};
+
+    /// Every tick, 10 client replies of 2 ms per target; on decision
+    /// ticks, 0.5 s of CPU time per target.
+    struct Steady;
+
+    impl Sensor for Steady {
+        fn name(&self) -> &str {
+            "steady"
+        }
+        fn measures(&self) -> &'static [Quantity] {
+            &[Quantity::ClientLatency, Quantity::CpuTime]
+        }
+        fn sample(&mut self, tick: &Tick, targets: &[Target<'_>]) -> anyhow::Result<Measurements> {
+            let mut m = Measurements::empty(targets.len());
+            for r in &mut m.apps {
+                let mut c = ClientTick {
+                    completed: 10,
+                    ..Default::default()
+                };
+                for _ in 0..10 {
+                    c.latency.hist.record(2_000_000);
+                }
+                r.client = Some(c);
+                r.cpu_s = tick.decide.then_some(0.5);
+            }
+            Ok(m)
+        }
+    }
+
+    /// Manages every app but `c`, two CPUs each.
+    struct TwoCpus;
+
+    impl Holdings for TwoCpus {
+        fn managed(&self, app: &str) -> bool {
+            app != "c"
+        }
+        fn nr_cpus(&self, _: &str) -> usize {
+            2
+        }
+    }
+
+    fn app(name: &str, feedback: Feedback) -> SenseApp {
+        SenseApp {
+            name: name.into(),
+            class: AppClass::Lc,
+            feedback,
+            figure: Figure::Latency,
+            limits: Limits::default(),
+            percentile: 99.0,
+            client_target_us: Some(1000.0),
+            ebpf_target_us: Some(500.0),
+            driven: false,
+            serves: true,
+        }
+    }
+
+    fn tick(k: u64) -> Tick {
+        Tick {
+            now_ms: k * 100,
+            dt_s: 0.1,
+            decide: k.is_multiple_of(5),
+        }
+    }
+
+    #[test]
+    fn builds_the_policy_snapshot_from_the_plugins() {
+        let sensors = Sensors::new(vec![Box::new(NullSensor), Box::new(Steady)]);
+        let apps = vec![
+            app("c", Feedback::Client),
+            app("b", Feedback::Ebpf),
+            app("a", Feedback::Client),
+        ];
+        let mut s = Sensing::new(sensors, apps, 5);
+        let mut last = None;
+        for k in 1..=5 {
+            last = Some(s.sense(&tick(k), &TwoCpus));
+        }
+        let (sensed, readings) = last.unwrap();
+        assert_eq!(readings.len(), 3);
+        let names: Vec<&str> = sensed
+            .snapshot
+            .apps
+            .iter()
+            .map(|a| a.name.as_str())
+            .collect();
+        assert_eq!(names, ["a", "b"], "managed apps only, by name");
+        let a = &sensed.snapshot.apps[0];
+        assert!((a.latency_us.unwrap() - 2000.0).abs() < 10.0, "{a:?}");
+        assert!((a.rps - 100.0).abs() < 1e-6, "{a:?}");
+        assert_eq!(a.target.unwrap().value_us, 1000.0);
+        // 0.5 CPU-s over 0.5 s on 2 CPUs.
+        assert!((a.cpu_util - 0.5).abs() < 1e-9, "{a:?}");
+        // b is fed by eBPF, which no plugin measures: idle, its eBPF target.
+        let b = &sensed.snapshot.apps[1];
+        assert_eq!((b.latency_us, b.rps), (None, 0.0));
+        assert_eq!(b.target.unwrap().value_us, 500.0);
+        // The interval's rows: every app, its client latency whatever fed it.
+        assert_eq!(sensed.interval.len(), 3);
+        let row_a = &sensed.interval[2];
+        assert!((row_a.achieved_rps - 100.0).abs() < 1e-6, "{row_a:?}");
+        assert!(row_a.client_us.is_some() && row_a.ebpf_us.is_none());
+        assert_eq!(sensed.interval[1].client_us, row_a.client_us);
+        assert_eq!(sensed.snapshot.since_ms, Some(0));
+        // After a plan: only what was measured under it.
+        s.restart(500);
+        let (sensed, _) = s.sense(&tick(6), &TwoCpus);
+        assert_eq!(sensed.snapshot.since_ms, Some(500));
+        assert!((sensed.snapshot.apps[0].rps - 100.0).abs() < 1e-6);
     }
 }
