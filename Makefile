@@ -5,9 +5,9 @@ SHELL := /bin/bash
 CARGO ?= cargo
 # Debian packages the build, the tests and the demo need.
 APT_PKGS := clang llvm libelf-dev zlib1g-dev pkg-config make bpftool \
-            memcached nginx-light redis-server wrk stress-ng linux-cpupower \
+            memcached nginx-light redis-server redis-tools wrk stress-ng linux-cpupower \
             prometheus libfontconfig-dev curl procps iproute2 \
-            systemd util-linux man-db ruby-grpc
+            systemd util-linux man-db ruby-grpc etcd-server openssl
 QOSD := target/release/qosd
 
 # `make install` layout; `make install PREFIX=/usr DESTDIR=pkgroot` for a
@@ -26,8 +26,11 @@ QOSD_BIN ?= $(QOSD)
 GO ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
 TOOLS := target/tools
 KUBECONFORM_VERSION := v0.8.0
+# The API server of the Kubernetes tests (Debian has etcd and no
+# kube-apiserver): built from the Go module proxy, a few minutes once.
+KUBE_VERSION := v1.32.4
 
-.PHONY: all deps tools tracefs build fixtures test test-kernels demo bench fmt lint clean install uninstall man
+.PHONY: all deps tools tracefs build fixtures test test-k8s test-kernels demo bench fmt lint clean install uninstall man
 
 all: build
 
@@ -43,8 +46,11 @@ deps:
 	@-systemctl stop nginx memcached redis-server prometheus >/dev/null 2>&1 || true
 	@$(MAKE) --no-print-directory tracefs tools
 
-## tools: kubeconform (Kubernetes manifest validator) into target/tools
-tools: $(TOOLS)/kubeconform
+## tools: kubeconform (Kubernetes manifest validator) and kube-apiserver into target/tools
+tools: $(TOOLS)/kubeconform $(TOOLS)/kube-apiserver
+
+$(TOOLS)/kube-apiserver: deploy/kubernetes/tools/build-kube-apiserver.sh
+	KUBE_VERSION=$(KUBE_VERSION) GO=$(GO) bash deploy/kubernetes/tools/build-kube-apiserver.sh $@
 
 $(TOOLS)/kubeconform:
 	@mkdir -p $(TOOLS)
@@ -71,6 +77,10 @@ test: build fixtures
 ## and 13's kernels (guests with cgroup v2 only) and this host; docs/kernels.md
 test-kernels: build fixtures
 	bash kernels/matrix.sh
+
+## test-k8s: qosd against a real API server (etcd + kube-apiserver on loopback)
+test-k8s: build
+	$(CARGO) test --release -p qosd-manager --test kube_real --test deploy_kubernetes -- --test-threads=1
 
 ## demo: search ramped beside a batch job under PARTIES (CPU quota), then the static split, compared
 demo: build

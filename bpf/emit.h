@@ -44,10 +44,11 @@ static __always_inline void count(__u32 idx)
  * QOSD_NEVER_WAKE: never): a wakeup is a context switch to the reader, the
  * dearest part of a record.
  */
-static __always_inline void emit_record(__u8 kind, __u32 tgid, __u32 fd,
-					__u64 conn_id, __u32 turns,
-					__u64 arrive, __u64 start, __u64 end,
-					__u64 wake_at)
+static __always_inline void emit_record_n(__u8 kind, __u32 tgid, __u32 fd,
+					  __u64 conn_id, __u32 turns,
+					  __u16 nreq, __u64 arrive,
+					  __u64 start, __u64 end,
+					  __u64 wake_at)
 {
 	struct req_record *r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);
 	if (!r) {
@@ -62,7 +63,8 @@ static __always_inline void emit_record(__u8 kind, __u32 tgid, __u32 fd,
 	r->fd = fd;
 	r->turns = turns;
 	r->kind = kind;
-	r->pad[0] = r->pad[1] = r->pad[2] = 0;
+	r->pad = 0;
+	r->nreq = nreq;
 	__u64 flags = BPF_RB_NO_WAKEUP;
 	if (wake_at == 0) {
 		flags = BPF_RB_FORCE_WAKEUP;
@@ -80,6 +82,16 @@ static __always_inline void emit_record(__u8 kind, __u32 tgid, __u32 fd,
 			flags = BPF_RB_FORCE_WAKEUP;
 	}
 	bpf_ringbuf_submit(r, flags);
+}
+
+/* One record that stands for one request. */
+static __always_inline void emit_record(__u8 kind, __u32 tgid, __u32 fd,
+					__u64 conn_id, __u32 turns,
+					__u64 arrive, __u64 start, __u64 end,
+					__u64 wake_at)
+{
+	emit_record_n(kind, tgid, fd, conn_id, turns, 1, arrive, start, end,
+		      wake_at);
 }
 
 #endif

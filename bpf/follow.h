@@ -35,11 +35,18 @@ int BPF_PROG(qosd_fork, struct task_struct *parent, struct task_struct *child)
 	return 0;
 }
 
+/*
+ * The tracepoint's `group_dead` argument is recent (6.18 has it; 6.1 and
+ * 6.12, the kernels users run, refuse a program that reads it: found by
+ * make test-kernels). do_exit() has counted the thread out of
+ * signal->live before this tracepoint on every kernel, so the group is
+ * dead when that count is 0.
+ */
 SEC("tp_btf/sched_process_exit")
-int BPF_PROG(qosd_exit, struct task_struct *task, bool group_dead)
+int BPF_PROG(qosd_exit, struct task_struct *task)
 {
 	__u32 tgid = task->tgid;
-	if (!group_dead || !is_traced(tgid))
+	if (!is_traced(tgid) || task->signal->live.counter != 0)
 		return 0;
 	struct target_cfg *cfg = bpf_map_lookup_elem(&targets, &tgid);
 	/* A root is userspace's to forget (it reports the exit). */

@@ -51,7 +51,11 @@ struct req_record {
 	__u32 fd;      /* 0 on the socket path (no fd there) */
 	__u32 turns;   /* TURN: 1-based turn index; CONN: turns seen on it */
 	__u8 kind;     /* QOSD_REC_* */
-	__u8 pad[3];
+	__u8 pad;
+	__u16 nreq;    /* requests the record stands for: 1, or for a TURN
+			* on the socket path the requests counted in its
+			* inbound bytes (count.h; 0: a TLS handshake turn, or
+			* a request still incomplete) */
 	__u64 arrive_ns; /* <= start_ns */
 };
 
@@ -90,6 +94,28 @@ struct target_cfg {
 		     * traced ancestor it descends from) */
 };
 
+/* req_parse.proto: what the connection's first inbound bytes said. */
+#define QOSD_PROTO_UNSEEN 0 /* nothing read yet */
+#define QOSD_PROTO_OPAQUE 1 /* unknown, or gave up: one request per turn */
+#define QOSD_PROTO_HTTP 2   /* HTTP/1.x */
+#define QOSD_PROTO_RESP 3   /* redis (RESP arrays, inline commands) */
+#define QOSD_PROTO_MC 4     /* memcached text */
+#define QOSD_PROTO_TLS 5    /* TLS records: a turn with application data is one request */
+
+/* Where the request counter of a connection is in its inbound byte stream
+ * (count.h): enough to resume at the next read, whatever the split. */
+struct req_parse {
+	__u32 skip;  /* payload bytes to pass over unread */
+	__u32 num;   /* the number being read (a length, a count) */
+	__u16 elems; /* RESP: bulk strings left; memcached: data-length token */
+	__u8 proto;  /* QOSD_PROTO_* */
+	__u8 phase;  /* QOSD_PH_* (count.h) */
+	__u8 line;   /* bytes into the line, token or TLS record header */
+	__u8 match;  /* HTTP: header-name bits; memcached: token; TLS: type */
+	__u8 tls;    /* QOSD_TLS_* flags (count.h) */
+	__u8 pad;
+};
+
 /* Per accepted connection on the socket path (sockets.bpf.c), keyed by the
  * struct sock's address. */
 struct sock_state {
@@ -105,7 +131,9 @@ struct sock_state {
 	__u16 port;  /* local port, host order */
 	__u8 state;  /* QOSD_ST_* */
 	__u8 emit;   /* QOSD_EMIT_* bits, copied from the target at claim */
-	__u8 pad[4];
+	__u16 nreq;  /* requests the turn in flight carries (its record's) */
+	__u8 pad[2];
+	struct req_parse parse;
 };
 
 /* Words of the traced-local-port bitmap: one bit per TCP port. */
@@ -120,7 +148,10 @@ struct port_key {
 
 _Static_assert(sizeof(struct req_record) == 48, "req_record layout");
 _Static_assert(__builtin_offsetof(struct req_record, arrive_ns) == 40, "req_record layout");
-_Static_assert(sizeof(struct sock_state) == 72, "sock_state layout");
+_Static_assert(sizeof(struct req_parse) == 16, "req_parse layout");
+_Static_assert(sizeof(struct sock_state) == 88, "sock_state layout");
+_Static_assert(__builtin_offsetof(struct sock_state, nreq) == 68, "sock_state layout");
+_Static_assert(__builtin_offsetof(struct req_record, nreq) == 38, "req_record layout");
 _Static_assert(sizeof(struct conn_key) == 8, "conn_key layout");
 _Static_assert(sizeof(struct conn_state) == 40, "conn_state layout");
 _Static_assert(sizeof(struct target_cfg) == 8, "target_cfg layout");

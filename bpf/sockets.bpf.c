@@ -46,6 +46,7 @@
 #include "preface.h"
 #include "targets.h"
 #include "follow.h"
+#include "count.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -103,6 +104,35 @@ static __always_inline void emit(struct sock_state *ss, __u8 kind,
 		    end, wakeup_bytes);
 }
 
+/*
+ * The TURN record of the turn in flight: as many requests as its inbound
+ * bytes completed (count.h), each timed from the turn's arrival to its
+ * last reply bytes. A TLS connection's clock (its CONN record) starts at
+ * its first request, not at the handshake.
+ */
+static __always_inline void emit_turn(struct sock_state *ss)
+{
+	if (ss->nreq && ss->parse.proto == QOSD_PROTO_TLS &&
+	    !(ss->parse.tls & QOSD_TLS_REQ)) {
+		ss->parse.tls |= QOSD_TLS_REQ;
+		if (ss->accept_ns) {
+			ss->accept_ns = ss->req_arrive_ns;
+			ss->first_read_ns = ss->req_start_ns;
+		}
+	}
+	if (ss->emit & QOSD_EMIT_TURN)
+		emit_record_n(QOSD_REC_TURN, ss->tgid, 0, ss->conn_id,
+			      ss->turns, ss->nreq, ss->req_arrive_ns,
+			      ss->req_start_ns, ss->last_out_ns, wakeup_bytes);
+}
+
+/* Whether the connection carried a request (a TLS one: past its handshake). */
+static __always_inline bool had_request(const struct sock_state *ss)
+{
+	return ss->turns > 0 && (ss->parse.proto != QOSD_PROTO_TLS ||
+				 (ss->parse.tls & QOSD_TLS_REQ));
+}
+
 /* The entry of sk (NULL: none). The helper takes sockets as void *. */
 static __always_inline struct sock_state *entry_of(const struct sock *sk)
 {
@@ -138,11 +168,9 @@ static __always_inline void finish(const struct sock *sk, struct sock_state *ss)
 {
 	__u64 now = bpf_ktime_get_ns();
 	if (ss->tgid) {
-		if (ss->state == QOSD_ST_RESPONDING &&
-		    (ss->emit & QOSD_EMIT_TURN))
-			emit(ss, QOSD_REC_TURN, ss->req_arrive_ns,
-			     ss->req_start_ns, ss->last_out_ns);
-		if ((ss->emit & QOSD_EMIT_CONN) && ss->turns > 0 &&
+		if (ss->state == QOSD_ST_RESPONDING)
+			emit_turn(ss);
+		if ((ss->emit & QOSD_EMIT_CONN) && had_request(ss) &&
 		    ss->accept_ns)
 			emit(ss, QOSD_REC_CONN, ss->accept_ns,
 			     ss->first_read_ns, now);
@@ -319,9 +347,7 @@ int BPF_PROG(qosd_recv, struct sock *sk, int ret, int flags)
 	    ret >= QOSD_H2_PREFACE_LEN && saw_preface())
 		emit(ss, QOSD_REC_H2, now, now, now);
 	if (ss->state == QOSD_ST_RESPONDING) {
-		if (ss->emit & QOSD_EMIT_TURN)
-			emit(ss, QOSD_REC_TURN, ss->req_arrive_ns,
-			     ss->req_start_ns, ss->last_out_ns);
+		emit_turn(ss);
 		ss->state = QOSD_ST_IDLE;
 	}
 	if (ss->state == QOSD_ST_IDLE) {
@@ -335,7 +361,16 @@ int BPF_PROG(qosd_recv, struct sock *sk, int ret, int flags)
 		__u64 arrive = ss->arrive_ns;
 		ss->req_arrive_ns = arrive && arrive <= now ? arrive : now;
 		ss->state = QOSD_ST_IN_REQ;
+		ss->nreq = 0;
 	}
+	/* Only TURN records carry counts; connection mode needs no more
+	 * than the protocol and, for TLS, where the handshake ends. */
+	__u32 done = 0;
+	__u8 proto = ss->parse.proto;
+	if ((ss->emit & QOSD_EMIT_TURN) || proto == QOSD_PROTO_UNSEEN ||
+	    proto == QOSD_PROTO_TLS)
+		done = count_requests(&ss->parse, ret);
+	ss->nreq = turn_requests(&ss->parse, ss->nreq, done);
 	return 0;
 }
 

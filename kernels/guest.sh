@@ -38,7 +38,7 @@ while IFS=$'\t' read -r suite bin filter env; do
   [ "$filter" = - ] && filter=""
   log="$OUT/$suite.log"
   # shellcheck disable=SC2086
-  env $env timeout "$SUITE_TIMEOUT" "$bin" --test-threads=1 $filter > "$log" 2>&1
+  env $env timeout "$SUITE_TIMEOUT" "$bin" --test-threads=1 --show-output $filter > "$log" 2>&1
   rc=$?
   res=$(grep -a '^test result:' "$log" | tail -n 1)
   skips=$(grep -a -o 'SKIP: .*' "$log" | sort -u | paste -sd ';' -)

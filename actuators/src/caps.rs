@@ -13,7 +13,7 @@ use serde::Serialize;
 use crate::config::Config;
 use crate::root::Root;
 use crate::topology::Topology;
-use crate::{cores, freq, quota, resctrl, Actuator};
+use crate::{cores, freq, priority, quota, resctrl, Actuator};
 
 /// One backend's probe result.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -163,12 +163,13 @@ pub type Detected = (KnobCaps, Option<Box<dyn Actuator>>);
 pub type Detect = fn(&Probe) -> Detected;
 
 /// Every knob's detection, in [`Resource::ALL`] order.
-pub const DETECTORS: [(Resource, Detect); 5] = [
+pub const DETECTORS: [(Resource, Detect); 6] = [
     (Resource::Cores, cores::detect),
     (Resource::Frequency, freq::detect),
     (Resource::CacheWays, resctrl::detect_ways),
     (Resource::MemoryBandwidth, resctrl::detect_mb),
     (Resource::CpuQuota, quota::detect),
+    (Resource::CpuPriority, priority::detect),
 ];
 
 /// Probes the machine: what `qosd caps` shows, the chosen plugins (in

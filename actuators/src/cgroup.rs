@@ -112,6 +112,7 @@ pub fn move_pids(
         ctx.move_pid(
             resource,
             pid,
+            mount,
             &group.join("cgroup.procs"),
             &from.join("cgroup.procs"),
         )?;

@@ -70,6 +70,9 @@ pub struct Config {
     pub cpu_quota_backend: QuotaBackend,
     /// One unit of a CPU-quota decision, in milli-CPUs (100 = 0.1 CPU).
     pub cpu_quota_unit_milli: u32,
+    /// The CFS period quotas are enforced over, µs (1000-1000000); `None`
+    /// leaves each group's own (the kernel's 100 ms).
+    pub cpu_quota_period_us: Option<u64>,
     /// Restore every change when the set is dropped (the daemon, replays);
     /// `qosd set` turns it off to leave its one-shot change in place.
     pub restore_on_drop: bool,
@@ -87,6 +90,7 @@ impl Default for Config {
             pqos_cbm_bits: None,
             cpu_quota_backend: QuotaBackend::Auto,
             cpu_quota_unit_milli: DEFAULT_QUOTA_UNIT_MILLI,
+            cpu_quota_period_us: None,
             restore_on_drop: true,
         }
     }
@@ -103,6 +107,13 @@ impl Config {
                 "actuators.cpu_quota_unit_milli: {} is not in 10-1000 (0.01 to 1 CPU)",
                 self.cpu_quota_unit_milli
             )));
+        }
+        if let Some(p) = self.cpu_quota_period_us {
+            if !crate::quota::PERIOD_RANGE_US.contains(&p) {
+                return Err(Error::Invalid(format!(
+                    "actuators.cpu_quota_period_us: {p} is not in 1000-1000000 (1 ms to 1 s)"
+                )));
+            }
         }
         if !self.root.is_absolute() || !self.root.is_dir() {
             return Err(Error::Invalid(format!(

@@ -160,9 +160,17 @@ impl Ctx {
             resource,
             path: path.to_owned(),
         };
-        self.journal.record(entry.clone())?;
+        let first = self.journal.record(entry.clone())?;
         if !self.dry_run {
             std::fs::create_dir(path).map_err(|e| Error::io("creating", path, e))?;
+            if !first {
+                // Made before and gone now: someone else removed it.
+                tracing::warn!(
+                    "{} was removed while qosd managed it: made again, and its processes are \
+                     moved back into it",
+                    self.root.show(path)
+                );
+            }
         }
         self.created.push(path.to_owned());
         self.txn.push(entry);
@@ -264,10 +272,14 @@ impl Ctx {
 
     /// Moves `pid` into the cgroup whose `cgroup.procs` is `into`,
     /// recording `back_to` (the `cgroup.procs` of its current group).
+    /// `mount` is the hierarchy both are in: a process has one group per
+    /// hierarchy (cgroup v1 `cpuset` and `cpu` are two), so each keeps its
+    /// own first origin.
     pub fn move_pid(
         &mut self,
         resource: Resource,
         pid: i32,
+        mount: &Path,
         into: &Path,
         back_to: &Path,
     ) -> Result<()> {
@@ -278,8 +290,12 @@ impl Ctx {
             start_time,
             back_to: back_to.to_owned(),
         };
-        // A pid already moved by qosd keeps its first origin.
-        let first = !self.journal.entries().iter().any(|e| matches!(e, Entry::Moved { pid: p, start_time: s, .. } if *p == pid && *s == start_time));
+        // A pid already moved by qosd in this hierarchy keeps its first
+        // origin there (a later move starts from qosd's own group).
+        let first = !self.journal.entries().iter().any(|e| {
+            matches!(e, Entry::Moved { pid: p, start_time: s, back_to: b, .. }
+                if *p == pid && *s == start_time && b.starts_with(mount))
+        });
         if first {
             self.journal.record(entry.clone())?;
         }
@@ -327,6 +343,62 @@ impl Ctx {
         Ok(())
     }
 
+    /// Makes a network object in `netns`: records `undo` (the command that
+    /// removes it, keyed by `key`; the first per key is kept) first, then
+    /// runs `argv` there when given (`None`: the caller makes the object
+    /// itself, e.g. attaches a BPF program over netlink, right after).
+    pub fn net(
+        &mut self,
+        knob: &'static str,
+        netns: &crate::netns::NetnsRef,
+        argv: Option<&[String]>,
+        key: &str,
+        undo: Vec<String>,
+    ) -> Result<()> {
+        crate::netns::check_undo(&undo)?;
+        let entry = Entry::Net {
+            knob: knob.to_owned(),
+            key: key.to_owned(),
+            netns: netns.clone(),
+            argv: undo,
+        };
+        self.journal.record(entry.clone())?;
+        self.txn.push(entry);
+        let shown = argv.map(|a| a.join(" ")).unwrap_or_else(|| key.to_owned());
+        if let (Some(argv), false) = (argv, self.dry_run) {
+            netns.run(argv)?;
+        }
+        self.note(Change::knob(knob, shown, "", "run"));
+        Ok(())
+    }
+
+    /// Journals how to remove a TC program qosd is about to attach to
+    /// `dev`'s `dir` hook (`ingress`/`egress`) at priority `pref`: the whole
+    /// clsact qdisc when qosd makes it (none there, or one qosd made
+    /// earlier under `prefix`), else only qosd's filter, so a clsact qdisc
+    /// that was there before is never removed. Keys start with `prefix`.
+    pub fn tc_hook(
+        &mut self,
+        knob: &'static str,
+        ns: &crate::netns::NetnsRef,
+        prefix: &str,
+        dev: &str,
+        dir: &str,
+        pref: u32,
+    ) -> Result<()> {
+        let sv = |a: &[&str]| a.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        let qdiscs = ns.run(&sv(&["tc", "qdisc", "show", "dev", dev]))?;
+        let has_clsact = qdiscs.lines().any(|l| l.starts_with("qdisc clsact"));
+        let clsact_key = format!("{prefix}clsact:{dev}");
+        if !has_clsact || self.journal.has(&format!("net:{}:{clsact_key}", ns.inode)) {
+            let undo = sv(&["tc", "qdisc", "del", "dev", dev, "clsact"]);
+            return self.net(knob, ns, None, &clsact_key, undo);
+        }
+        let pref = pref.to_string();
+        let undo = sv(&["tc", "filter", "del", "dev", dev, dir, "pref", &pref]);
+        self.net(knob, ns, None, &format!("{prefix}filter:{dev}:{dir}"), undo)
+    }
+
     /// Writes into a group qosd made (a task id into `tasks`): nothing to
     /// record, removing the group undoes it.
     pub fn assign(&mut self, resource: Resource, path: &Path, value: &str) -> Result<()> {
@@ -340,7 +412,7 @@ impl Ctx {
     /// Restores the entries of one resource (or all with `None`).
     pub fn restore(&mut self, resource: Option<Resource>) -> (Vec<Change>, Vec<Error>) {
         self.restore_where(|e| match resource {
-            Some(r) => e.resource() == r,
+            Some(r) => e.resource() == Some(r),
             None => true,
         })
     }

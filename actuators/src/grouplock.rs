@@ -64,6 +64,34 @@ pub fn lock_groups(root: &Root, groups: &[String]) -> Result<GroupLocks> {
     Ok(GroupLocks { _held: held })
 }
 
+/// The pid of the running qosd that holds `group`'s lock, if one does (a
+/// lock file nobody holds is a leftover: `None`).
+pub fn holder(root: &Root, group: &str) -> Option<String> {
+    let path = lock_path(root, group);
+    let f = std::fs::File::open(&path).ok()?;
+    match Flock::lock(f, FlockArg::LockSharedNonblock) {
+        Ok(_) => None,
+        Err(_) => Some(
+            std::fs::read_to_string(&path)
+                .unwrap_or_default()
+                .trim()
+                .to_owned(),
+        ),
+    }
+}
+
+/// The `qosd-*` group of another running qosd that `pid` is in (its
+/// `/proc/PID/cgroup`), with that qosd's pid: two daemons managing one
+/// process undo each other's changes.
+pub fn foreign_group(root: &Root, pid: i32, own: &str) -> Option<(String, String)> {
+    let cg = root.read(format!("/proc/{pid}/cgroup")).ok()?;
+    cg.lines()
+        .filter_map(|l| l.splitn(3, ':').nth(2))
+        .filter_map(|p| p.trim_start_matches('/').split('/').next())
+        .filter(|g| g.starts_with("qosd-") && *g != own)
+        .find_map(|g| holder(root, g).map(|h| (g.to_owned(), h)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -87,7 +115,13 @@ mod tests {
             "{msg}"
         );
         lock_groups(&root, &["qosd-c".to_owned()]).unwrap();
+        assert_eq!(
+            holder(&root, "qosd-a"),
+            Some(std::process::id().to_string())
+        );
+        assert_eq!(holder(&root, "qosd-none"), None);
         drop(first);
+        assert_eq!(holder(&root, "qosd-a"), None);
         lock_groups(&root, &names).unwrap();
     }
 }

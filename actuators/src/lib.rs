@@ -6,7 +6,8 @@
 //! [`caps::DETECTORS`]: cores (cgroup v2 or v1 cpuset, or
 //! `sched_setaffinity`), frequency (cpufreq sysfs or `cpupower`), cache
 //! ways (resctrl or `pqos`), memory bandwidth (resctrl MB) and CPU quota
-//! (cgroup v2 `cpu.max` or v1 CFS quota). [`Actuators`] holds them for the
+//! (cgroup v2 `cpu.max` or v1 CFS quota), CPU priority (the idle class:
+//! `cpu.idle`, else the lowest weight). [`Actuators`] holds them for the
 //! manager. Every path goes through
 //! one [`Root`]; every change is journalled first ([`journal`]) so that it
 //! can be undone on drop, on a signal, after a panic, or after a SIGKILL.
@@ -20,7 +21,9 @@ pub mod error;
 pub mod freq;
 pub mod grouplock;
 pub mod journal;
+pub mod netns;
 pub mod pqos;
+pub mod priority;
 pub mod proc;
 pub mod quota;
 pub mod registry;
@@ -90,7 +93,9 @@ impl AppTarget {
 /// One value changed (or restored), for logs and `qosd set` output.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Change {
-    pub resource: Resource,
+    /// The knob's name: a [`Resource`]'s (`cores`, ...) or a lever's that
+    /// is not a share of the node (`hedge`).
+    pub resource: &'static str,
     /// The file, or "pid N thread T affinity", or the command run.
     pub target: String,
     pub from: String,
@@ -104,8 +109,18 @@ impl Change {
         from: impl Into<String>,
         to: impl Into<String>,
     ) -> Self {
+        Self::knob(resource.name(), target, from, to)
+    }
+
+    /// A change of a knob that is not a [`Resource`].
+    pub fn knob(
+        knob: &'static str,
+        target: impl Into<String>,
+        from: impl Into<String>,
+        to: impl Into<String>,
+    ) -> Self {
         Change {
-            resource,
+            resource: knob,
             target: target.into(),
             from: from.into().trim().to_owned(),
             to: to.into().trim().to_owned(),

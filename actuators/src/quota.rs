@@ -3,8 +3,11 @@
 //! `cpu.max` ("QUOTA PERIOD") in the app's group `qosd-<app>` (the same
 //! group the cpuset backend uses), or cgroup v1 `cpu.cfs_quota_us` /
 //! `cpu.cfs_period_us` in a group of that name in the `cpu` hierarchy. The
-//! period is the group's own (the kernel's default 100 ms); only the quota
-//! is written, so restoring one file puts everything back.
+//! period is the group's own (the kernel's default 100 ms) unless
+//! `actuators.cpu_quota_period_us` sets one: a group that has used its
+//! quota is throttled until the period ends, so a short period (10 ms)
+//! bounds the wait a throttled request sees (docs/sharing.md). Every file
+//! written is journalled and restored.
 
 use std::path::{Path, PathBuf};
 
@@ -25,6 +28,8 @@ const R: Resource = Resource::CpuQuota;
 const DEFAULT_PERIOD_US: u64 = 100_000;
 /// The kernel refuses quotas under 1 ms.
 const MIN_QUOTA_US: u64 = 1_000;
+/// The kernel's range of CFS periods: 1 ms to 1 s.
+pub const PERIOD_RANGE_US: std::ops::RangeInclusive<u64> = 1_000..=1_000_000;
 
 /// Which quota backend: `auto` is cgroup2, then cgroup1.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -82,6 +87,7 @@ pub fn detect(p: &crate::caps::Probe) -> crate::caps::Detected {
                 v2,
                 mount,
                 nr_cpus: n,
+                period_us: p.cfg.cpu_quota_period_us,
             };
             (caps, Some(Box::new(plugin)))
         }
@@ -101,6 +107,8 @@ pub struct QuotaActuator {
     pub mount: PathBuf,
     /// Online CPUs: no app can use more, so no quota may exceed them.
     pub nr_cpus: u32,
+    /// The CFS period to enforce quotas over, µs (`None`: the group's own).
+    pub period_us: Option<u64>,
 }
 
 /// Parses a group's quota and period: v2 `cpu.max` ("max 100000" or
@@ -189,11 +197,13 @@ impl Actuator for QuotaActuator {
             cgroup::enable_for_groups(ctx, R, &self.mount, "cpu")?;
         }
         ctx.mkdir(R, &group)?;
-        // The group's period (a group made in a dry run does not exist).
-        let period = self
+        // The group's period (a group made in a dry run does not exist),
+        // or the one configured.
+        let found = self
             .group_quota(&group)
             .map(|(_, p)| p)
             .unwrap_or(DEFAULT_PERIOD_US);
+        let period = self.period_us.unwrap_or(found);
         let q = quota_us(milli, period);
         if q < MIN_QUOTA_US {
             return Err(Error::Invalid(format!(
@@ -204,6 +214,12 @@ impl Actuator for QuotaActuator {
         if self.v2 {
             ctx.write(R, &group.join("cpu.max"), &format!("{q} {period}"), false)?;
         } else {
+            // Period first: with the quota after it, the pair is never
+            // left at the new quota over the old period.
+            if period != found {
+                let f = group.join("cpu.cfs_period_us");
+                ctx.write(R, &f, &period.to_string(), false)?;
+            }
             ctx.write(R, &group.join("cpu.cfs_quota_us"), &q.to_string(), false)?;
         }
         let pids = &plan.app.pids;

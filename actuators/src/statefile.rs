@@ -176,6 +176,7 @@ pub fn check_entry(root: &Root, e: &Entry) -> Result<()> {
         Entry::Moved { back_to, .. } if !under(back_to, "/sys/fs/cgroup") => {
             bad("cgroup file", back_to)
         }
+        Entry::Net { argv, .. } => crate::netns::check_undo(argv),
         Entry::Command { argv, .. } => {
             let prog = argv.first().map(String::as_str).unwrap_or_default();
             if matches!(prog, "pqos" | "cpupower") {

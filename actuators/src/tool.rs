@@ -1,4 +1,4 @@
-//! Running the external tools some backends use (`pqos`, `cpupower`),
+//! Running the external tools some backends use (`pqos`, `cpupower`, `ip`, `tc`),
 //! found on PATH, with their output captured for error messages.
 
 use std::process::Command;
@@ -7,6 +7,12 @@ use crate::error::{Error, Result};
 
 /// Runs `argv` and fails with its stderr when it exits non-zero.
 pub fn run(argv: &[String]) -> Result<()> {
+    output(argv).map(drop)
+}
+
+/// Runs `argv`, returns its stdout, and fails with its stderr when it exits
+/// non-zero.
+pub fn output(argv: &[String]) -> Result<String> {
     let (prog, args) = argv.split_first().ok_or_else(|| Error::Command {
         command: String::new(),
         message: "empty command".into(),
@@ -28,7 +34,7 @@ pub fn run(argv: &[String]) -> Result<()> {
         });
     }
     tracing::debug!("ran {command}");
-    Ok(())
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// The full path of `prog` on PATH, if any.

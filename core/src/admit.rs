@@ -111,8 +111,8 @@ pub fn even_share(node: &NodeCaps, n: usize, i: usize) -> Share {
         nr_cores: part(node.nr_cores),
         nr_ways: part(node.nr_ways),
         freq_mhz: node.range(Resource::Frequency).map_or(0, |(_, hi)| hi),
-        mb_percent: 0,
         cpu_quota_milli: quota,
+        ..Share::default()
     }
 }
 
@@ -127,6 +127,7 @@ mod tests {
             freq: None,
             mb: None,
             quota: None,
+            cpu_priority: false,
         }
     }
 

@@ -40,9 +40,11 @@ pub struct AppInterval {
     pub ebpf_us: Option<f64>,
     /// The target the client latency is scored against, µs.
     pub client_target_us: Option<f64>,
-    /// The target the eBPF latency is scored against, µs (an eBPF-side
-    /// target calibrated at the same knee load; the client's if none).
+    /// The target the eBPF latency is scored against, µs: the client's
+    /// less the client/server gap at the interval's load ([`crate::slo`]).
     pub ebpf_target_us: Option<f64>,
+    /// Where the eBPF-side target came from.
+    pub ebpf_target_from: Option<crate::slo::TargetFrom>,
     /// Power attributed to the app over the interval, W.
     pub power_w: Option<f64>,
     /// A best-effort app's batch job: operations per second over the

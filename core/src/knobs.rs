@@ -6,7 +6,13 @@
 //! `Resource`; adding a knob is a variant, its fields and one row here
 //! (then its actuator: `actuators/src/registry.rs`; see `docs/extending.md`).
 
+use crate::policy::AppClass;
 use crate::resources::{Allocation, NodeCaps, Resource, Share};
+
+/// [`Resource::CpuPriority`]: the idle class (best-effort work).
+pub const PRIORITY_IDLE: u32 = 1;
+/// [`Resource::CpuPriority`]: normal weight.
+pub const PRIORITY_NORMAL: u32 = 2;
 
 /// How `/metrics` exports a knob's level per app (a gauge).
 #[derive(Debug, Clone, Copy)]
@@ -57,10 +63,13 @@ pub struct Knob {
     pub step: fn(&NodeCaps) -> u32,
     /// Marks it absent (the config leaves it out of `enabled`).
     pub disable: fn(&mut NodeCaps),
+    /// The level an app of this class starts with where nothing is
+    /// configured (0: as found).
+    pub class_default: fn(AppClass) -> u32,
 }
 
 /// Every knob, in [`Resource::ALL`] order (a test checks).
-pub static KNOBS: [Knob; 5] = [
+pub static KNOBS: [Knob; 6] = [
     Knob {
         resource: Resource::Cores,
         name: "cores",
@@ -85,6 +94,7 @@ pub static KNOBS: [Knob; 5] = [
         range: |n| Some((1, n.nr_cores)),
         step: |_| 1,
         disable: |n| n.nr_cores = 0,
+        class_default: |_| 0,
     },
     Knob {
         resource: Resource::Frequency,
@@ -110,6 +120,7 @@ pub static KNOBS: [Knob; 5] = [
         range: |n| n.freq.map(|f| (f.min_mhz, f.max_mhz)),
         step: |n| n.freq.map_or(1, |f| f.step_mhz.max(1)),
         disable: |n| n.freq = None,
+        class_default: |_| 0,
     },
     Knob {
         resource: Resource::CacheWays,
@@ -135,6 +146,7 @@ pub static KNOBS: [Knob; 5] = [
         range: |n| Some((1, n.nr_ways)),
         step: |_| 1,
         disable: |n| n.nr_ways = 0,
+        class_default: |_| 0,
     },
     Knob {
         resource: Resource::MemoryBandwidth,
@@ -160,6 +172,7 @@ pub static KNOBS: [Knob; 5] = [
         range: |n| n.mb.map(|m| (m.min_percent, 100)),
         step: |n| n.mb.map_or(1, |m| m.step_percent.max(1)),
         disable: |n| n.mb = None,
+        class_default: |_| 0,
     },
     Knob {
         resource: Resource::CpuQuota,
@@ -185,12 +198,56 @@ pub static KNOBS: [Knob; 5] = [
         range: |n| n.quota.map(|q| (q.step_milli, q.max_milli)),
         step: |n| n.quota.map_or(1, |q| q.step_milli.max(1)),
         disable: |n| n.quota = None,
+        class_default: |_| 0,
+    },
+    Knob {
+        resource: Resource::CpuPriority,
+        name: "cpu_priority",
+        unit: "class",
+        pooled: false,
+        share_key: "cpu_priority",
+        api_key: "cpu_priority",
+        config_range: (PRIORITY_IDLE, PRIORITY_NORMAL, "1 (idle) or 2 (normal)"),
+        rule_metric: None,
+        metric: MetricSpec {
+            name: "qosd_app_cpu_priority",
+            help: "CPU priority class of the app's group: 1 idle class (best-effort), 2 normal weight.",
+            scale: 1.0,
+        },
+        set_usage: "qosd set priority --pid PID --class idle|normal",
+        share: |s| s.cpu_priority,
+        set_share: |s, v| s.cpu_priority = v,
+        in_alloc: |a| a.cpu_priority.is_some(),
+        copy_alloc: |d, s| d.cpu_priority = s.cpu_priority,
+        level_alloc: Some(|a, v| a.cpu_priority = Some(v)),
+        has: |n| n.cpu_priority,
+        range: |_| Some((PRIORITY_IDLE, PRIORITY_NORMAL)),
+        step: |_| 1,
+        disable: |n| n.cpu_priority = false,
+        // Best-effort work yields the CPU to latency-critical threads at
+        // once; latency-critical apps keep the weight they were found at.
+        class_default: |c| match c {
+            AppClass::Be => PRIORITY_IDLE,
+            AppClass::Lc => 0,
+        },
     },
 ];
 
 /// The row of `r`.
 pub fn knob(r: Resource) -> &'static Knob {
     &KNOBS[r as usize]
+}
+
+/// `initial` with each knob's start level for an app of `class`
+/// ([`Knob::class_default`]) where `initial` sets none: what every node
+/// admits an app with (the daemon, real replays and the simulator alike).
+pub fn with_class_defaults(mut initial: Share, class: AppClass) -> Share {
+    for k in &KNOBS {
+        if (k.share)(&initial) == 0 {
+            (k.set_share)(&mut initial, (k.class_default)(class));
+        }
+    }
+    initial
 }
 
 /// The knob whose [`Knob::share_key`] is `key`.
@@ -236,6 +293,19 @@ mod tests {
     }
 
     #[test]
+    fn best_effort_apps_start_in_the_idle_class() {
+        let be = with_class_defaults(Share::default(), AppClass::Be);
+        assert_eq!(be.cpu_priority, PRIORITY_IDLE);
+        let lc = with_class_defaults(Share::default(), AppClass::Lc);
+        assert_eq!(lc, Share::default());
+        let set = Share {
+            cpu_priority: PRIORITY_NORMAL,
+            ..Share::default()
+        };
+        assert_eq!(with_class_defaults(set, AppClass::Be), set);
+    }
+
+    #[test]
     fn copy_alloc_copies_exactly_its_field() {
         let full = Allocation {
             cpus: Some(vec![1]),
@@ -243,6 +313,7 @@ mod tests {
             llc_ways: Some(3),
             mb_percent: Some(4),
             cpu_quota_milli: Some(5),
+            cpu_priority: Some(1),
         };
         for k in &KNOBS {
             let mut a = Allocation::default();

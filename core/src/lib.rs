@@ -11,18 +11,20 @@ pub mod control;
 pub mod cpulist;
 pub mod knobs;
 pub mod measure;
+pub mod oa;
 pub mod plan;
 pub mod policy;
 pub mod power;
 pub mod quota;
 pub mod resources;
+pub mod slo;
 pub mod yamlfile;
 
 pub use knobs::{knob, Knob, KNOBS};
 pub use measure::{Feedback, LatencyFrom, LatencySummary};
 pub use policy::{
     Allocations, AppClass, AppState, Decision, DecisionKind, FreqRange, Limits, MbRange, NodeCaps,
-    Plan, Policy, QosTarget, Share, Snapshot, Unmet,
+    Plan, Policy, QosTarget, Share, Skipped, Snapshot, Unmet,
 };
 pub use power::{AppPower, PowerSource};
 pub use quota::QuotaRange;

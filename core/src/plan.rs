@@ -69,6 +69,19 @@ pub struct Plan {
     /// their QoS. Logged, counted and shown by every driver.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cannot_meet: Vec<Unmet>,
+    /// Changes the policy considered and did not make, and why (e.g. a
+    /// downsize predicted to push utilisation past its bound).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<Skipped>,
+}
+
+/// A change a policy did not try, and why.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Skipped {
+    pub app: String,
+    pub resource: Resource,
+    pub kind: DecisionKind,
+    pub reason: String,
 }
 
 /// A violating app the policy could not give anything to, and why.
@@ -85,6 +98,7 @@ impl Plan {
             allocations: current.clone(),
             decisions: Vec::new(),
             cannot_meet: Vec::new(),
+            skipped: Vec::new(),
         }
     }
 }

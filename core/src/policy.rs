@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-pub use crate::plan::{Decision, DecisionKind, Plan, Unmet};
+pub use crate::plan::{Decision, DecisionKind, Plan, Skipped, Unmet};
 use crate::resources::Resource;
 pub use crate::resources::{FreqRange, MbRange, NodeCaps, Share};
 
@@ -47,6 +47,23 @@ pub struct QosTarget {
     pub percentile: f64,
     /// Latency bound in microseconds, > 0.
     pub value_us: f64,
+    /// The user's (client-side) SLO that slack is a fraction of, µs,
+    /// where this target is another side's translation of it (an
+    /// eBPF-side target: the SLO less the client/server gap,
+    /// [`crate::slo`]); `None`: `value_us` itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slo_us: Option<f64>,
+}
+
+impl QosTarget {
+    /// A target as the user wrote it (slack relative to itself).
+    pub fn new(percentile: f64, value_us: f64) -> QosTarget {
+        QosTarget {
+            percentile,
+            value_us,
+            slo_us: None,
+        }
+    }
 }
 
 /// The share of every managed app, by app name (ordered, so that
@@ -69,17 +86,9 @@ impl Default for Limits {
             min: Share {
                 nr_cores: 1,
                 nr_ways: 1,
-                freq_mhz: 0,
-                mb_percent: 0,
-                cpu_quota_milli: 0,
+                ..Share::default()
             },
-            max: Share {
-                nr_cores: u32::MAX,
-                nr_ways: u32::MAX,
-                freq_mhz: u32::MAX,
-                mb_percent: u32::MAX,
-                cpu_quota_milli: u32::MAX,
-            },
+            max: Share::filled(u32::MAX),
         }
     }
 }
@@ -97,8 +106,17 @@ pub struct AppState {
     pub latency_us: Option<f64>,
     /// Requests completed per second.
     pub rps: f64,
+    /// Requests behind `latency_us` (its window's sample count): a p99 of
+    /// 100 requests is their second largest, so a judge weighs it so.
+    #[serde(default)]
+    pub nr_samples: u64,
     /// CPU utilisation of the app's allocated cores, 0.0..=1.0.
     pub cpu_util: f64,
+    /// CPU time the app used per second of the window (CPUs busy), from
+    /// its processes' CPU time; `None` where not measured. With `rps` it
+    /// gives the service demand of operational analysis ([`crate::oa`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus_used: Option<f64>,
     /// Power attributed to the app, in watts, if a power sensor runs.
     pub power_w: Option<f64>,
     /// The range the policy must keep this app's allocation in.
@@ -106,12 +124,16 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// PARTIES slack: (target − latency) / target. `None` without a target
-    /// or without a measurement. Negative when the target is violated.
+    /// PARTIES slack: (target − latency) / SLO, the SLO being the target
+    /// itself or, for a translated target, the user's ([`QosTarget::slo_us`]),
+    /// so that the same headroom gives the same slack on either side.
+    /// `None` without a target or without a measurement. Negative when
+    /// the target is violated.
     pub fn slack(&self) -> Option<f64> {
         let t = self.target?;
         let l = self.latency_us?;
-        (t.value_us > 0.0).then(|| (t.value_us - l) / t.value_us)
+        let slo = t.slo_us.unwrap_or(t.value_us);
+        (slo > 0.0).then(|| (t.value_us - l) / slo)
     }
 }
 
@@ -218,19 +240,26 @@ mod tests {
         let mut a = AppState {
             name: "m".into(),
             class: AppClass::Lc,
-            target: Some(QosTarget {
-                percentile: 99.0,
-                value_us: 1000.0,
-            }),
+            target: Some(QosTarget::new(99.0, 1000.0)),
             latency_us: Some(900.0),
             rps: 0.0,
+            nr_samples: 100,
             cpu_util: 0.0,
+            cpus_used: None,
             power_w: None,
             limits: Limits::default(),
         };
         assert!((a.slack().unwrap() - 0.1).abs() < 1e-9);
         a.latency_us = Some(1500.0);
         assert!((a.slack().unwrap() + 0.5).abs() < 1e-9);
+        // An eBPF-side target 300 µs under a 1000 µs SLO: the headroom is
+        // a fraction of the SLO.
+        a.target = Some(QosTarget {
+            slo_us: Some(1000.0),
+            ..QosTarget::new(99.0, 700.0)
+        });
+        a.latency_us = Some(500.0);
+        assert!((a.slack().unwrap() - 0.2).abs() < 1e-9);
         a.latency_us = None;
         assert_eq!(a.slack(), None);
     }
@@ -243,6 +272,7 @@ mod tests {
             freq: None,
             mb: None,
             quota: None,
+            cpu_priority: false,
         };
         assert!(node.has(Resource::Cores));
         assert!(!node.has(Resource::CpuQuota));

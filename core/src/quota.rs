@@ -12,7 +12,10 @@
 //! 2. **Sum of quotas ≤ the node's CPUs where apps share CPUs** (no cores
 //!    knob): each quota is then a share the app can count on, never an
 //!    oversubscription. Where cores are partitioned, rule 1 bounds each app
-//!    by its own cores, so the sum is bounded too.
+//!    by its own cores, so the sum is bounded too. A quota at its ceiling
+//!    (all the CPUs the app may run on) caps nothing and reserves nothing,
+//!    so it is left out of the sum, like no quota: that is how an uncapped
+//!    latency-critical app sits beside capped best-effort work.
 //!
 //! A share's quota of 0 means "no quota" (the app runs on all its cores).
 
@@ -105,7 +108,9 @@ pub fn check(allocs: &Allocations, node: &NodeCaps) -> Result<(), QuotaError> {
                 ceiling_milli: ceiling,
             });
         }
-        sum = sum.saturating_add(s.cpu_quota_milli);
+        if s.cpu_quota_milli < ceiling {
+            sum = sum.saturating_add(s.cpu_quota_milli);
+        }
     }
     if !node.has(Resource::Cores) && sum > q.max_milli {
         return Err(QuotaError::AboveNode {
@@ -132,13 +137,20 @@ pub fn clamp_to_cores(allocs: &mut Allocations, node: &NodeCaps) -> Vec<String> 
     changed
 }
 
+/// True when `share`'s quota caps it below its ceiling (rule 2 counts it).
+pub fn capped(share: &Share, node: &NodeCaps) -> bool {
+    share.cpu_quota_milli > 0
+        && ceiling_milli(share, node).is_some_and(|c| share.cpu_quota_milli < c)
+}
+
 /// Quota left for one more app where apps share CPUs (rule 2): the node's
-/// CPUs minus what the others hold. `None` without a quota knob.
+/// CPUs minus what the others hold below their ceilings. `None` without a
+/// quota knob.
 pub fn free_shared_milli(allocs: &Allocations, node: &NodeCaps, except: &str) -> Option<u32> {
     let q = node.quota?;
     let held: u32 = allocs
         .iter()
-        .filter(|(a, _)| a.as_str() != except)
+        .filter(|(a, s)| a.as_str() != except && capped(s, node))
         .map(|(_, s)| s.cpu_quota_milli)
         .sum();
     Some(q.max_milli.saturating_sub(held))
@@ -158,6 +170,7 @@ mod tests {
                 step_milli: 100,
                 max_milli: cpus * MILLI_PER_CPU,
             }),
+            cpu_priority: false,
         }
     }
 
@@ -222,6 +235,12 @@ mod tests {
         assert_eq!(free_shared_milli(&a, &n, "be"), Some(500));
         a.get_mut("be").unwrap().cpu_quota_milli = 500;
         assert_eq!(check(&a, &n), Ok(()));
+        // A quota at the ceiling (2 CPUs of 2) caps nothing: not counted.
+        a.get_mut("search").unwrap().cpu_quota_milli = 2000;
+        a.get_mut("be").unwrap().cpu_quota_milli = 1900;
+        assert_eq!(check(&a, &n), Ok(()));
+        assert_eq!(free_shared_milli(&a, &n, "search"), Some(100));
+        assert_eq!(free_shared_milli(&a, &n, "be"), Some(2000));
         // With partitioned cores the sum is bounded by rule 1 alone.
         let n = node(2, 2);
         let mut a = Allocations::new();

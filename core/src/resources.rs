@@ -29,16 +29,22 @@ pub enum Resource {
     /// `cpu.cfs_quota_us`), in thousandths of a CPU.
     #[serde(alias = "quota")]
     CpuQuota,
+    /// CPU scheduling priority of the app's group: best-effort work in the
+    /// idle class (`cpu.idle`, else the lowest weight), so that
+    /// latency-critical threads preempt it at once.
+    #[serde(alias = "priority")]
+    CpuPriority,
 }
 
 impl Resource {
     /// Every knob, in the order of [`crate::knobs::KNOBS`].
-    pub const ALL: [Resource; 5] = [
+    pub const ALL: [Resource; 6] = [
         Resource::Cores,
         Resource::Frequency,
         Resource::CacheWays,
         Resource::MemoryBandwidth,
         Resource::CpuQuota,
+        Resource::CpuPriority,
     ];
 
     /// The snake_case name used in JSON, YAML and messages.
@@ -86,6 +92,10 @@ pub struct Allocation {
     /// worth of time per period, whichever CPUs it runs on).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_quota_milli: Option<u32>,
+    /// CPU priority class: [`crate::knobs::PRIORITY_IDLE`] or
+    /// [`crate::knobs::PRIORITY_NORMAL`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_priority: Option<u32>,
 }
 
 impl Allocation {
@@ -142,6 +152,10 @@ pub struct Share {
     /// How it combines with `nr_cores`: [`crate::quota`].
     #[serde(default)]
     pub cpu_quota_milli: u32,
+    /// CPU priority class: 1 idle, 2 normal, 0 = as found
+    /// ([`crate::knobs::PRIORITY_IDLE`]).
+    #[serde(default)]
+    pub cpu_priority: u32,
 }
 
 impl Share {
@@ -153,6 +167,15 @@ impl Share {
     /// Sets the value of one resource.
     pub fn set(&mut self, r: Resource, value: u32) {
         (knob(r).set_share)(self, value)
+    }
+
+    /// Every resource at `value` (e.g. `u32::MAX`: no ceiling on any knob).
+    pub fn filled(value: u32) -> Share {
+        let mut s = Share::default();
+        for r in Resource::ALL {
+            s.set(r, value);
+        }
+        s
     }
 }
 
@@ -187,6 +210,9 @@ pub struct NodeCaps {
     /// or the config leaves it off.
     #[serde(default)]
     pub quota: Option<QuotaRange>,
+    /// Groups can be put in the idle class (or at the lowest weight).
+    #[serde(default)]
+    pub cpu_priority: bool,
 }
 
 impl NodeCaps {

@@ -68,6 +68,9 @@ ts("Best-effort throughput", "Operations per second of each best-effort app's ba
 ts("CPU used", "CPUs each app's processes used (CPU seconds per second, from the kernel's count): the CPU a best-effort job got, beside its quota.", "short", [
     (f'rate(qosd_app_cpu_seconds_total{{{SEL}}}[$__rate_interval])', "{{app}} ({{instance}})")], 12)
 nl()
+ts("CPU priority", "CPU priority class of each app's group: 1 the idle class (cpu.idle, else the lowest weight: a best-effort app yields the CPU to latency-critical threads at once), 2 normal weight; only where actuators.enabled lists cpu_priority.", "short", [
+    (f'qosd_app_cpu_priority{{{SEL}}}', "{{app}} ({{instance}})")], 0)
+nl()
 row("Power")
 NO_POWER = " Empty where qosd runs with sensors.power: false or cannot load its sched_switch program (see qosd's startup banner)."
 ts("Power", "Power attributed to each app and the node's; estimate=\"true\" when it comes from qosd's model (no RAPL), not a measurement." + NO_POWER, "watt", [
@@ -82,7 +85,7 @@ row("Decisions and health")
 ts("Decisions", "Policy decisions per interval, by app, resource and kind (upsize, downsize, revert, reclaim, grant).", "short", [
     (f'sum by (instance, app, resource, kind) (increase(qosd_decisions_total{{{SEL}}}[$__rate_interval]))', "{{app}} {{kind}} {{resource}} ({{instance}})"),
 ], 0, extra={"fieldConfig": {"defaults": {"unit": "short", "custom": {"drawStyle": "bars"}}, "overrides": []}})
-ts("Drops and errors", "eBPF request records lost to a full ring buffer, allocations that could not be applied, monitoring ticks missed: all should stay at zero.", "short", [
+ts("Drops and errors", "eBPF request records lost to a full ring buffer, allocations that could not be applied, monitoring ticks missed: all should stay at zero. Lost records are empty where no app is eBPF-fed (no tracer is attached then).", "short", [
     ('rate(qosd_ebpf_dropped_records_total{instance=~"$instance"}[$__rate_interval])', "eBPF records dropped/s ({{instance}})"),
     (f'rate(qosd_app_apply_errors_total{{{SEL}}}[$__rate_interval])', "apply errors/s {{app}} ({{instance}})"),
     ('rate(qosd_missed_ticks_total{instance=~"$instance"}[$__rate_interval])', "missed ticks/s ({{instance}})"),

@@ -25,7 +25,7 @@ fn node() -> NodeCaps {
             min_percent: 10,
             step_percent: 10,
         }),
-        quota: None,
+        ..NodeCaps::default()
     }
 }
 
@@ -39,13 +39,12 @@ fn snapshot(nr_apps: usize, t: u64) -> Snapshot {
             AppState {
                 name: format!("app{i:02}"),
                 class: if be { AppClass::Be } else { AppClass::Lc },
-                target: (!be).then_some(QosTarget {
-                    percentile: 99.0,
-                    value_us: 1000.0,
-                }),
+                target: (!be).then_some(QosTarget::new(99.0, 1000.0)),
                 latency_us: (!be).then_some(1000.0 * (0.9 + 0.4 * phase)),
                 rps: 1000.0,
+                nr_samples: 500,
                 cpu_util: 0.5 + 0.45 * phase,
+                cpus_used: None,
                 power_w: None,
                 limits: Limits::default(),
             }
@@ -66,7 +65,7 @@ fn initial(nr_apps: usize) -> Allocations {
                 nr_ways: 1,
                 freq_mhz: 2000,
                 mb_percent: 50,
-                cpu_quota_milli: 0,
+                ..Share::default()
             };
             (format!("app{i:02}"), s)
         })

@@ -6,6 +6,7 @@
 //! error names `file:line:col` and the key.
 
 pub mod api;
+pub mod kube;
 pub mod units;
 
 use std::collections::BTreeSet;
@@ -18,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use crate::policy::PolicyFile;
 use crate::yamlfile::{self, FileError, Invalid, KeyPath};
 pub use api::{ApiConfig, DEFAULT_API_ADDR};
+pub use kube::{KubernetesConfig, PodMatch};
 pub use units::Target;
 
 /// The whole file.
@@ -59,6 +61,11 @@ pub struct Config {
     /// `<actuators.root>/run/qosd/state.json`).
     #[serde(default)]
     pub state_file: Option<PathBuf>,
+    /// Where pods come from, for `match: { pod: ... }` and `qosd.io/*`
+    /// annotations (absent: in-cluster credentials, `$NODE_NAME`, and
+    /// only if some app matches pods).
+    #[serde(default)]
+    pub kubernetes: Option<KubernetesConfig>,
 }
 
 fn default_policy() -> PathBuf {
@@ -78,7 +85,8 @@ pub struct AppConfig {
     /// Unique name (letters, digits, `_`, `-`, `.`): API paths, metric labels.
     pub name: String,
     /// How to find the app's processes: exactly one of `pid`, `comm`,
-    /// `cgroup` (none for an app with a `job`: the job is its process).
+    /// `cgroup`, `pod` (none for an app with a `job`: the job is its
+    /// process).
     #[serde(rename = "match", default)]
     pub matcher: Match,
     /// A best-effort app's batch job, which the daemon runs itself (the
@@ -137,6 +145,14 @@ pub struct Match {
     /// Absolute cgroup directory; every process in it.
     #[serde(default)]
     pub cgroup: Option<PathBuf>,
+    /// Pods on this node by namespace, labels and container, learnt from
+    /// the API server; every process in their containers' cgroups.
+    #[serde(default)]
+    pub pod: Option<PodMatch>,
+    /// Manage init (`pid: 1`) or a hierarchy's root group (every process
+    /// on the node, qosd among them) anyway: refused without it.
+    #[serde(default)]
+    pub force: bool,
 }
 
 /// Per-resource amounts; an absent field means "not set".
@@ -195,7 +211,9 @@ pub struct Resources {
 #[serde(deny_unknown_fields)]
 pub struct ActuatorsConfig {
     /// Resources the policy may change: any of `cores`, `cache_ways`,
-    /// `frequency`, `memory_bandwidth`, `cpu_quota` (default: all).
+    /// `frequency`, `memory_bandwidth`, `cpu_quota`, `cpu_priority`
+    /// (default: all; `cpu_priority` puts best-effort apps in the idle
+    /// class).
     #[serde(default = "all_resources")]
     pub enabled: Vec<Resource>,
     /// `auto` (cgroup v2 cpuset, then v1, then affinity), `cgroup2`,
@@ -216,6 +234,11 @@ pub struct ActuatorsConfig {
     /// = 0.1 CPU).
     #[serde(default = "default_quota_unit")]
     pub cpu_quota_unit_milli: u32,
+    /// The CFS period quotas are enforced over, µs (1000-1000000; unset:
+    /// each group's own, the kernel's 100 ms). A group that used its quota
+    /// waits for the next period, so a short one bounds that wait.
+    #[serde(default)]
+    pub cpu_quota_period_us: Option<u64>,
     /// Root prefix of every /sys, /proc, cgroup and resctrl path (tests
     /// point it at a fake tree).
     #[serde(default = "default_root")]
@@ -226,7 +249,7 @@ pub struct ActuatorsConfig {
 }
 
 fn all_resources() -> Vec<Resource> {
-    Resource::CYCLE.to_vec()
+    Resource::ALL.to_vec()
 }
 fn default_quota_unit() -> u32 {
     qosd_actuators::config::DEFAULT_QUOTA_UNIT_MILLI
@@ -244,6 +267,7 @@ impl Default for ActuatorsConfig {
             cache_ways_backend: WaysBackend::default(),
             cpu_quota_backend: QuotaBackend::default(),
             cpu_quota_unit_milli: default_quota_unit(),
+            cpu_quota_period_us: None,
             root: default_root(),
             dry_run: false,
         }
@@ -319,6 +343,7 @@ impl AppConfig {
 }
 
 mod validate;
+pub use validate::MAX_APP_NAME;
 
 impl Config {
     /// The policy file's path, resolved against the config's directory.
@@ -334,7 +359,7 @@ impl Config {
 
     /// Parses and validates a config's text (not its policy file).
     pub fn parse(path: &Path, text: &str) -> Result<Config, FileError> {
-        let c: Config = yamlfile::parse(path, text)?;
+        let c: Config = yamlfile::parse_doc(path, text, yamlfile::Doc::Config)?;
         c.validate().map_err(|e| yamlfile::invalid(path, text, e))?;
         Ok(c)
     }
@@ -353,6 +378,13 @@ impl Config {
         }
         let policy = PolicyFile::load_for(&ppath, &c.app_names())?;
         Ok((c, policy))
+    }
+
+    /// Whether the daemon needs the API server's pods: some app matches
+    /// pods, or the `kubernetes:` section asks for annotated pods.
+    pub fn wants_pods(&self) -> bool {
+        self.apps.iter().any(|a| a.matcher.pod.is_some())
+            || self.kubernetes.as_ref().is_some_and(|k| k.annotations)
     }
 
     /// The names of all apps, for lookups.

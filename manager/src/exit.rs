@@ -131,8 +131,12 @@ pub fn init_logging(filter: Option<&str>) {
         .map(str::to_owned)
         .or_else(|| std::env::var("QOSD_LOG").ok())
         .unwrap_or_else(|| "warn".to_owned());
+    // Colour only on a terminal: a log written to a file (or the journal)
+    // gets no escape codes.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let _ = tracing_subscriber::fmt()
         .with_env_filter(EnvFilter::new(filter))
+        .with_ansi(ansi)
         .with_writer(std::io::stderr)
         .with_target(false)
         .try_init();

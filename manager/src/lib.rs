@@ -5,6 +5,7 @@ pub mod cmd;
 pub mod config;
 pub mod daemon;
 pub mod exit;
+pub mod kube;
 pub mod node;
 pub mod paths;
 pub mod policy;

@@ -58,6 +58,8 @@ enum Command {
     Check(cmd::check::Args),
     /// Per-process and per-thread power and its source (RAPL, or a model).
     Power(cmd::power::Args),
+    /// Per-peer packets, bytes and millisecond peak rates on interfaces (TC eBPF).
+    Net(cmd::net::Args),
     /// The node daemon: control loop, HTTP API and Prometheus /metrics.
     Run(cmd::run::Args),
     /// Figures of a running daemon (per app or per pid).
@@ -90,6 +92,7 @@ fn main() -> ExitCode {
         Command::Restore(a) => cmd::restore::run(a),
         Command::Check(a) => cmd::check::run(a),
         Command::Power(a) => cmd::power::run(a),
+        Command::Net(a) => cmd::net::run(a),
         Command::Run(a) => cmd::run::run(a),
         Command::Metrics(a) => cmd::metrics::run(a),
         Command::Completions(a) => cmd::completions::run(a, Cli::command()),

@@ -205,7 +205,7 @@ fn a_scenario_with_an_unknown_resource_is_located() {
     let dir = tempfile::tempdir().unwrap();
     let text = std::fs::read_to_string(repo().join("scenarios/demo.yaml"))
         .unwrap()
-        .replace("resources: [cpu_quota]", "resources: [cpu_quota, turbo]");
+        .replacen("resources: [", "resources: [turbo, ", 1);
     let bad = dir.path().join("demo.yaml");
     std::fs::write(&bad, text).unwrap();
     let (code, out, err) = qosd_check(&[&bad]);

@@ -210,7 +210,7 @@ fn hostile_shapes_fail_fast_with_a_position() {
     for i in 0..200_000 {
         let n = if i == 199_999 { 7 } else { i };
         big.push_str(&format!(
-            "  - {{ name: a{n}, match: {{ pid: 1 }}, class: be }}\n"
+            "  - {{ name: a{n}, match: {{ comm: a{n} }}, class: be }}\n"
         ));
     }
     let f = d.put("big.yaml", &big);

@@ -4,9 +4,8 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 
 use support::*;
 
@@ -69,13 +68,11 @@ fn caps_json_tells_what_this_machine_has() {
             .unwrap()
             .contains("no /sys/devices/system/cpu/cpu0/cpufreq"));
     }
-    // CFS bandwidth: v1 `cpu` hierarchy here, or cgroup2 with cpu enabled.
-    let v2_cpu = std::fs::read_to_string("/sys/fs/cgroup/cgroup.subtree_control")
-        .or_else(|_| std::fs::read_to_string("/sys/fs/cgroup/unified/cgroup.subtree_control"))
-        .is_ok_and(|s| s.split_whitespace().any(|c| c == "cpu"));
+    // CFS bandwidth: v1 `cpu` hierarchy here, or cgroup2 that has cpu (qosd
+    // enables it for its groups).
     assert_eq!(
         v["cpu_quota"]["available"].as_bool().unwrap(),
-        v2_cpu || Path::new("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").exists()
+        cpu_mount().is_some()
     );
     let table = qosd(&["caps"]);
     assert!(text(&table.stdout).starts_with("cores"));
@@ -222,34 +219,6 @@ fn set_and_restore_on_a_fake_tree_with_dry_run() {
     assert_eq!(snapshot(&root), before);
 }
 
-/// Starts `qosd set --hold ...` and waits until the change is made. The
-/// caller signals and waits for the returned child.
-#[allow(clippy::zombie_processes)]
-fn hold(args: &[&str]) -> (Child, BufReader<std::process::ChildStdout>) {
-    let mut child = Command::new(QOSD)
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    loop {
-        line.clear();
-        assert!(
-            out.read_line(&mut line).unwrap() > 0,
-            "qosd exited before holding"
-        );
-        if line.starts_with("holding") {
-            return (child, out);
-        }
-    }
-}
-
-fn kill(child: &Child, sig: nix::sys::signal::Signal) {
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), sig).unwrap();
-}
-
 #[test]
 fn sigterm_restores_and_sigkill_leaves_a_state_file_for_restore() {
     let d = tempfile::tempdir().unwrap();
@@ -349,36 +318,57 @@ fn real_sigkill_then_restore_puts_the_affinity_back() {
     let _ = sleeper.wait();
 }
 
-/// The quota of the cgroup `pid` is in, as `qosd` reads it (v1 cpu
-/// hierarchy here): (cgroup path, cpu.cfs_quota_us).
+/// Where the cpu controller is: the v1 `cpu` hierarchy (this machine kind),
+/// else the cgroup2 mount that lists `cpu` in cgroup.controllers (a unified
+/// layout: the kernel matrix's guests). `None`: neither.
+fn cpu_mount() -> Option<(String, bool)> {
+    if Path::new("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").exists() {
+        return Some(("/sys/fs/cgroup/cpu".into(), false));
+    }
+    ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
+        .into_iter()
+        .find(|m| {
+            std::fs::read_to_string(format!("{m}/cgroup.controllers"))
+                .is_ok_and(|s| s.split_whitespace().any(|c| c == "cpu"))
+        })
+        .map(|m| (m.to_owned(), true))
+}
+
+/// The quota of the cgroup `pid` is in, as `qosd` reads it: (cgroup path,
+/// quota in µs: v1 `cpu.cfs_quota_us`, or the first field of v2 `cpu.max`).
 fn cpu_group(pid: &str) -> (String, String) {
+    let (mount, v2) = cpu_mount().expect("a cpu controller");
     let path = cgroups(pid.parse().unwrap())
         .lines()
         .find_map(|l| {
             let mut f = l.splitn(3, ':');
             let (_, c, p) = (f.next()?, f.next()?, f.next()?);
-            c.split(',').any(|x| x == "cpu").then(|| p.to_owned())
+            let cpu = if v2 {
+                c.is_empty()
+            } else {
+                c.split(',').any(|x| x == "cpu")
+            };
+            cpu.then(|| p.to_owned())
         })
-        .expect("in the v1 cpu hierarchy");
-    let q = std::fs::read_to_string(format!("/sys/fs/cgroup/cpu{path}/cpu.cfs_quota_us"))
-        .unwrap_or_default();
-    (path, q.trim().to_owned())
+        .expect("in the cpu hierarchy");
+    let file = if v2 { "cpu.max" } else { "cpu.cfs_quota_us" };
+    let q = std::fs::read_to_string(format!("{mount}{path}/{file}")).unwrap_or_default();
+    let q = q.split_whitespace().next().unwrap_or_default();
+    (path, q.to_owned())
 }
 
 #[test]
 fn real_quota_set_restore_and_sigkill_then_restore_are_exact() {
-    if !Path::new("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").exists() {
-        panic!(
-            "this test needs the cgroup v1 cpu hierarchy at /sys/fs/cgroup/cpu (BUILD-NOTES.md)"
-        );
-    }
+    let Some((mount, _)) = cpu_mount() else {
+        panic!("this test needs a cpu controller: the v1 cpu hierarchy or cgroup2 with cpu");
+    };
     let spin = Killed::busy();
     let pid = spin.pid().to_string();
     let before = cpu_group(&pid);
     let d = tempfile::tempdir().unwrap();
     let s = d.path().join("s.json");
     let st = s.to_str().unwrap();
-    let group = format!("/sys/fs/cgroup/cpu/qosd-pid{pid}");
+    let group = format!("{mount}/qosd-pid{pid}");
 
     // Dry run: says what it would do, does nothing.
     let out = qosd(&[

@@ -5,11 +5,19 @@
 # app. Prints a markdown section on stdout (scenarios/bench.sh appends it
 # to BENCHMARKS.md).
 # Usage: scenarios/bench/sim_real.sh [SCENARIO] [QOSD]
-#   SCENARIO default scenarios/demo.yaml; env SIM_REAL_DURATION (s, default
+#   SCENARIO default: scenarios/demo.yaml, then scenarios/share-spike.yaml
+#   (two shared-CPU scenarios of different load shapes); env SIM_REAL_DURATION (s, default
 #   the scenario's), SIM_REAL_STEP_S (fit's load steps, default 1).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-SC=${1:-scenarios/demo.yaml}
+# No scenario given (`make bench`): both shared-CPU scenarios, one section each.
+if [[ $# -eq 0 ]]; then
+  for sc in scenarios/demo.yaml scenarios/share-spike.yaml; do
+    bash scenarios/bench/sim_real.sh "$sc"
+  done
+  exit 0
+fi
+SC=$1
 QOSD=${2:-target/release/qosd}
 STEP=${SIM_REAL_STEP_S:-1}
 tmp=$(mktemp -d)
@@ -103,11 +111,11 @@ Fitted model (${fitline} lines):
 $(cat "$tmp/model.yaml")
 \`\`\`
 
-What the sim cannot model: interference between apps (a batch job or another server sharing a
-CPU slows a server only through the CPUs and quota the policy gives it; cache, memory-bandwidth
-and scheduler contention, and the load generator's own CPU on a small machine, are absent), the
-cost of a change (a cpuset move or a quota write takes effect at once in the sim, with no
-migration, cold cache or throttled period), and CFS bandwidth within a period (a quota below the
-demand is averaged, not the run-then-throttle bursts that put tens of ms into the real tail).
+What the sim cannot model: interference between apps beyond CPU time (cache, memory-bandwidth
+contention, a wake-up's wait behind a running job's slice, and the load generator's own CPU on a
+small machine are absent), and the cost of a change (a quota write takes effect at once, with no
+cold cache). CFS bandwidth is modelled per period (run, then throttled until the period ends) and
+a best-effort job in the idle class only gets what the latency-critical apps leave
+(\`node.be_idle\`, \`node.cfs_period_us\`; docs/sharing.md).
 
 MD

@@ -141,6 +141,9 @@ mod tests {
             fed_violation: None,
             cpu_quota_milli: quota,
             be_ops_per_s: None,
+            client_slack: None,
+            ebpf_slack: None,
+            ebpf_target_from: None,
         }
     }
 
@@ -154,6 +157,7 @@ mod tests {
                 knee_rps: 50.0,
                 knee_latency_us: 1.0,
                 ebpf_knee_latency_us: None,
+                gap: Vec::new(),
                 base_latency_us: 1.0,
                 percentile: 99.0,
                 nr_cpus: None,

@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use qosd_core::slo::{GapModel, GapPoint, SloSide};
 use qosd_core::Share;
 use serde::{Deserialize, Serialize};
 
@@ -33,9 +34,17 @@ pub struct AppCalibration {
     /// Client-side latency at the knee, µs.
     pub knee_latency_us: f64,
     /// Server-side (eBPF) latency at the same knee load, µs, where the
-    /// calibration measured it: the target an eBPF-fed policy is held to.
+    /// calibration measured it (for the record: an eBPF-fed policy's
+    /// target is the client's less the gap below, not this).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ebpf_knee_latency_us: Option<f64>,
+    /// The client/server gap at the target's percentile over load
+    /// (client − eBPF, µs, at each calibrated load where both were
+    /// measured): an eBPF-fed policy's target is the client's target less
+    /// the gap at the current load ([`qosd_core::slo`]). Empty: no eBPF
+    /// figure (the client's target then stands for both).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gap: Vec<GapPoint>,
     /// Client-side latency at the lowest load, µs.
     pub base_latency_us: f64,
     /// Percentile the latencies are at.
@@ -57,7 +66,7 @@ pub struct Calibration {
 
 impl Calibration {
     pub fn read(path: &Path) -> anyhow::Result<Calibration> {
-        let text = std::fs::read_to_string(path)?;
+        let text = qosd_core::yamlfile::read_kind(path, qosd_core::yamlfile::Kind::Calibration)?;
         Ok(serde_json::from_str(&text)?)
     }
 
@@ -76,20 +85,18 @@ impl Calibration {
         Some(t.knee_factor.unwrap_or(1.0) * c.knee_latency_us)
     }
 
-    /// Offered rps of an app at scenario time `t_s`.
-    /// The eBPF-side target of `app`: its knee factor times the eBPF
-    /// latency at the knee load. `None` when the target is a fixed
-    /// latency or the calibration has no eBPF figure (the client's target
-    /// then stands for both).
-    pub fn ebpf_target_us(&self, app: &AppSpec) -> Option<f64> {
-        let t = app.target.as_ref()?;
-        if t.ms.is_some() {
-            return None;
-        }
-        let c = self.apps.get(&app.name)?;
-        Some(t.knee_factor.unwrap_or(1.0) * c.ebpf_knee_latency_us?)
+    /// The eBPF side of `app`'s SLO: its client target and the
+    /// calibrated gap (none: the client's target stands for both until
+    /// client samples refresh it). `None` for an app without a target.
+    pub fn slo(&self, app: &AppSpec) -> Option<SloSide> {
+        let model = self
+            .apps
+            .get(&app.name)
+            .and_then(|c| GapModel::fit(c.gap.clone()));
+        Some(SloSide::new(self.target_us(app)?, model))
     }
 
+    /// Offered rps of an app at scenario time `t_s`.
     pub fn offered_rps(&self, app: &AppSpec, t_s: f64) -> f64 {
         self.apps
             .get(&app.name)
@@ -178,6 +185,7 @@ pub fn from_points(points: Vec<Point>, percentile: f64) -> Option<AppCalibration
         knee_rps: k.offered_rps,
         knee_latency_us: k.latency_us,
         ebpf_knee_latency_us: None,
+        gap: Vec::new(),
         base_latency_us: base,
         percentile,
         nr_cpus: None,
@@ -199,8 +207,7 @@ pub fn whole_node(node: &crate::scenario::SimNode) -> Share {
         nr_cores: node.nr_cores,
         nr_ways: node.nr_ways,
         freq_mhz: node.freq_max_mhz,
-        mb_percent: 0,
-        cpu_quota_milli: 0,
+        ..Share::default()
     }
 }
 
@@ -226,6 +233,7 @@ pub fn sim(sc: &Scenario) -> Calibration {
             let net = network_queue_ms(&m, x) * 1000.0 + m.network_ms * 1000.0;
             Sample {
                 queue: q,
+                throttle: None,
                 shift_us: m.fixed_us,
                 network_us: net,
                 noise: 1.0,
@@ -243,14 +251,26 @@ pub fn sim(sc: &Scenario) -> Calibration {
             })
             .collect();
         if let Some(c) = from_points(points, pct) {
-            // The server-side latency at the same knee load: the target an
-            // eBPF-fed policy is held to.
             let ebpf = percentile(&[at(c.knee_rps / cap)], pct, false);
+            // The client/server gap over the load range, as a real
+            // calibration measures it: both percentiles at each load.
+            let gap = (1..=20)
+                .filter_map(|i| {
+                    let x = i as f64 * 0.05;
+                    let s = at(x.min(0.98));
+                    let d = percentile(&[s], pct, true)? - percentile(&[s], pct, false)?;
+                    Some(GapPoint {
+                        rps: x.min(0.98) * cap,
+                        gap_us: d,
+                    })
+                })
+                .collect();
             apps.insert(
                 app.name.clone(),
                 AppCalibration {
                     capacity_rps: cap,
                     ebpf_knee_latency_us: ebpf,
+                    gap,
                     ..c
                 },
             );

@@ -7,6 +7,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
+use qosd_core::yamlfile::{read_kind, Kind};
 
 use crate::calibrate::Calibration;
 use crate::plot;
@@ -137,15 +138,14 @@ struct Entry {
 
 fn read_summary(dir: &Path) -> anyhow::Result<Summary> {
     let sp = dir.join("summary.json");
-    let text = std::fs::read_to_string(&sp).with_context(|| format!("reading {}", sp.display()))?;
+    let text = read_kind(&sp, Kind::Summary)?;
     serde_json::from_str(&text).with_context(|| format!("parsing {}", sp.display()))
 }
 
 fn read_entry(dir: &Path) -> anyhow::Result<Entry> {
     let seeds_json = dir.join("seeds.json");
     let dirs: Vec<PathBuf> = if seeds_json.is_file() {
-        let text = std::fs::read_to_string(&seeds_json)
-            .with_context(|| format!("reading {}", seeds_json.display()))?;
+        let text = read_kind(&seeds_json, Kind::Summary)?;
         let agg: crate::seeds::Aggregate = serde_json::from_str(&text)
             .with_context(|| format!("parsing {}", seeds_json.display()))?;
         agg.seeds
@@ -186,6 +186,8 @@ pub fn compare(dirs: &[PathBuf], out: &Path) -> anyhow::Result<String> {
         "fed viol. %",
         "core·s",
         "mean cores",
+        "quota CPU·s",
+        "BE ops/s",
         "energy J",
         "p99 max ms",
         "x oracle",
@@ -208,6 +210,12 @@ pub fn compare(dirs: &[PathBuf], out: &Path) -> anyhow::Result<String> {
                 f.violation_fraction_fed.show(100.0, 1),
                 f.core_seconds.show(1.0, 0),
                 f.mean_cores.show(1.0, 2),
+                f.quota_cpu_seconds
+                    .as_ref()
+                    .map_or("-".into(), |m| m.show(1.0, 1)),
+                f.be_ops_per_s
+                    .as_ref()
+                    .map_or("-".into(), |m| m.show(1.0, 0)),
                 f.energy_j.as_ref().map_or("-".into(), |m| m.show(1.0, 0)),
                 f.p99_max_ms.as_ref().map_or("-".into(), |m| m.show(1.0, 2)),
                 ratio.map_or("-".into(), |m| m.show(1.0, 2)),
@@ -237,6 +245,8 @@ pub fn compare(dirs: &[PathBuf], out: &Path) -> anyhow::Result<String> {
     table.push_str(
         "(violation: client latency vs the client-side target, whatever fed the policy;\n \
          fed viol.: the fed latency vs its own side's target; over several runs: mean ± 95 % CI;\n \
+         quota CPU·s: CPU quota in force × time (the allocation where apps share CPUs);\n \
+         BE ops/s: the batch job's mean throughput;\n \
          x oracle: core·s over the least allocation that meets every target by the model, sim only)\n",
     );
     table.push('\n');

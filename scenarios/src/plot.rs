@@ -290,9 +290,15 @@ pub fn run_plot(
     write_both(stem, &title, &run_panels(tl, capacity_rps))
 }
 
-/// Overlay of several runs: per app, the latency the policy was fed and
-/// the cores it got, one line per run.
+/// Overlay of several runs, one line per run in every panel: per app what
+/// users see (the client p99 against the target), the allocation (CPU
+/// quota solid, cores dashed) and a batch job's ops/s.
 pub fn compare_plot(stem: &Path, runs: &[(String, String, Vec<Row>)]) -> anyhow::Result<()> {
+    write_both(stem, "qosd compare", &compare_panels(runs))
+}
+
+/// The panels of [`compare_plot`]; a panel without any point is left out.
+fn compare_panels(runs: &[(String, String, Vec<Row>)]) -> Vec<Panel> {
     let mut apps: Vec<String> = Vec::new();
     for (_, _, rows) in runs {
         for r in rows {
@@ -303,34 +309,34 @@ pub fn compare_plot(stem: &Path, runs: &[(String, String, Vec<Row>)]) -> anyhow:
     }
     let mut panels = Vec::new();
     for app in &apps {
-        let mut lat = Vec::new();
-        let mut cores = Vec::new();
+        let (mut lat, mut alloc, mut ops) = (Vec::new(), Vec::new(), Vec::new());
         let mut target = None;
-        for (i, (label, feedback, rows)) in runs.iter().enumerate() {
+        for (i, (label, _, rows)) in runs.iter().enumerate() {
             let rows: Vec<&Row> = rows.iter().filter(|r| &r.app == app).collect();
             let color = PALETTE[i % PALETTE.len()];
-            let fed: fn(&Row) -> Option<f64> = if feedback == "client" {
-                |r| r.client_p99_ms
-            } else {
-                |r| r.ebpf_p99_ms
+            let line = |label: String, dashed: bool, points| Line {
+                label,
+                color,
+                dashed,
+                points,
             };
-            lat.push(Line {
-                label: label.clone(),
-                color,
-                dashed: false,
-                points: series(&rows, fed),
-            });
-            cores.push(Line {
-                label: label.clone(),
-                color,
-                dashed: false,
-                points: series(&rows, |r| r.cores.map(f64::from)),
-            });
+            lat.push(line(
+                label.clone(),
+                false,
+                series(&rows, |r| r.client_p99_ms),
+            ));
+            let quota = |r: &Row| r.cpu_quota_milli.map(|q| f64::from(q) / 1000.0);
+            alloc.push(line(format!("{label}: quota"), false, series(&rows, quota)));
+            let cores = |r: &Row| r.cores.map(f64::from);
+            alloc.push(line(format!("{label}: cores"), true, series(&rows, cores)));
+            ops.push(line(
+                label.clone(),
+                false,
+                series(&rows, |r| r.be_ops_per_s),
+            ));
             if target.is_none() {
                 let t = series(&rows, |r| r.target_ms);
-                if !t.is_empty() {
-                    target = Some(t);
-                }
+                target = (!t.is_empty()).then_some(t);
             }
         }
         if let Some(t) = target {
@@ -341,21 +347,23 @@ pub fn compare_plot(stem: &Path, runs: &[(String, String, Vec<Row>)]) -> anyhow:
                 points: t,
             });
         }
-        panels.push(Panel {
-            title: format!("{app}: p99 the policy saw"),
-            y_desc: "ms (log)".into(),
-            log: true,
-            lines: lat,
-        });
-        panels.push(Panel {
-            title: format!("{app}: cores"),
-            y_desc: "cores".into(),
-            log: false,
-            lines: cores,
-        });
+        for (title, y_desc, log, lines) in [
+            ("client p99 vs target", "ms (log)", true, lat),
+            ("allocation", "CPUs / cores", false, alloc),
+            ("batch ops/s", "ops/s", false, ops),
+        ] {
+            let mut lines = lines;
+            lines.retain(|l| !l.points.is_empty());
+            panels.push(Panel {
+                title: format!("{app}: {title}"),
+                y_desc: y_desc.into(),
+                log,
+                lines,
+            });
+        }
     }
     panels.retain(|p| p.lines.iter().any(|l| !l.points.is_empty()));
-    write_both(stem, "qosd compare", &panels)
+    panels
 }
 
 #[cfg(test)]
@@ -381,6 +389,9 @@ mod tests {
             fed_violation: None,
             cpu_quota_milli: None,
             be_ops_per_s: None,
+            client_slack: None,
+            ebpf_slack: None,
+            ebpf_target_from: None,
         }
     }
 
@@ -418,5 +429,45 @@ mod tests {
         let t = titles(with);
         assert!(t.contains(&"CPU quota".to_string()), "{t:?}");
         assert!(t.contains(&"best-effort throughput".to_string()), "{t:?}");
+    }
+
+    /// Every compared run has a line in each panel; quota-only runs show
+    /// their quota, a batch job its ops/s, and only the LC app a p99.
+    #[test]
+    fn compare_shows_client_p99_allocation_and_batch_ops_per_run() {
+        let run = |q: u32, ops: f64| -> Vec<Row> {
+            (1..4)
+                .flat_map(|i| {
+                    let mut lc = row(i as f64, "search");
+                    (lc.cores, lc.cpu_quota_milli) = (None, Some(q));
+                    (lc.client_p99_ms, lc.target_ms) = (Some(3.0), Some(5.0));
+                    let mut be = row(i as f64, "batch");
+                    (be.cores, be.cpu_quota_milli) = (None, Some(2000 - q));
+                    be.be_ops_per_s = Some(ops);
+                    [lc, be]
+                })
+                .collect()
+        };
+        let runs = vec![
+            ("parties".to_string(), "ebpf".to_string(), run(1500, 9e3)),
+            ("static".to_string(), "ebpf".to_string(), run(1000, 6e3)),
+        ];
+        let p = compare_panels(&runs);
+        let titles: Vec<&str> = p.iter().map(|p| p.title.as_str()).collect();
+        assert_eq!(
+            titles,
+            [
+                "search: client p99 vs target",
+                "search: allocation",
+                "batch: allocation",
+                "batch: batch ops/s"
+            ]
+        );
+        let labels =
+            |i: usize| -> Vec<&str> { p[i].lines.iter().map(|l| l.label.as_str()).collect() };
+        assert_eq!(labels(0), ["parties", "static", "target"]);
+        assert_eq!(labels(1), ["parties: quota", "static: quota"]);
+        assert_eq!(p[1].lines[0].points[0], (1.0, 1.5));
+        assert_eq!(labels(3), ["parties", "static"]);
     }
 }

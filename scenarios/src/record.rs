@@ -77,6 +77,11 @@ impl RunRecorder {
             over(r.ebpf_us, r.ebpf_target_us)
         };
         let users = over(r.client_us, r.client_target_us);
+        // Both slacks are fractions of the client's target (one SLO).
+        let slack = |l: Option<f64>, t: Option<f64>| {
+            let slo = r.client_target_us.or(t).filter(|v| *v > 0.0)?;
+            Some((t? - l?) / slo)
+        };
         Row {
             t_s: t_ms as f64 / 1000.0,
             app: r.app.clone(),
@@ -96,6 +101,9 @@ impl RunRecorder {
             // 0 is "no quota": no figure rather than a ceiling of nothing.
             cpu_quota_milli: level(Resource::CpuQuota).filter(|q| *q > 0),
             be_ops_per_s: r.be_ops_per_s,
+            client_slack: slack(r.client_us, r.client_target_us),
+            ebpf_slack: slack(r.ebpf_us, r.ebpf_target_us),
+            ebpf_target_from: r.ebpf_target_from.map(|f| f.name().to_owned()),
         }
     }
 }

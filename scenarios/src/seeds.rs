@@ -81,6 +81,12 @@ pub struct Figures {
     pub core_seconds: MeanCi,
     #[serde(default = "MeanCi::none")]
     pub mean_cores: MeanCi,
+    /// CPU quota in force × time, CPU·s (runs that have a quota).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quota_cpu_seconds: Option<MeanCi>,
+    /// The batch job's mean ops/s (apps that run one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub be_ops_per_s: Option<MeanCi>,
     pub energy_j: Option<MeanCi>,
     /// Each run's highest p99 of the fed latency, ms.
     #[serde(default)]
@@ -112,6 +118,8 @@ fn figures(rows: &[&AppSummary]) -> Figures {
         violation_fraction_fed: f(|a| a.violation_fraction_fed),
         core_seconds: f(|a| a.core_seconds),
         mean_cores: f(|a| a.mean_cores),
+        quota_cpu_seconds: opt(|a| a.quota_cpu_seconds),
+        be_ops_per_s: opt(|a| a.be_ops_per_s_mean),
         energy_j: opt(|a| a.energy_j),
         p99_max_ms: opt(|a| a.p99_max_ms),
     }

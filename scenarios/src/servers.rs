@@ -55,14 +55,70 @@ pub fn start_on(
     cpus: Option<&[usize]>,
 ) -> anyhow::Result<Running> {
     let port = free_port()?;
-    let mut dir = None;
     let Some(server) = &app.server else {
         bail!(
             "{} runs a batch job, not a server (qosd_scenarios::batch::BatchJob starts it)",
             app.name
         )
     };
-    let mut cmd = match server {
+    let (mut cmd, dir) = server_command(server, fixture, port)?;
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let set = match cpus {
+        Some(cpus) => {
+            let mut set = CpuSet::new();
+            for &c in cpus {
+                set.set(c)
+                    .with_context(|| format!("CPU {c} for the server of {}", app.name))?;
+            }
+            Some(set)
+        }
+        None => None,
+    };
+    // SAFETY: runs in the forked child before exec; prctl and
+    // sched_setaffinity are plain system calls (async-signal-safe) and
+    // touch no memory the parent's threads could hold locked.
+    unsafe {
+        cmd.pre_exec(move || {
+            // A qosd killed with SIGKILL takes its servers with it (they
+            // would hold ports and CPU otherwise). Servers are started from
+            // the thread that lives as long as the run.
+            prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)?;
+            if let Some(set) = &set {
+                sched_setaffinity(Pid::from_raw(0), set).map_err(std::io::Error::from)?;
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().with_context(|| {
+        format!(
+            "starting the server of {}: {:?}",
+            app.name,
+            cmd.get_program()
+        )
+    })?;
+    let mut r = Running {
+        name: app.name.clone(),
+        addr: format!("127.0.0.1:{port}"),
+        port,
+        pid: child.id(),
+        child,
+        dir,
+    };
+    wait_ready(&mut r)?;
+    Ok(r)
+}
+
+/// The command that runs `server` on 127.0.0.1:`port`, and the directory
+/// made for it (nginx's config and root), removed when the server stops.
+fn server_command(
+    server: &Server,
+    fixture: &[String],
+    port: u16,
+) -> anyhow::Result<(Command, Option<PathBuf>)> {
+    let mut dir = None;
+    let cmd = match server {
         Server::Memcached { threads, memory_mb } => {
             let mut c = Command::new("memcached");
             c.args(["-l", "127.0.0.1", "-p", &port.to_string(), "-U", "0"])
@@ -139,52 +195,7 @@ pub fn start_on(
             c
         }
     };
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    let set = match cpus {
-        Some(cpus) => {
-            let mut set = CpuSet::new();
-            for &c in cpus {
-                set.set(c)
-                    .with_context(|| format!("CPU {c} for the server of {}", app.name))?;
-            }
-            Some(set)
-        }
-        None => None,
-    };
-    // SAFETY: runs in the forked child before exec; prctl and
-    // sched_setaffinity are plain system calls (async-signal-safe) and
-    // touch no memory the parent's threads could hold locked.
-    unsafe {
-        cmd.pre_exec(move || {
-            // A qosd killed with SIGKILL takes its servers with it (they
-            // would hold ports and CPU otherwise). Servers are started from
-            // the thread that lives as long as the run.
-            prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)?;
-            if let Some(set) = &set {
-                sched_setaffinity(Pid::from_raw(0), set).map_err(std::io::Error::from)?;
-            }
-            Ok(())
-        });
-    }
-    let child = cmd.spawn().with_context(|| {
-        format!(
-            "starting the server of {}: {:?}",
-            app.name,
-            cmd.get_program()
-        )
-    })?;
-    let mut r = Running {
-        name: app.name.clone(),
-        addr: format!("127.0.0.1:{port}"),
-        port,
-        pid: child.id(),
-        child,
-        dir,
-    };
-    wait_ready(&mut r)?;
-    Ok(r)
+    Ok((cmd, dir))
 }
 
 /// The CPUs this process may run on, lowest first.

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::sim::oracle::Oracle;
 
 /// Columns of `timeline.csv`, in order.
-pub const COLUMNS: &str = "t_s,app,offered_rps,achieved_rps,client_p99_ms,ebpf_p99_ms,target_ms,violation,cores,freq_mhz,llc_ways,mb_percent,power_w,ebpf_target_ms,fed_violation,cpu_quota_milli,be_ops_per_s";
+pub const COLUMNS: &str = "t_s,app,offered_rps,achieved_rps,client_p99_ms,ebpf_p99_ms,target_ms,violation,cores,freq_mhz,llc_ways,mb_percent,power_w,ebpf_target_ms,fed_violation,cpu_quota_milli,be_ops_per_s,client_slack,ebpf_slack,ebpf_target_from";
 
 /// One app over one interval; `None` where a figure does not exist (no
 /// target, no such knob on this machine, no request seen).
@@ -36,8 +36,8 @@ pub struct Row {
     pub mb_percent: Option<u32>,
     /// Power attributed to the app, W.
     pub power_w: Option<f64>,
-    /// The eBPF-side target (the server-side latency at the same knee
-    /// load); the client's where there is none.
+    /// The eBPF-side target: the client's less the client/server gap at
+    /// the interval's load; the client's where no gap is known.
     pub ebpf_target_ms: Option<f64>,
     /// The latency that fed the policy exceeded its own target (the
     /// policy's view of the interval).
@@ -47,6 +47,14 @@ pub struct Row {
     /// Throughput of a best-effort app's batch job over the interval,
     /// operations per second (`None` for apps without a job).
     pub be_ops_per_s: Option<f64>,
+    /// (client target − client latency) / client target.
+    pub client_slack: Option<f64>,
+    /// (eBPF target − eBPF latency) / client target: the same meaning as
+    /// the client's ([`qosd_core::slo`]).
+    pub ebpf_slack: Option<f64>,
+    /// Where the eBPF-side target came from (`client`, `calibrated_gap`,
+    /// `refreshed_gap`).
+    pub ebpf_target_from: Option<String>,
 }
 
 fn f(v: Option<f64>, decimals: usize) -> String {
@@ -60,7 +68,7 @@ fn u(v: Option<u32>) -> String {
 impl Row {
     pub fn csv(&self) -> String {
         format!(
-            "{:.3},{},{:.1},{:.1},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{:.3},{},{:.1},{:.1},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             self.t_s,
             self.app,
             self.offered_rps,
@@ -80,13 +88,16 @@ impl Row {
                 .map_or(String::new(), |v| (v as u8).to_string()),
             u(self.cpu_quota_milli),
             f(self.be_ops_per_s, 1),
+            f(self.client_slack, 4),
+            f(self.ebpf_slack, 4),
+            self.ebpf_target_from.as_deref().unwrap_or(""),
         )
     }
 
     /// Parses a line written by [`Row::csv`].
     pub fn parse(line: &str) -> Option<Row> {
         let c: Vec<&str> = line.split(',').collect();
-        if c.len() != 17 {
+        if c.len() != COLUMNS.split(',').count() {
             return None;
         }
         let of = |s: &str| {
@@ -121,6 +132,9 @@ impl Row {
             fed_violation: ou(c[14]).map(|v| v != 0),
             cpu_quota_milli: ou(c[15]),
             be_ops_per_s: of(c[16]),
+            client_slack: of(c[17]),
+            ebpf_slack: of(c[18]),
+            ebpf_target_from: (!c[19].is_empty()).then(|| c[19].to_owned()),
         })
     }
 }
@@ -172,7 +186,7 @@ impl Timeline {
 
     /// Reads a `timeline.csv` back (for `qosd compare`).
     pub fn read_csv(path: &Path) -> anyhow::Result<Vec<Row>> {
-        let text = std::fs::read_to_string(path)?;
+        let text = qosd_core::yamlfile::read_kind(path, qosd_core::yamlfile::Kind::Timeline)?;
         let mut lines = text.lines();
         if lines.next() != Some(COLUMNS) {
             anyhow::bail!("{}: not a qosd timeline (header differs)", path.display());
@@ -267,6 +281,11 @@ pub struct AppSummary {
     /// Σ cores × interval, core·s.
     pub core_seconds: f64,
     pub mean_cores: f64,
+    /// Σ CPU quota in force × interval, CPU·s: the allocation of a run
+    /// that moves quota (where apps share CPUs core·s reads 0); `None`
+    /// when no interval had a quota.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quota_cpu_seconds: Option<f64>,
     /// Σ power × interval, J (the app's share; node total in `total`);
     /// `None` when the run had no power figure (not a zero).
     pub energy_j: Option<f64>,
@@ -323,6 +342,12 @@ fn app_summary(rows: &[&Row], dt: f64, client: bool) -> AppSummary {
         violation_fraction_client: by(|r| r.client_p99_ms, |r| r.target_ms),
         violation_fraction_ebpf: by(|r| r.ebpf_p99_ms, |r| r.ebpf_target_ms.or(r.target_ms)),
         core_seconds,
+        quota_cpu_seconds: rows.iter().any(|r| r.cpu_quota_milli.is_some()).then(|| {
+            rows.iter()
+                .filter_map(|r| r.cpu_quota_milli)
+                .map(|q| f64::from(q) / 1000.0 * dt)
+                .sum::<f64>()
+        }),
         mean_cores: if rows.is_empty() {
             0.0
         } else {
@@ -403,6 +428,9 @@ mod tests {
             fed_violation: Some(lat > 10.0),
             cpu_quota_milli: None,
             be_ops_per_s: None,
+            client_slack: Some((10.0 - lat - 1.0) / 10.0),
+            ebpf_slack: Some((10.0 - lat) / 10.0),
+            ebpf_target_from: Some("calibrated_gap".into()),
         }
     }
 

@@ -56,6 +56,7 @@ fn more_cores_and_higher_frequency_lower_latency() {
             freq_mhz: mhz,
             mb_percent: 0,
             cpu_quota_milli: 0,
+            cpu_priority: 0,
         };
         let s = m.service_time_us(&a, node);
         let lambda = 4000.0e-6; // 4000 rps, per µs
@@ -63,6 +64,7 @@ fn more_cores_and_higher_frequency_lower_latency() {
         percentile(
             &[Sample {
                 queue: q,
+                throttle: None,
                 shift_us: 0.0,
                 network_us: 0.0,
                 noise: 1.0,

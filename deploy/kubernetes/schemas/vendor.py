@@ -31,6 +31,8 @@ KINDS = [
     "service-v1",
     "serviceaccount-v1",
     "namespace-v1",
+    "clusterrole-rbac-v1",
+    "clusterrolebinding-rbac-v1",
 ]
 # Kind files point into _definitions.json; definitions point at each other.
 PREFIXES = ("/api/_definitions.json#/$defs/", "#/$defs/")

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args as ClapArgs;
+use qosd_core::slo::GapPoint;
 use qosd_scenarios::calibrate::{self, Calibration};
 use qosd_scenarios::sweep::{self, SweepOptions};
 use qosd_scenarios::{load::LoadError, servers};
@@ -61,6 +62,9 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     pub out: Option<PathBuf>,
 }
+
+/// The highest `--max-rps`: far above what one machine's loopback serves.
+const MAX_RPS: f64 = 10_000_000.0;
 
 /// The command that starts the fixture server: this binary's hidden
 /// `fixture` subcommand.
@@ -179,11 +183,33 @@ pub fn real(
         if let Some(e) = ebpf_knee {
             eprintln!("  -> eBPF p99 at the knee {:.3} ms", e / 1000.0);
         }
+        // The client/server gap at each step the server kept up with
+        // (the same requests seen from both sides).
+        let gap: Vec<GapPoint> = c
+            .points
+            .iter()
+            .filter(|p| p.achieved_rps >= 0.9 * p.offered_rps)
+            .filter_map(|p| {
+                let (_, e) = ebpf.iter().find(|(o, _)| *o == p.offered_rps)?;
+                Some(GapPoint {
+                    rps: p.achieved_rps,
+                    gap_us: p.latency_us - (*e)?,
+                })
+            })
+            .collect();
+        if let Some(m) = qosd_core::slo::GapModel::fit(gap.clone()) {
+            eprintln!(
+                "  -> client/server gap {:.3} ms at the lightest load, {:.3} ms at the knee",
+                m.gap_us(0.0) / 1000.0,
+                m.gap_us(c.knee_rps) / 1000.0
+            );
+        }
         cal.apps.insert(
             app.name.clone(),
             calibrate::AppCalibration {
                 nr_cpus: Some(nr_cpus),
                 ebpf_knee_latency_us: ebpf_knee,
+                gap,
                 ..c
             },
         );
@@ -213,6 +239,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     crate::cmd::secs::secs("--step-s", args.step_s, 0.0, 60.0)?;
+    if !(args.max_rps > 0.0 && args.max_rps <= MAX_RPS) {
+        return Err(usage!(
+            "--max-rps {}: expected requests/s in (0, {MAX_RPS}]",
+            args.max_rps
+        ));
+    }
     if let Some(file) = &args.model {
         // The knobs the scenario's real replays turn (`--resources`, then
         // the scenario's `resources:`, then all), so the fit measures them.

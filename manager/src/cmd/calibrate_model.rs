@@ -294,7 +294,7 @@ pub fn run(
     crate::signals::install()?;
     let state = file.with_extension("state.json");
     let state = std::path::absolute(&state).unwrap_or(state);
-    let mut act = super::replay_real::start_actuation(&state, resources)?;
+    let mut act = super::replay_real::start_actuation(&state, resources, sc.node.cfs_period_us)?;
     let node = node_of(&act, resources);
     let caps = *act.node();
     let allocs = allocations(

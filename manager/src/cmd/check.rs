@@ -123,24 +123,14 @@ pub fn check_file(path: &Path, kind: Kind) -> Result<String, FileError> {
     }
 }
 
-/// The kind of a file from its top-level keys.
+/// The kind of a file from its top-level keys (the loaders' own guess).
 fn guess(text: &str) -> Kind {
-    // Hostile shapes (deep nesting) are refused by the kind's own parse.
-    if yamlfile::precheck(Path::new(""), text).is_err() {
-        return Kind::Auto;
-    }
-    let Ok(serde_yaml_ng::Value::Mapping(m)) = serde_yaml_ng::from_str(text) else {
-        return Kind::Auto;
-    };
-    let has = |k: &str| m.contains_key(k);
-    if has("parties") || has("rules") {
-        Kind::Policy
-    } else if has("duration_s") {
-        Kind::Scenario
-    } else if has("node") {
-        Kind::Model
-    } else {
-        Kind::Config
+    match yamlfile::Doc::guess(text) {
+        None => Kind::Auto,
+        Some(yamlfile::Doc::Policy) => Kind::Policy,
+        Some(yamlfile::Doc::Scenario) => Kind::Scenario,
+        Some(yamlfile::Doc::Model) => Kind::Model,
+        Some(yamlfile::Doc::Config) => Kind::Config,
     }
 }
 

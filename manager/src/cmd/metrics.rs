@@ -34,6 +34,29 @@ pub struct Args {
     pub json: bool,
 }
 
+/// `HOST:PORT` (an IP address or a name, a port from 1 to 65535): anything
+/// else is a usage error before any lookup.
+fn check_addr(addr: &str) -> anyhow::Result<()> {
+    let ok = match addr.rsplit_once(':') {
+        Some((host, port)) => {
+            let host = host.trim_start_matches('[').trim_end_matches(']');
+            port.parse::<u16>().is_ok_and(|p| p > 0)
+                && !host.is_empty()
+                && host
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || ".-:_".contains(c))
+        }
+        None => false,
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(usage!(
+            "--addr {addr:?}: expected HOST:PORT, e.g. 127.0.0.1:9477"
+        ))
+    }
+}
+
 struct Client {
     agent: ureq::Agent,
     base: String,
@@ -183,6 +206,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             ));
         }
     }
+    check_addr(&a.addr)?;
     let c = Client::new(&a.addr);
     let out = if let Some(pid) = a.pid {
         let mut v = c.get(&format!("/v1/pids/{pid}"))?;

@@ -103,7 +103,8 @@ fn parse_feedback(s: &str) -> Result<Feedback, String> {
 
 pub fn parse_resource(s: &str) -> Result<Resource, String> {
     serde_yaml_ng::from_str::<Resource>(s.trim()).map_err(|_| {
-        format!("{s:?}: one of cores, frequency, cache_ways, memory_bandwidth, cpu_quota")
+        let names: Vec<&str> = Resource::ALL.iter().map(|r| r.name()).collect();
+        format!("{s:?}: one of {}", names.join(", "))
     })
 }
 
@@ -113,9 +114,16 @@ pub fn resources(scenario: &Scenario, arg: Option<&[Resource]>) -> anyhow::Resul
     let list = arg
         .map(<[Resource]>::to_vec)
         .or_else(|| scenario.resources.clone())
-        .unwrap_or_else(|| Resource::CYCLE.to_vec());
+        .unwrap_or_else(|| Resource::ALL.to_vec());
     if list.is_empty() {
         return Err(usage!("--resources: name at least one knob"));
+    }
+    if let Some(r) = list
+        .iter()
+        .enumerate()
+        .find_map(|(i, r)| list[..i].contains(r).then_some(r))
+    {
+        return Err(usage!("--resources: {r} appears twice"));
     }
     Ok(list)
 }
@@ -195,8 +203,8 @@ fn run_seeds(args: Args, n: u32) -> anyhow::Result<()> {
             ..args.clone()
         };
         run(a)?;
-        let text = std::fs::read_to_string(dir.join("summary.json"))
-            .with_context(|| format!("reading {}/summary.json", dir.display()))?;
+        let text =
+            crate::yamlfile::read_kind(&dir.join("summary.json"), crate::yamlfile::Kind::Summary)?;
         summaries.push(serde_json::from_str(&text).context("parsing summary.json")?);
     }
     let agg = qosd_scenarios::seeds::aggregate(&summaries);
@@ -215,6 +223,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut sc = read_scenario(&args.scenario)?;
     if let Some(d) = args.duration {
         crate::cmd::secs::secs("--duration", d, 0.0, 86_400.0)?;
+        qosd_scenarios::scenario::run_size(d, sc.interval_ms, sc.apps.len())
+            .map_err(|m| usage!("--duration {m}"))?;
     }
     if let Some(p) = &args.model {
         let m = ModelFile::from_file(p).map_err(|e| usage!("{e}"))?;
@@ -315,7 +325,7 @@ mod tests {
     #[test]
     fn knobs_come_from_the_flag_then_the_scenario_then_all() {
         let all = scenario("");
-        assert_eq!(resources(&all, None).unwrap(), Resource::CYCLE.to_vec());
+        assert_eq!(resources(&all, None).unwrap(), Resource::ALL.to_vec());
         let quota = scenario("resources: [cpu_quota]");
         assert_eq!(resources(&quota, None).unwrap(), vec![Resource::CpuQuota]);
         let flag = [Resource::Cores, Resource::CpuQuota];

@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use qosd_core::admit::{even_share, Peers};
 use qosd_core::control::{Cadence, ControlLoop, Tick};
+use qosd_core::knobs::with_class_defaults;
 use qosd_core::{Feedback, Limits, Policy, Resource};
 use qosd_scenarios::batch::BatchJob;
 use qosd_scenarios::calibrate::Calibration;
@@ -61,7 +62,7 @@ pub fn run(
         .unwrap_or_else(|| out.join("state.json"));
     // Absolute, so that the restore hint works from any directory.
     let state = std::path::absolute(&state).unwrap_or(state);
-    let mut act = start_actuation(&state, &enabled)?;
+    let mut act = start_actuation(&state, &enabled, sc.node.cfs_period_us)?;
     let cal = match &args.calibration {
         Some(p) => Calibration::read(p).map_err(|e| usage!("{}: {e:#}", p.display()))?,
         None => {
@@ -202,7 +203,7 @@ pub fn run(
             reports,
             job: job.take(),
             client_target_us: target,
-            ebpf_target_us: cal.ebpf_target_us(a).or(target),
+            slo: cal.slo(a),
         });
     }
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
@@ -396,9 +397,15 @@ fn progress(tl: &Timeline, nr_apps: usize, duration: f64) {
 /// The actuators with their defaults but journalling to `state` (the
 /// replay's own state file, not the daemon's), behind the daemon's
 /// actuation. Knobs the machine lacks are simply absent from the node.
-pub(crate) fn start_actuation(state: &Path, enabled: &[Resource]) -> anyhow::Result<Actuation> {
+/// Quotas are enforced over the scenario's CFS period (`period_us`).
+pub(crate) fn start_actuation(
+    state: &Path,
+    enabled: &[Resource],
+    period_us: u64,
+) -> anyhow::Result<Actuation> {
     let cfg = qosd_actuators::Config {
         state_file: Some(state.to_owned()),
+        cpu_quota_period_us: Some(period_us),
         ..Default::default()
     };
     let (act, leftovers) = qosd_actuators::Actuators::start(&cfg)
@@ -436,7 +443,7 @@ fn admit_all(
     let mut peers = Peers::new();
     let node = *act.node();
     for (i, a) in sc.apps.iter().enumerate() {
-        let initial = even_share(&node, sc.apps.len(), i);
+        let initial = with_class_defaults(even_share(&node, sc.apps.len(), i), a.class);
         let (plan, _) = act
             .admit(&a.name, initial, Limits::default(), &peers)
             .map_err(|e| anyhow::anyhow!("admitting {}: {e}", a.name))?;

@@ -41,6 +41,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 crate::config::Config::load(path).map_err(|e| crate::usage!("{e}"))?;
             (c.actuators.root, c.state_file)
         }
+        None if !args.root.is_absolute() => {
+            return Err(crate::usage!(
+                "--root {}: must be an absolute path",
+                args.root.display()
+            ))
+        }
         None => (args.root, args.state_file),
     };
     let cfg = Config {

@@ -30,8 +30,9 @@ pub enum FeedbackArg {
     T=$(cat /run/qosd/api.token)               writes need api.token_file's token (root only)\n  \
     curl -s -H \"Authorization: Bearer $T\" -H 'content-type: application/json' \\\n      \
       -d '{\"latencies_us\":[120,98]}' 127.0.0.1:9477/v1/apps/memcached/latency\n\n\
-    SIGINT/SIGTERM stop it and put every knob back (exit 0). A bad config or\n\
-    policy exits 2 before anything is changed. Needs root for eBPF and the knobs.")]
+    SIGINT, SIGTERM, SIGHUP (any terminating signal) stop it and put every\n\
+    knob back (exit 0). A bad config or policy exits 2 before anything is\n\
+    changed. Needs root for eBPF and the knobs.")]
 pub struct Args {
     /// The daemon's configuration file; default: ./config.yaml (a source
     /// checkout), else /etc/qosd/config.yaml (`make install`).

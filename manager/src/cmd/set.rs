@@ -1,4 +1,5 @@
-//! `qosd set cores|freq|ways|mb|quota`: one knob by hand. One-shot: the change
+//! `qosd set cores|freq|ways|mb|quota|priority|hedge`: one knob by hand
+//! (hedge: [`super::set_hedge`]). One-shot: the change
 //! stays after qosd exits, its original is recorded in the state file and
 //! `qosd restore` puts it back (or `--hold` keeps it until Ctrl-C/SIGTERM
 //! and restores it then).
@@ -20,6 +21,8 @@ use qosd_core::cpulist;
     qosd set ways --pid 1234 --ways 4                     4 LLC ways (resctrl group qosd-pid1234)\n  \
     qosd set mb --pid 1234 --percent 50                   memory bandwidth ceiling 50%\n  \
     qosd set quota --pid 1234 --quota 0.3                 CPU bandwidth: 0.3 CPU (cgroup qosd-pid1234)\n  \
+    qosd set priority --pid 1234 --class idle             idle scheduling class (cpu.idle, else lowest weight)\n  \
+    qosd set hedge --pid 1234 --service 10.0.0.5:53 --replica 10.0.0.6:53 --t-hedge-ms 10 --id-len 2\n  \
     qosd set --dry-run cores --pid 1234 --cpus 1          print what would change\n  \
     qosd set --hold cores --pid 1234 --cpus 1             keep it until Ctrl-C, then restore\n  \
     qosd restore                                          put back everything qosd set changed\n\n\
@@ -39,6 +42,9 @@ pub struct Args {
     /// Keep the change until SIGINT/SIGTERM/SIGHUP, then restore it.
     #[arg(long, global = true)]
     pub hold: bool,
+    /// Change init (pid 1) too: its setting is the whole node's.
+    #[arg(long, global = true)]
+    pub force: bool,
 }
 
 #[derive(Subcommand, Debug)]
@@ -95,6 +101,25 @@ pub enum Knob {
         #[arg(long, value_enum, default_value = "auto")]
         backend: QuotaArg,
     },
+    /// Kernel-level hedged UDP requests of a process to a service
+    /// (docs/hedging.md).
+    Hedge(super::set_hedge::HedgeArgs),
+    /// CPU priority of a process's group: the idle class (best-effort
+    /// work that yields the CPU to everything else at once) or normal.
+    Priority {
+        #[arg(long, required = true)]
+        pid: Vec<i32>,
+        #[arg(long, value_enum)]
+        class: PriorityArg,
+    },
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum PriorityArg {
+    /// `cpu.idle` 1 (else `cpu.weight` 1 / `cpu.shares` 2).
+    Idle,
+    /// `cpu.idle` 0 (else the default weight).
+    Normal,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -166,6 +191,64 @@ fn app(pids: &[i32]) -> AppTarget {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    let pids = match &args.knob {
+        Knob::Cores { pid, .. }
+        | Knob::Ways { pid, .. }
+        | Knob::Mb { pid, .. }
+        | Knob::Quota { pid, .. }
+        | Knob::Priority { pid, .. } => pid.as_slice(),
+        Knob::Hedge(h) => std::slice::from_ref(&h.pid),
+        Knob::Freq { .. } => &[],
+    };
+    if pids.contains(&1) && !args.force {
+        return Err(crate::usage!(
+            "--pid 1 is init: its setting is the whole node's; add --force if that is meant"
+        ));
+    }
+    let cfg = config(&args);
+    if let Knob::Hedge(h) = &args.knob {
+        return super::set_hedge::run(h, &args.root, &cfg.state_path(), args.dry_run, args.hold);
+    }
+    // Parse before anything is opened: bad input changes nothing.
+    let quota = match &args.knob {
+        Knob::Quota { quota, .. } => Some(parse_quota(quota)?),
+        _ => None,
+    };
+    // Block the termination signals before changing anything, so that
+    // with --hold a signal arriving mid-change waits and then restores.
+    let sigs = if args.hold {
+        Some(signals::block_termination().map_err(to_anyhow)?)
+    } else {
+        None
+    };
+    let mut acts = Actuators::new(&cfg).map_err(to_anyhow)?;
+    let changes = apply(&mut acts, &args.knob, quota)?;
+    print_changes(&changes, args.dry_run)?;
+    let state = cfg.state_path();
+    match sigs {
+        Some(set) if !args.dry_run => {
+            crate::outln!("holding; SIGINT/SIGTERM (any terminating signal) restores")?;
+            let sig = signals::name(set.wait().map_err(to_anyhow)?);
+            let restored = acts.restore_all().map_err(to_anyhow)?;
+            for c in &restored {
+                crate::outln!("restored {c}")?;
+            }
+            crate::outln!("restored on {sig}")?;
+        }
+        _ if !args.dry_run && !changes.is_empty() => {
+            acts.keep_changes();
+            crate::outln!(
+                "originals recorded in {}; `qosd restore` puts them back",
+                state.display()
+            )?;
+        }
+        _ => acts.keep_changes(),
+    }
+    Ok(())
+}
+
+/// The actuators' config for one knob: the backend the user chose.
+fn config(args: &Args) -> Config {
     let mut cfg = Config {
         root: args.root.clone(),
         dry_run: args.dry_run,
@@ -196,7 +279,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 WaysArg::Pqos => WaysBackend::Pqos,
             }
         }
-        Knob::Mb { .. } => {}
         Knob::Quota { backend, .. } => {
             cfg.cpu_quota_backend = match backend {
                 QuotaArg::Auto => QuotaBackend::Auto,
@@ -204,28 +286,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 QuotaArg::Cgroup1 => QuotaBackend::Cgroup1,
             }
         }
+        Knob::Mb { .. } | Knob::Priority { .. } | Knob::Hedge(_) => {}
     }
-    // Parse before anything is opened: bad input changes nothing.
-    let quota = match &args.knob {
-        Knob::Quota { quota, .. } => Some(parse_quota(quota)?),
-        _ => None,
-    };
-    // Block the termination signals before changing anything, so that
-    // with --hold a signal arriving mid-change waits and then restores.
-    let sigs = if args.hold {
-        Some(signals::block_termination().map_err(to_anyhow)?)
-    } else {
-        None
-    };
-    let mut acts = Actuators::new(&cfg).map_err(to_anyhow)?;
-    let changes = match &args.knob {
-        Knob::Cores { pid, cpus, .. } => {
-            let alloc = Allocation {
+    cfg
+}
+
+/// Puts the one knob in force; the changes made.
+fn apply(acts: &mut Actuators, knob: &Knob, quota: Option<u32>) -> anyhow::Result<Vec<Change>> {
+    match knob {
+        Knob::Cores { pid, cpus, .. } => acts.apply(
+            &app(pid),
+            &Allocation {
                 cpus: Some(parse_cpus(cpus)?),
                 ..Default::default()
-            };
-            acts.apply(&app(pid), &alloc)
-        }
+            },
+        ),
         Knob::Freq { cpus, mhz, .. } => acts.set_cpu_freq(&parse_cpus(cpus)?, *mhz),
         Knob::Ways { pid, ways, .. } => acts.apply(
             &app(pid),
@@ -248,30 +323,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 ..Default::default()
             },
         ),
+        Knob::Priority { pid, class } => acts.apply(
+            &app(pid),
+            &Allocation {
+                cpu_priority: Some(match class {
+                    PriorityArg::Idle => qosd_core::knobs::PRIORITY_IDLE,
+                    PriorityArg::Normal => qosd_core::knobs::PRIORITY_NORMAL,
+                }),
+                ..Default::default()
+            },
+        ),
+        // Handled by `run` before any actuator is set up.
+        Knob::Hedge(_) => Ok(Vec::new()),
     }
-    .map_err(to_anyhow)?;
-    print_changes(&changes, args.dry_run)?;
-    let state = cfg.state_path();
-    match sigs {
-        Some(set) if !args.dry_run => {
-            crate::outln!("holding; SIGINT/SIGTERM restores")?;
-            let sig = signals::wait(&set).map_err(to_anyhow)?;
-            let restored = acts.restore_all().map_err(to_anyhow)?;
-            for c in &restored {
-                crate::outln!("restored {c}")?;
-            }
-            crate::outln!("restored on {sig}")?;
-        }
-        _ if !args.dry_run && !changes.is_empty() => {
-            acts.keep_changes();
-            crate::outln!(
-                "originals recorded in {}; `qosd restore` puts them back",
-                state.display()
-            )?;
-        }
-        _ => acts.keep_changes(),
-    }
-    Ok(())
+    .map_err(to_anyhow)
 }
 
 fn print_changes(changes: &[Change], dry_run: bool) -> anyhow::Result<()> {

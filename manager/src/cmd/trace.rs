@@ -64,7 +64,7 @@ pub struct Args {
     #[arg(long, default_value = "auto", value_parser = ["auto", "connection", "turn", "grpc"])]
     pub mode: String,
     /// Only connections accepted on this local port (repeatable).
-    #[arg(long, value_name = "N")]
+    #[arg(value_parser = clap::value_parser!(u16).range(1..), long, value_name = "N")]
     pub port: Vec<u16>,
     /// One JSON object per line (and a last line with "summary": true).
     #[arg(long)]

@@ -92,12 +92,7 @@ impl ApiConfig {
             return Err(Invalid::new(at.key("listen"), msg));
         }
         if let Some(p) = &self.token_file {
-            if !p.is_absolute() {
-                return Err(Invalid::new(
-                    at.key("token_file"),
-                    "must be an absolute path",
-                ));
-            }
+            super::validate::file_path_ok(p).map_err(|m| Invalid::new(at.key("token_file"), m))?;
         }
         if !(1..=65536).contains(&self.max_connections) {
             return Err(Invalid::new(

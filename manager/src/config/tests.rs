@@ -48,16 +48,10 @@ fn defaults_fill_what_is_left_out() {
     let c = parse(GOOD).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(c.policy, Path::new("policies/parties.yaml"));
     assert_eq!(c.api.listen.to_string(), "127.0.0.1:9477");
-    assert_eq!(c.actuators.enabled, Resource::CYCLE.to_vec());
+    assert_eq!(c.actuators.enabled, Resource::ALL.to_vec());
     assert_eq!(c.sensors.ring_buffer_kib, 128);
     let web = &c.apps[0];
-    assert_eq!(
-        web.qos_target(),
-        Some(QosTarget {
-            percentile: 99.9,
-            value_us: 20_000.0
-        })
-    );
+    assert_eq!(web.qos_target(), Some(QosTarget::new(99.9, 20_000.0)));
     assert_eq!(web.initial_share().nr_cores, 2);
     let l = web.limits();
     assert_eq!(

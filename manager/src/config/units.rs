@@ -33,6 +33,10 @@ pub fn parse_latency_us(s: &str) -> Result<f64, String> {
         return Err(format!("`{s}`: a target must be greater than 0"));
     }
     let us = v * scale;
+    // Below a microsecond no latency is measured (and `{:.0}` prints 0).
+    if us < 1.0 {
+        return Err(format!("`{s}`: a target must be at least 1us"));
+    }
     // Beyond an hour the slack arithmetic loses meaning (1e303s: NaN) and
     // no request-serving app has such a target.
     if us > MAX_TARGET_US {
@@ -77,10 +81,10 @@ impl Target {
             Value::Number(n) => n.to_string(),
             _ => return Err(at("expected a latency like 25ms".to_owned())),
         };
-        Ok(QosTarget {
-            percentile: parse_percentile(k).map_err(at)?,
-            value_us: parse_latency_us(&text).map_err(at)?,
-        })
+        Ok(QosTarget::new(
+            parse_percentile(k).map_err(at)?,
+            parse_latency_us(&text).map_err(at)?,
+        ))
     }
 }
 
@@ -132,13 +136,7 @@ mod tests {
     #[test]
     fn targets_parse_with_the_key_at_fault() {
         let t: Target = serde_yaml_ng::from_str("{ p99.9: 2ms }").unwrap();
-        assert_eq!(
-            t.parse(),
-            Ok(QosTarget {
-                percentile: 99.9,
-                value_us: 2000.0
-            })
-        );
+        assert_eq!(t.parse(), Ok(QosTarget::new(99.9, 2000.0)));
         assert_eq!(t.to_string(), "p99.9 <= 2.00 ms");
         let two: Target = serde_yaml_ng::from_str("{ p99: 1ms, p50: 1ms }").unwrap();
         assert_eq!(two.parse().unwrap_err().0, None);

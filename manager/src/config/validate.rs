@@ -3,7 +3,8 @@
 //! that tick together). Each error carries the key it is about.
 
 use std::collections::HashSet;
-use std::path::Component;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path};
 
 use qosd_core::{AppClass, Resource};
 
@@ -84,6 +85,14 @@ impl Config {
                 "must be 10 to 1000 (0.01 to 1 CPU)",
             ));
         }
+        if let Some(p) = self.actuators.cpu_quota_period_us {
+            if !qosd_actuators::quota::PERIOD_RANGE_US.contains(&p) {
+                return Err(Invalid::new(
+                    act.key("cpu_quota_period_us"),
+                    "must be 1000 to 1000000 (1 ms to 1 s)",
+                ));
+            }
+        }
         if !self.actuators.root.is_absolute() {
             return Err(Invalid::new(act.key("root"), "must be an absolute path"));
         }
@@ -107,15 +116,64 @@ impl Config {
             return Err(Invalid::new(path, reason));
         }
         self.api.validate(&root.key("api"))?;
+        if let Some(k) = &self.kubernetes {
+            k.validate(&root.key("kubernetes"))?;
+        }
         if let Some(p) = &self.state_file {
-            if !p.is_absolute() {
-                return Err(Invalid::new(
-                    root.key("state_file"),
-                    "must be an absolute path",
-                ));
-            }
+            file_path_ok(p).map_err(|m| Invalid::new(root.key("state_file"), m))?;
         }
         Ok(())
+    }
+}
+
+/// Whether `p` is where a cgroup hierarchy is mounted (its root group),
+/// from this machine's mount table.
+fn is_cgroup_root(p: &Path) -> bool {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    let want = p.components().collect::<Vec<_>>();
+    mounts.lines().any(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        f.len() >= 3
+            && (f[2] == "cgroup" || f[2] == "cgroup2")
+            && Path::new(f[1]).components().collect::<Vec<_>>() == want
+    })
+}
+
+/// A path with no NUL byte or control character in it (a NUL cuts the
+/// path the kernel sees; a newline forges output lines).
+pub(super) fn plain_path(p: &Path) -> Result<(), String> {
+    if p.as_os_str()
+        .as_bytes()
+        .iter()
+        .any(|b| b.is_ascii_control())
+    {
+        return Err(format!(
+            "{:?}: a path has no NUL byte or control character (newline, tab, ...)",
+            p
+        ));
+    }
+    Ok(())
+}
+
+/// A file qosd writes and reads back (state file, token file): an
+/// absolute, plain path naming a file, and, if something is there
+/// already, a regular file (not `/`, a directory or `/dev/null`): what
+/// `run` would refuse, refused by `check` too.
+pub(super) fn file_path_ok(p: &Path) -> Result<(), String> {
+    if !p.is_absolute() {
+        return Err("must be an absolute path".into());
+    }
+    plain_path(p)?;
+    if p.file_name().is_none() || p.as_os_str().as_bytes().ends_with(b"/") {
+        return Err(format!("{}: names a directory, not a file", p.display()));
+    }
+    match std::fs::symlink_metadata(p) {
+        Ok(m) if m.is_dir() => Err(format!("{}: is a directory, not a file", p.display())),
+        Ok(m) if !m.is_file() => Err(format!(
+            "{}: exists and is not a regular file (a device, FIFO, socket or symlink)",
+            p.display()
+        )),
+        _ => Ok(()),
     }
 }
 
@@ -140,7 +198,12 @@ impl AppConfig {
         }
         let m = &self.matcher;
         let mat = at.key("match");
-        let set = [m.pid.is_some(), m.comm.is_some(), m.cgroup.is_some()];
+        let set = [
+            m.pid.is_some(),
+            m.comm.is_some(),
+            m.cgroup.is_some(),
+            m.pod.is_some(),
+        ];
         let nr_set = set.iter().filter(|b| **b).count();
         if self.job.is_some() {
             self.validate_job(at)?;
@@ -153,14 +216,24 @@ impl AppConfig {
         } else if nr_set != 1 {
             return Err(Invalid::new(
                 mat,
-                "needs exactly one of `pid`, `comm` or `cgroup` (or, for a best-effort app, \
-                 a `job` that qosd runs)",
+                "needs exactly one of `pid`, `comm`, `cgroup` or `pod` (or, for a best-effort \
+                 app, a `job` that qosd runs)",
             ));
+        }
+        if let Some(p) = &m.pod {
+            p.validate(&mat.key("pod"))?;
         }
         if m.pid.is_some_and(|p| p <= 0) {
             return Err(Invalid::new(
                 mat.key("pid"),
                 "must be a positive process id",
+            ));
+        }
+        if m.pid == Some(1) && !m.force {
+            return Err(Invalid::new(
+                mat.key("pid"),
+                "pid 1 is init: its cores and quota are the whole node's; add `force: true` \
+                 to `match` if that is meant",
             ));
         }
         if let Some(c) = &m.comm {
@@ -184,6 +257,17 @@ impl AppConfig {
         if let Some(p) = &m.cgroup {
             if !p.is_absolute() {
                 return Err(Invalid::new(mat.key("cgroup"), "must be an absolute path"));
+            }
+            plain_path(p).map_err(|m| Invalid::new(mat.key("cgroup"), m))?;
+            if !m.force && is_cgroup_root(p) {
+                return Err(Invalid::new(
+                    mat.key("cgroup"),
+                    format!(
+                        "{} is the root of a cgroup hierarchy: every process on the node \
+                         (qosd among them); add `force: true` to `match` if that is meant",
+                        p.display()
+                    ),
+                ));
             }
             if p.components().any(|c| c == Component::ParentDir) {
                 return Err(Invalid::new(

@@ -28,7 +28,7 @@ use qosd_sensors::ebpf::{Figure, RequestTracer};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::auth::Token;
+use super::auth::Credential;
 use super::metrics;
 use super::state::{AppLive, SharedState};
 
@@ -40,7 +40,7 @@ pub struct Api {
     pub shared: SharedState,
     pub tracer: Option<Arc<RequestTracer>>,
     /// The credential writes must carry.
-    pub token: Arc<Token>,
+    pub token: Arc<Credential>,
 }
 
 type Failure = (StatusCode, Json<Value>);
@@ -88,7 +88,10 @@ async fn authorize(State(api): State<Api>, req: Request, next: Next) -> Response
     if api.token.accepts(given.map(HeaderValue::as_bytes)) {
         return next.run(req).await;
     }
-    let why = if given.is_some() {
+    let unusable = api.token.unusable();
+    let why = if let Some(e) = &unusable {
+        e.as_str()
+    } else if given.is_some() {
         "the Authorization header does not carry the API token"
     } else {
         "writes need `Authorization: Bearer <token>`"
@@ -198,6 +201,8 @@ pub fn app_json(a: &AppLive, window_ms: u64, knobs: &[Resource]) -> Value {
         "target": a.target.map(|t| json!({ "percentile": t.percentile, "latency_us": t.value_us })),
         "running": !a.pids.is_empty(),
         "pids": a.pids,
+        // The pods' containers it is (namespace, pod, container, uid).
+        "pods": a.pods,
         "managed": a.share.is_some(),
         "allocation": alloc,
         "latency": {

@@ -52,15 +52,21 @@ impl Token {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => create(path).map_err(io)?,
             Err(e) => return Err(io(e)),
         };
-        // O_NOFOLLOW: a symlink planted at the path fails here (ELOOP).
-        let mut f = OpenOptions::new()
+        // O_NOFOLLOW: a symlink planted at the path fails here (ELOOP);
+        // O_NONBLOCK: a FIFO is refused by the guard, not waited on.
+        let f = OpenOptions::new()
             .read(true)
-            .custom_flags(libc::O_NOFOLLOW)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
             .open(path)
             .map_err(io)?;
         check_trusted(path, &f)?;
-        let mut text = String::new();
-        f.read_to_string(&mut text).map_err(io)?;
+        let text =
+            crate::yamlfile::read_open(path, f, crate::yamlfile::Kind::Token).map_err(|e| {
+                TokenError::Untrusted {
+                    path: path.to_owned(),
+                    msg: e.msg,
+                }
+            })?;
         let secret = text.trim().to_owned();
         if secret.len() < 16 || !secret.bytes().all(|b| b.is_ascii_graphic()) {
             return Err(TokenError::Untrusted {
@@ -129,6 +135,112 @@ fn create(path: &Path) -> std::io::Result<bool> {
         Ok(()) => Ok(true),
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
         Err(e) => Err(e),
+    }
+}
+
+/// The API's write credential while the daemon runs: the token in the
+/// file now. A file replaced with a new token is read again (the old token
+/// stops working), a deleted file is made again with a new token (as at
+/// start), and a file qosd cannot trust any more (another owner, readable
+/// by others) refuses every write until it is fixed: fail closed, never the
+/// old token silently.
+pub struct Credential {
+    pub path: PathBuf,
+    current: std::sync::RwLock<Result<Token, String>>,
+}
+
+impl Credential {
+    pub fn new(token: Token) -> Credential {
+        Credential {
+            path: token.path.clone(),
+            current: std::sync::RwLock::new(Ok(token)),
+        }
+    }
+
+    /// True if an `Authorization` header value carries the current token.
+    pub fn accepts(&self, authorization: Option<&[u8]>) -> bool {
+        match &*self.current.read().unwrap_or_else(|e| e.into_inner()) {
+            Ok(t) => t.accepts(authorization),
+            Err(_) => false,
+        }
+    }
+
+    /// Why writes are refused whatever they carry, if they are.
+    pub fn unusable(&self) -> Option<String> {
+        self.current
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .err()
+            .cloned()
+    }
+
+    /// Reads the file again (making a new token if it is gone); a line
+    /// saying what the API accepts from now on.
+    fn reload(&self) -> String {
+        let next = Token::load_or_create(&self.path);
+        let mut cur = self.current.write().unwrap_or_else(|e| e.into_inner());
+        let said = match (&*cur, &next) {
+            (_, Err(e)) => format!("writes are refused until it is fixed: {e}"),
+            (Ok(old), Ok((new, _))) if old.secret == new.secret => {
+                "the token in it is unchanged".to_owned()
+            }
+            (_, Ok((_, true))) => "qosd made a new token in it; writes need the new one".to_owned(),
+            (_, Ok(_)) => "writes need the token now in it; the old one is refused".to_owned(),
+        };
+        *cur = next.map(|(t, _)| t).map_err(|e| e.to_string());
+        said
+    }
+}
+
+/// Watches the token file while the daemon runs: each change is read into
+/// the [`Credential`] and said once.
+pub struct TokenWatch {
+    path: PathBuf,
+    last: Option<(u64, u64, i64, i64, u32, u64)>,
+}
+
+fn stamp(path: &Path) -> Option<(u64, u64, i64, i64, u32, u64)> {
+    let m = std::fs::symlink_metadata(path).ok()?;
+    Some((
+        m.dev(),
+        m.ino(),
+        m.mtime(),
+        m.mtime_nsec(),
+        m.mode(),
+        m.len(),
+    ))
+}
+
+impl TokenWatch {
+    pub fn new(path: &Path) -> TokenWatch {
+        TokenWatch {
+            path: path.to_owned(),
+            last: stamp(path),
+        }
+    }
+
+    /// A line to log when the file changed since the last call, after the
+    /// credential has followed the change.
+    pub fn changed(&mut self, cred: &Credential) -> Option<String> {
+        let now = stamp(&self.path);
+        if now == self.last {
+            return None;
+        }
+        let what = match (&self.last, &now) {
+            (_, None) => "deleted",
+            (None, Some(_)) => "made again",
+            (Some(a), Some(b)) if (a.0, a.1) != (b.0, b.1) => "replaced",
+            (Some(a), Some(b)) if a.4 != b.4 => "given another mode",
+            _ => "rewritten",
+        };
+        let said = cred.reload();
+        // What the reload itself did (a new file made) is no change to say again.
+        self.last = stamp(&self.path);
+        Some(format!(
+            "api: token file {} was {what} while qosd runs: {said}",
+            self.path.display()
+        ))
     }
 }
 

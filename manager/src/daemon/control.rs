@@ -14,13 +14,16 @@ use qosd_core::control::{Applied as PlanApplied, ControlLoop, LoopCounters, Node
 use qosd_core::{Allocations, AppClass, Feedback, Limits, NodeCaps, Plan, Policy};
 use qosd_sensors::ebpf::RequestTracer;
 use qosd_sensors::power::PowerSensor;
-use qosd_sensors::sensor::client::{ClientInbox, ClientSensor};
+use qosd_sensors::sensor::client::{ClientFeeds, ClientSensor};
 use qosd_sensors::sensor::ebpf::EbpfSensor;
+
+use qosd_actuators::grouplock::GroupLocks;
 
 use super::discover::Finder;
 use super::jobs::Jobs;
 use super::state::SharedState;
 use crate::config::AppConfig;
+use crate::kube::PodRef;
 use crate::node::actuate::Actuation;
 use crate::node::sensing::{fed_tick, plugins, SenseApp, Sensing};
 
@@ -32,6 +35,14 @@ struct AppRt {
     pids: Vec<i32>,
     /// Why it is not managed, or its last failure to apply.
     note: Option<String>,
+    /// The pods' containers it is (`match: { pod: ... }` and annotated
+    /// pods), as of the last scan.
+    containers: Vec<PodRef>,
+    /// An app an annotated pod asked for (not in the config): it goes
+    /// when the pod does.
+    from_pod: bool,
+    /// Its group name's lock, for an app added while the daemon runs.
+    lock: Option<GroupLocks>,
 }
 
 /// Something worth a line on stdout.
@@ -51,6 +62,11 @@ pub struct DaemonNode {
     sensing: Sensing,
     shared: SharedState,
     finder: Finder,
+    /// Where the API's client reports reach the client sensor (an app
+    /// added at run time is connected here).
+    client_feeds: ClientFeeds,
+    /// The root prefix (for the group locks of other daemons).
+    root: qosd_actuators::Root,
     dry_run: bool,
     /// The batch jobs of best-effort apps that run one.
     jobs: Jobs,
@@ -58,9 +74,13 @@ pub struct DaemonNode {
     scan: bool,
     /// Log lines of the current tick.
     events: Events,
+    /// Annotated pods seen (`qosd.io/class`).
+    pods: pods::PodApps,
 }
 
+mod apps;
 mod discovery;
+mod pods;
 mod report;
 pub use report::{describe_target, live_entry};
 
@@ -84,36 +104,25 @@ impl Controller {
             (i.decide_interval_ms / i.monitor_interval_ms.max(1)).max(1) as usize
         };
         let nr_apps = apps.len();
-        let mut feeds = Vec::with_capacity(nr_apps);
+        let client = ClientSensor::new([]);
+        let client_feeds = client.feeds();
         {
             let mut sh = shared.lock();
             for a in apps {
-                let (inbox, rx) = ClientInbox::connected();
-                feeds.push(sh.apps.get_mut(&a.name).map(|live| {
-                    live.inbox = inbox;
-                    rx
-                }));
+                if let Some(live) = sh.apps.get_mut(&a.name) {
+                    live.inbox = client_feeds.inbox(&a.name);
+                }
             }
         }
-        let ebpf = tracer.map(|t| {
-            apps.iter().fold(EbpfSensor::new(t), |s, a| {
-                s.with_ports(&a.name, a.ports.clone())
-            })
-        });
-        let sensors = plugins(Box::new(ClientSensor::new(feeds)), root, ebpf, None);
+        let ebpf = tracer.map(EbpfSensor::new);
+        let sensors = plugins(Box::new(client), root, ebpf, None);
         let sense_apps = apps
             .iter()
             .map(|a| sense_app(a, feedback_override.unwrap_or(a.feedback)))
             .collect();
         let apps = apps
             .iter()
-            .map(|a| AppRt {
-                feedback: feedback_override.unwrap_or(a.feedback),
-                limits: a.limits(),
-                cfg: a.clone(),
-                pids: Vec::new(),
-                note: None,
-            })
+            .map(|a| AppRt::new(a, feedback_override.unwrap_or(a.feedback)))
             .collect();
         let node = DaemonNode {
             apps,
@@ -121,11 +130,16 @@ impl Controller {
             sensing: Sensing::new(sensors, sense_apps, nr_slots),
             shared,
             finder: Finder::new(root),
+            client_feeds,
+            root: qosd_actuators::Root::new(root),
             dry_run,
             jobs: Jobs::none(nr_apps),
             scan: true,
             events: Events::new(),
+            pods: pods::PodApps::new(root, dry_run, nr_slots),
         };
+        let mut node = node;
+        node.pods.locked_at_start = node.apps.iter().map(|a| a.cfg.name.clone()).collect();
         Controller {
             node,
             ctl: ControlLoop::new(policy),
@@ -144,6 +158,13 @@ impl Controller {
     /// Stops every batch job (before the knobs are put back on exit).
     pub fn stop_jobs(&mut self) -> Events {
         self.node.jobs.stop_all()
+    }
+
+    /// Resolves `match: { pod: ... }` from the API server's pods, and
+    /// (`annotations`) manages pods annotated `qosd.io/class`.
+    pub fn set_pods(&mut self, pods: crate::kube::select::PodSource, annotations: bool) {
+        self.node.finder = self.node.finder.clone().with_pods(pods);
+        self.node.pods.annotations = annotations;
     }
 
     /// Samples `power` on every decision tick from now on.
@@ -199,6 +220,21 @@ impl Controller {
         }
         self.node.publish(decide, self.ctl.counters());
         ev
+    }
+}
+
+impl AppRt {
+    fn new(cfg: &AppConfig, feedback: Feedback) -> AppRt {
+        AppRt {
+            feedback,
+            limits: cfg.limits(),
+            cfg: cfg.clone(),
+            pids: Vec::new(),
+            note: None,
+            containers: Vec::new(),
+            from_pod: false,
+            lock: None,
+        }
     }
 }
 
@@ -332,6 +368,7 @@ impl DaemonNode {
                 };
                 live.share = share;
                 live.cpus = cpus;
+                live.pods.clone_from(&a.containers);
             }
         }
     }
@@ -349,7 +386,9 @@ fn sense_app(a: &AppConfig, feedback: Feedback) -> SenseApp {
         limits: a.limits(),
         percentile: target.map_or(99.0, |t| t.percentile),
         client_target_us: target.map(|t| t.value_us),
-        ebpf_target_us: target.map(|t| t.value_us),
+        // The daemon has no calibrated gap: both sides share the target.
+        slo: None,
+        ports: a.ports.clone(),
         driven: false,
         serves: true,
     }

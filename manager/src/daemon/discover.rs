@@ -1,7 +1,8 @@
 //! Finding each app's processes: by pid, by command name (`/proc/PID/comm`)
 //! or by cgroup (`cgroup.procs`), through the root prefix. A process once
 //! found stays the app's until it exits, even if it leaves the matched
-//! cgroup (qosd's own cpuset group may move it) or renames itself.
+//! cgroup (qosd's own cpuset group may move it) or renames itself; a pod's
+//! process while its container still matches ([`crate::kube::select`]).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -9,6 +10,8 @@ use std::path::{Path, PathBuf};
 use qosd_actuators::proc::kernel_thread;
 
 use crate::config::Match;
+use crate::kube::select::PodSource;
+use crate::kube::PodRef;
 
 pub use qosd_sensors::sensor::ebpf::topmost;
 
@@ -17,6 +20,8 @@ pub use qosd_sensors::sensor::ebpf::topmost;
 pub struct Finder {
     root: PathBuf,
     own_pid: i32,
+    /// The node's pods, for `match: { pod: ... }`.
+    pods: Option<PodSource>,
 }
 
 impl Finder {
@@ -24,6 +29,25 @@ impl Finder {
         Finder {
             root: root.into(),
             own_pid: std::process::id() as i32,
+            pods: None,
+        }
+    }
+
+    /// Resolves pod matchers from `pods` from now on.
+    pub fn with_pods(mut self, pods: PodSource) -> Self {
+        self.pods = Some(pods);
+        self
+    }
+
+    pub fn pods(&self) -> Option<&PodSource> {
+        self.pods.as_ref()
+    }
+
+    /// The containers a pod matcher selects now (none for other matchers).
+    pub fn containers_of(&self, m: &Match) -> Vec<PodRef> {
+        match (&m.pod, &self.pods) {
+            (Some(pm), Some(src)) => src.select(&self.root, pm, |_| Vec::new()).containers,
+            _ => Vec::new(),
         }
     }
 
@@ -80,18 +104,34 @@ impl Finder {
             if let Some(cg) = &m.cgroup {
                 found[i].extend(self.cgroup_procs(cg));
             }
-            if let Some(k) = known.get(i) {
-                found[i].extend(k.iter().copied());
+            let known = known.get(i).copied().unwrap_or_default();
+            match (&m.pod, &self.pods) {
+                (Some(pm), Some(src)) => {
+                    let sel = src.select(&self.root, pm, |d| self.cgroup_procs(d));
+                    found[i].extend(&sel.pids);
+                    let kept = known.iter().filter(|&&p| src.still_selected(p, &sel));
+                    found[i].extend(kept);
+                }
+                _ => found[i].extend(known.iter().copied()),
             }
         }
-        found
+        let found: Vec<Vec<i32>> = found
             .into_iter()
             .map(|s| {
                 s.into_iter()
                     .filter(|&p| p != self.own_pid && self.alive(p))
                     .collect()
             })
-            .collect()
+            .collect();
+        if let Some(src) = &self.pods {
+            let live: BTreeSet<i32> = found.iter().flatten().copied().collect();
+            let gone = known
+                .iter()
+                .flat_map(|k| k.iter())
+                .filter(|p| !live.contains(p));
+            src.forget(gone.copied());
+        }
+        found
     }
 
     /// Every process's (pid, comm).
@@ -151,6 +191,8 @@ mod tests {
             pid,
             comm: comm.map(str::to_owned),
             cgroup: cgroup.map(PathBuf::from),
+            pod: None,
+            force: false,
         }
     }
 

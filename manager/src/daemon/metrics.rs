@@ -1,9 +1,14 @@
 //! `/metrics` in the Prometheus text format (version 0.0.4), following its
 //! naming conventions: base units (seconds, hertz, watts), `_total` for
-//! counters, `_ratio` for 0..1 fractions, one `app` label per managed app.
+//! counters, `_ratio` for 0..1 fractions, one `app` label per managed app
+//! (and `namespace`, `pod`, `container` when the app is one pod's
+//! container, Kepler's and Beyla's names, so a cluster Prometheus can
+//! aggregate by them; `qosd_app_pod_info` lists every container of apps
+//! that span several).
 //! Latency is a summary: quantiles over the last decision interval (what
 //! the policy sees), `_sum` and `_count` since the daemon started.
 
+use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use qosd_core::{AppClass, Resource};
@@ -16,7 +21,8 @@ pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 /// Quantiles exported for every app (besides its target's own).
 const QUANTILES: [f64; 3] = [0.5, 0.95, 0.99];
 
-struct Out(String);
+/// The text, and the pod labels of each app that is one container.
+struct Out(String, BTreeMap<String, [String; 3]>);
 
 impl Out {
     fn family(&mut self, name: &str, kind: &str, help: &str) {
@@ -32,6 +38,17 @@ impl Out {
                     self.0.push(',');
                 }
                 let _ = write!(self.0, "{k}=\"{}\"", escape(val));
+            }
+            // Series that name their pod themselves keep theirs.
+            let pod = match labels.first() {
+                Some(("app", app)) if !labels.iter().any(|(k, _)| *k == "pod") => self.1.get(*app),
+                _ => None,
+            };
+            for (k, val) in ["namespace", "pod", "container"]
+                .iter()
+                .zip(pod.into_iter().flatten())
+            {
+                let _ = write!(self.0, ",{k}=\"{}\"", escape(val));
             }
             self.0.push('}');
         }
@@ -87,7 +104,7 @@ fn process_metrics(o: &mut Out) {
 /// server's first read), and which hooks measured them.
 pub fn render_traced(t: &qosd_sensors::ebpf::RequestTracer, apps: &[(String, Vec<i32>)]) -> String {
     use qosd_sensors::ebpf::Figure;
-    let mut o = Out(String::with_capacity(1024));
+    let mut o = Out(String::with_capacity(1024), BTreeMap::new());
     let name = "qosd_ebpf_request_seconds";
     o.family(
         name,
@@ -124,7 +141,14 @@ pub fn render_traced(t: &qosd_sensors::ebpf::RequestTracer, apps: &[(String, Vec
 /// The whole exposition. `dropped`: records the eBPF ring buffer lost
 /// (`None` when the tracer does not run).
 pub fn render(sh: &Shared, dropped: Option<u64>) -> String {
-    let mut o = Out(String::with_capacity(8192));
+    let one_pod = sh.apps.values().filter_map(|a| match a.pods.as_slice() {
+        [p] => Some((
+            a.name.clone(),
+            [p.namespace.clone(), p.pod.clone(), p.container.clone()],
+        )),
+        _ => None,
+    });
+    let mut o = Out(String::with_capacity(8192), one_pod.collect());
     let info = &sh.info;
     o.family(
         "qosd_build_info",
@@ -168,6 +192,23 @@ pub fn render(sh: &Shared, dropped: Option<u64>) -> String {
             &[("app", &a.name), ("class", class), ("feedback", &fb)],
             1.0,
         );
+    }
+    o.family(
+        "qosd_app_pod_info",
+        "gauge",
+        "A pod's container that the app is (value 1), with the pod's uid.",
+    );
+    for a in apps() {
+        for p in &a.pods {
+            let labels = [
+                ("app", a.name.as_str()),
+                ("namespace", &p.namespace),
+                ("pod", &p.pod),
+                ("container", &p.container),
+                ("uid", &p.uid),
+            ];
+            o.sample("qosd_app_pod_info", &labels, 1.0);
+        }
     }
     o.family(
         "qosd_app_processes",

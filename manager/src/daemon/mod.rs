@@ -2,7 +2,8 @@
 //! file stops it before anything is touched), binds the HTTP API, probes
 //! the knobs, starts the eBPF request tracer, then ticks on deadlines:
 //! monitor every `monitor_interval_ms`, decide every `decide_interval_ms`.
-//! SIGINT/SIGTERM stop it; every knob it changed is put back (also when it
+//! SIGINT, SIGTERM, SIGHUP and every other terminating signal (caught
+//! before anything is touched) stop it; every knob it changed is put back (also when it
 //! panics; after a SIGKILL the next start or `qosd restore` does it), at
 //! once: the API's clients get [`SHUTDOWN_GRACE`] to finish, whatever
 //! they are doing.
@@ -13,6 +14,7 @@ pub mod control;
 pub mod discover;
 pub mod jobs;
 pub mod metrics;
+pub mod reload;
 pub mod server;
 pub mod state;
 #[cfg(test)]
@@ -28,12 +30,12 @@ use qosd_actuators::Actuators;
 use qosd_core::{Feedback, Resource};
 use qosd_sensors::ebpf::{RequestTracer, TracerOptions};
 use qosd_sensors::power::PowerSensor;
-use tokio::signal::unix::{signal, SignalKind};
 use tokio::time::MissedTickBehavior;
 
 use crate::config::Config;
 use crate::node::actuate::Actuation;
 use crate::policy::PolicyFile;
+use crate::signals::{self, Action, Signals};
 use crate::usage;
 use crate::yamlfile;
 use control::{describe_target, live_entry, Controller};
@@ -85,11 +87,16 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_millis(200);
 
 pub fn run(o: Options) -> anyhow::Result<()> {
     let (cfg, policy, ppath) = load(&o)?;
+    // Every terminating signal is caught from here on, before anything is
+    // touched: one arriving during start-up is taken after the first tick
+    // (or before it), never by the default action.
+    signals::reload_on_hup();
+    let sigs = Signals::install()?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the tokio runtime")?;
-    rt.block_on(serve(o, cfg, policy, ppath))
+    rt.block_on(serve(o, cfg, policy, ppath, sigs))
 }
 
 fn knob_table(act: &Actuation, enabled: &[Resource]) -> Vec<KnobInfo> {
@@ -111,7 +118,13 @@ fn knob_table(act: &Actuation, enabled: &[Resource]) -> Vec<KnobInfo> {
         .collect()
 }
 
-async fn serve(o: Options, cfg: Config, policy: PolicyFile, ppath: PathBuf) -> anyhow::Result<()> {
+async fn serve(
+    o: Options,
+    cfg: Config,
+    policy: PolicyFile,
+    ppath: PathBuf,
+    sigs: Signals,
+) -> anyhow::Result<()> {
     // Bind first: a port in use stops qosd before it changes anything.
     let listener = tokio::net::TcpListener::bind(cfg.api.listen)
         .await
@@ -120,6 +133,16 @@ async fn serve(o: Options, cfg: Config, policy: PolicyFile, ppath: PathBuf) -> a
     let token_path = cfg.api.token_path(&cfg.actuators.root);
     let (token, token_created) =
         auth::Token::load_or_create(&token_path).context("preparing the API's write token")?;
+    let mut watch = auth::TokenWatch::new(&token_path);
+    // Pods from the API server: credentials and node name checked before
+    // any knob is touched.
+    let pods = if cfg.wants_pods() {
+        let (pods, _node) =
+            crate::kube::start(cfg.kubernetes.as_ref()).map_err(|e| usage!("{e}"))?;
+        Some(pods)
+    } else {
+        None
+    };
     let act_cfg = qosd_actuators::Config {
         root: cfg.actuators.root.clone(),
         dry_run: cfg.actuators.dry_run,
@@ -129,6 +152,7 @@ async fn serve(o: Options, cfg: Config, policy: PolicyFile, ppath: PathBuf) -> a
         cache_ways_backend: cfg.actuators.cache_ways_backend,
         cpu_quota_backend: cfg.actuators.cpu_quota_backend,
         cpu_quota_unit_milli: cfg.actuators.cpu_quota_unit_milli,
+        cpu_quota_period_us: cfg.actuators.cpu_quota_period_us,
         ..Default::default()
     };
     // One daemon per group name on the node, whatever its state file:
@@ -161,25 +185,31 @@ async fn serve(o: Options, cfg: Config, policy: PolicyFile, ppath: PathBuf) -> a
         .apps
         .iter()
         .any(|a| a.job.is_none() && feedback_of(a.feedback) == Feedback::Ebpf);
-    let tracer = match RequestTracer::start(TracerOptions {
-        ringbuf_bytes: cfg.sensors.ring_buffer_kib.saturating_mul(1024),
-        window: cfg.sensors.window_requests as usize,
-        ..Default::default()
+    // Client feedback and batch jobs only: no eBPF program is attached
+    // (nothing would read it, and every syscall on the node would pay).
+    let tracer = match needs_ebpf.then(|| {
+        RequestTracer::start(TracerOptions {
+            ringbuf_bytes: cfg.sensors.ring_buffer_kib.saturating_mul(1024),
+            window: cfg.sensors.window_requests as usize,
+            ..Default::default()
+        })
     }) {
-        Ok(t) => {
+        None => {
+            println!(
+                "ebpf: not started (no app uses feedback: ebpf); per-pid figures are unavailable"
+            );
+            None
+        }
+        Some(Ok(t)) => {
             match t.fallback_reason() {
                 None => println!("ebpf: {} hooks", t.hooks().as_str()),
                 Some(why) => println!("ebpf: {} hooks ({why})", t.hooks().as_str()),
             }
             Some(Arc::new(t))
         }
-        Err(e) if needs_ebpf => {
+        Some(Err(e)) => {
             return Err(anyhow::Error::new(e)
                 .context("starting the eBPF request tracer (needed by apps with feedback: ebpf)"))
-        }
-        Err(e) => {
-            println!("ebpf: not running ({e}); per-pid figures are unavailable");
-            None
         }
     };
 
@@ -290,6 +320,10 @@ async fn serve(o: Options, cfg: Config, policy: PolicyFile, ppath: PathBuf) -> a
     if let Some(p) = power {
         ctl.set_power(p);
     }
+    if let Some(pods) = pods {
+        let annotations = cfg.kubernetes.as_ref().is_none_or(|k| k.annotations);
+        ctl.set_pods(pods, annotations);
+    }
     if cfg.apps.iter().any(|a| a.job.is_some()) {
         if cfg.actuators.dry_run {
             // A job is work on the node, not a knob: a dry run starts none.
@@ -302,7 +336,12 @@ async fn serve(o: Options, cfg: Config, policy: PolicyFile, ppath: PathBuf) -> a
         }
     }
     let start = Instant::now();
-    let events = ctl.tick(0, 0.0, true, false);
+    // A signal during start-up: no first change at all.
+    let early = sigs.pending();
+    let events = match early {
+        None => ctl.tick(0, 0.0, true, false),
+        Some(_) => Vec::new(),
+    };
     println!("apps:");
     for a in &cfg.apps {
         let fb = match a.job {
@@ -311,11 +350,12 @@ async fn serve(o: Options, cfg: Config, policy: PolicyFile, ppath: PathBuf) -> a
         };
         let t = describe_target(a.qos_target());
         let m = &a.matcher;
-        let how = match (m.pid, &m.comm, &m.cgroup) {
+        let how = match (m.pid, &m.comm, &m.cgroup, &m.pod) {
             _ if a.job.is_some() => "its batch job".to_owned(),
-            (Some(p), _, _) => format!("pid {p}"),
-            (_, Some(c), _) => format!("comm {c}"),
-            (_, _, Some(g)) => format!("cgroup {}", g.display()),
+            (Some(p), _, _, _) => format!("pid {p}"),
+            (_, Some(c), _, _) => format!("comm {c}"),
+            (_, _, Some(g), _) => format!("cgroup {}", g.display()),
+            (_, _, _, Some(p)) => format!("pod {}", crate::kube::describe(p)),
             _ => "-".into(),
         };
         let sh = shared.lock();
@@ -372,15 +412,21 @@ async fn serve(o: Options, cfg: Config, policy: PolicyFile, ppath: PathBuf) -> a
             limits.max_connections, cfg.api.max_connections
         );
     }
+    let credential = Arc::new(auth::Credential::new(token));
     let app = api::router(api::Api {
         shared: shared.clone(),
         tracer: tracer.clone(),
-        token: Arc::new(token),
+        token: credential.clone(),
     });
     let server = server::Server::spawn(listener, app, limits);
 
-    let mut term = signal(SignalKind::terminate()).context("catching SIGTERM")?;
-    let mut int = signal(SignalKind::interrupt()).context("catching SIGINT")?;
+    let sigs = sigs.watch()?;
+    // SIGHUP (signals::action) and a changed config file reload the
+    // config (reload.rs).
+    let mut config_watch = reload::FileWatch::new(&o.config);
+    let mut file_check = tokio::time::interval(Duration::from_secs(1));
+    file_check.set_missed_tick_behavior(MissedTickBehavior::Skip);
+    let mut running = cfg.clone();
     let period = Duration::from_millis(cfg.monitor_interval_ms);
     // Ticks stay on the grid start + k * period: a late tick is skipped,
     // never bunched (Skip), and the decision ticks are every nr_slots-th
@@ -390,10 +436,30 @@ async fn serve(o: Options, cfg: Config, policy: PolicyFile, ppath: PathBuf) -> a
     let mut last_idx = 0u64;
     let mut last_at = start;
     let why = loop {
-        tokio::select! {
-            _ = iv.tick() => {}
-            _ = term.recv() => break "SIGTERM",
-            _ = int.recv() => break "SIGINT",
+        // A SIGHUP during start-up needs no reload: the file was just read.
+        if let Some(s) = early.filter(|&s| signals::action(s) == Action::Stop) {
+            break signals::name(s);
+        }
+        let reload_why = tokio::select! {
+            _ = iv.tick() => None,
+            s = sigs.next() => match s {
+                Ok(s) => match signals::action(s) {
+                    Action::Stop => break signals::name(s),
+                    Action::Reload => Some("SIGHUP"),
+                },
+                Err(e) => break format!("{e:#}"),
+            },
+            _ = file_check.tick() => config_watch.changed().then_some("the file changed"),
+        };
+        if let Some(w) = reload_why {
+            if w == "SIGHUP" {
+                // The file as of now: no second reload for the same change.
+                config_watch.changed();
+            }
+            for e in reload::reload(&o, &mut running, &mut ctl, w) {
+                println!("[{:>8.1} s] {e}", start.elapsed().as_secs_f64());
+            }
+            continue;
         }
         let now = Instant::now();
         let elapsed = now - start;
@@ -406,7 +472,9 @@ async fn serve(o: Options, cfg: Config, policy: PolicyFile, ppath: PathBuf) -> a
         last_idx = idx;
         last_at = now;
         let t_ms = elapsed.as_millis() as u64;
-        for e in ctl.tick(t_ms, dt, decide, decide) {
+        let mut events = ctl.tick(t_ms, dt, decide, decide);
+        events.extend(watch.changed(&credential));
+        for e in events {
             println!("[{:>8.1} s] {e}", t_ms as f64 / 1000.0);
         }
     };
@@ -416,12 +484,25 @@ async fn serve(o: Options, cfg: Config, policy: PolicyFile, ppath: PathBuf) -> a
         println!("{e}");
     }
     let restored = ctl.actuation_mut().restore_all();
+    let detach = if tracer.is_some() {
+        "; detaching the eBPF programs"
+    } else {
+        ""
+    };
     let result = match restored {
+        // A dry run changed nothing: the journal only held what it logged.
+        Ok(c) if cfg.actuators.dry_run => {
+            println!(
+                "dry run: nothing to put back ({} logged changes were never made){detach}",
+                c.len()
+            );
+            Ok(())
+        }
         Ok(c) => {
             for ch in &c {
                 println!("restored {ch}");
             }
-            println!("restored {} settings; detaching the eBPF programs", c.len());
+            println!("restored {} settings{detach}", c.len());
             Ok(())
         }
         Err(e) => Err(anyhow::Error::new(e).context(format!(

@@ -24,6 +24,9 @@ pub struct AppLive {
     pub feedback: Feedback,
     pub target: Option<QosTarget>,
     pub pids: Vec<i32>,
+    /// The pods' containers it is, when it is pods (`namespace`, `pod`,
+    /// `container` on its figures).
+    pub pods: Vec<crate::kube::PodRef>,
     /// What the policy gave it; `None` while not managed (not running, or
     /// its minimum does not fit).
     pub share: Option<Share>,

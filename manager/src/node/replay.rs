@@ -11,6 +11,7 @@ use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 
 use qosd_core::control::{Applied, Node, Sensed, Tick};
+use qosd_core::slo::SloSide;
 use qosd_core::{Allocations, Feedback, Limits, NodeCaps, Plan};
 use qosd_scenarios::batch::BatchJob;
 use qosd_scenarios::load::IntervalReport;
@@ -34,9 +35,11 @@ pub struct ReplayApp {
     pub reports: Option<Receiver<IntervalReport>>,
     /// A best-effort app's batch job (`job:` in the scenario).
     pub job: Option<BatchJob>,
-    /// Targets the client and the eBPF latency are scored against, µs.
+    /// The target the client latency is scored against, µs.
     pub client_target_us: Option<f64>,
-    pub ebpf_target_us: Option<f64>,
+    /// The eBPF side of the SLO: the client target less the calibrated
+    /// client/server gap, refreshed from this run's client samples.
+    pub slo: Option<SloSide>,
 }
 
 /// The real replay's node. Build it once the servers run, the targets are
@@ -75,12 +78,17 @@ impl ReplayNode {
                 limits: Limits::default(),
                 percentile: a.spec.target.as_ref().map_or(99.0, |t| t.percentile),
                 client_target_us: a.client_target_us,
-                ebpf_target_us: a.ebpf_target_us,
+                slo: a.slo.clone(),
+                // Traced already, each on its own ports.
+                ports: Vec::new(),
                 driven: a.reports.is_some(),
                 serves: a.job.is_none(),
             })
             .collect();
-        let feeds = apps.iter_mut().map(|a| a.reports.take()).collect();
+        let feeds: Vec<_> = apps
+            .iter_mut()
+            .filter_map(|a| Some((a.spec.name.clone(), a.reports.take()?)))
+            .collect();
         let sensors = plugins(
             Box::new(ClientSensor::new(feeds)),
             std::path::Path::new("/"),

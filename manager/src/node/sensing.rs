@@ -9,6 +9,7 @@
 use std::path::Path;
 
 use qosd_core::control::{AppInterval, Sensed, Tick};
+use qosd_core::slo::{SloSide, TargetFrom};
 use qosd_core::{AppClass, AppPower, AppState, Feedback, Limits, QosTarget};
 use qosd_sensors::ebpf::Figure;
 use qosd_sensors::power::PowerSensor;
@@ -72,10 +73,15 @@ pub struct SenseApp {
     pub limits: Limits,
     /// The percentile its latency is judged at (99 without a target).
     pub percentile: f64,
-    /// Targets the client and the server-side latency are judged against,
-    /// µs (`None`: no target, a best-effort app).
+    /// The target the client latency is judged against, µs (`None`: no
+    /// target, a best-effort app).
     pub client_target_us: Option<f64>,
-    pub ebpf_target_us: Option<f64>,
+    /// The eBPF side of its SLO (the client target less the calibrated
+    /// client/server gap, refreshed from both sides' samples); `None` with
+    /// a client target: the eBPF side is judged against that same number.
+    pub slo: Option<SloSide>,
+    /// The listening ports its requests arrive on (none: every port).
+    pub ports: Vec<u16>,
     /// A load generator of ours drives it (a replay): its throughput and
     /// offered load are the client's.
     pub driven: bool,
@@ -98,8 +104,29 @@ struct Meter {
     /// Seconds since its CPU time was last read.
     cpu_span_s: f64,
     cpu_util: f64,
+    /// CPUs' worth of time its processes used over the last reading.
+    cpus_used: Option<f64>,
     cpu_total_s: f64,
     power: Option<AppPower>,
+}
+
+impl Meter {
+    fn new(nr_slots: usize) -> Meter {
+        Meter {
+            pids: Vec::new(),
+            client: Recent::new(nr_slots),
+            server: std::array::from_fn(|_| Recent::new(nr_slots)),
+            iv_client: LogHistogram::new(),
+            iv_server: LogHistogram::new(),
+            iv_completed: 0,
+            offered_rps: None,
+            cpu_span_s: 0.0,
+            cpu_util: 0.0,
+            cpus_used: None,
+            cpu_total_s: 0.0,
+            power: None,
+        }
+    }
 }
 
 /// The sensors of a node and every app's figures.
@@ -107,6 +134,8 @@ pub struct Sensing {
     sensors: Sensors,
     apps: Vec<SenseApp>,
     meters: Vec<Meter>,
+    /// Monitoring ticks per decision interval (an added app's windows).
+    nr_slots: usize,
     node_power_w: Option<f64>,
     node_cpu_util: Option<f64>,
     interval_start_ms: u64,
@@ -118,26 +147,12 @@ pub struct Sensing {
 impl Sensing {
     /// `nr_slots`: monitoring ticks per decision interval (the windows).
     pub fn new(sensors: Sensors, apps: Vec<SenseApp>, nr_slots: usize) -> Self {
-        let meters = apps
-            .iter()
-            .map(|_| Meter {
-                pids: Vec::new(),
-                client: Recent::new(nr_slots),
-                server: std::array::from_fn(|_| Recent::new(nr_slots)),
-                iv_client: LogHistogram::new(),
-                iv_server: LogHistogram::new(),
-                iv_completed: 0,
-                offered_rps: None,
-                cpu_span_s: 0.0,
-                cpu_util: 0.0,
-                cpu_total_s: 0.0,
-                power: None,
-            })
-            .collect();
+        let meters = apps.iter().map(|_| Meter::new(nr_slots)).collect();
         Sensing {
             sensors,
             apps,
             meters,
+            nr_slots,
             node_power_w: None,
             node_cpu_util: None,
             interval_start_ms: 0,
@@ -171,13 +186,33 @@ impl Sensing {
     /// App `i`'s processes are now `pids`: the sensors follow them.
     pub fn set_pids(&mut self, i: usize, pids: Vec<i32>) -> Vec<String> {
         let old = std::mem::replace(&mut self.meters[i].pids, pids);
-        let a = &self.apps[i];
-        let t = Target {
-            name: &a.name,
-            pids: &self.meters[i].pids,
-            serves: a.serves,
-        };
+        let t = Self::target_of(&self.apps[i], &self.meters[i]);
         self.sensors.follow(&t, &old)
+    }
+
+    /// Adds an app (while the node runs: a reloaded config, a pod); it is
+    /// last, with no processes until [`Self::set_pids`].
+    pub fn add_app(&mut self, app: SenseApp) {
+        self.apps.push(app);
+        self.meters.push(Meter::new(self.nr_slots));
+    }
+
+    /// Removes app `i` (the sensors stop following its processes); the
+    /// apps after it move down one.
+    pub fn remove_app(&mut self, i: usize) -> Vec<String> {
+        let lines = self.set_pids(i, Vec::new());
+        self.apps.remove(i);
+        self.meters.remove(i);
+        lines
+    }
+
+    fn target_of<'a>(a: &'a SenseApp, m: &'a Meter) -> Target<'a> {
+        Target {
+            name: &a.name,
+            pids: &m.pids,
+            ports: &a.ports,
+            serves: a.serves,
+        }
     }
 
     /// Samples every sensor over the tick, feeds the windows and returns
@@ -189,11 +224,7 @@ impl Sensing {
             .apps
             .iter()
             .zip(&self.meters)
-            .map(|(a, m)| Target {
-                name: &a.name,
-                pids: &m.pids,
-                serves: a.serves,
-            })
+            .map(|(a, m)| Self::target_of(a, m))
             .collect();
         let mut got = self.sensors.sample(tick, &targets);
         drop(targets);
@@ -269,6 +300,7 @@ impl Sensing {
             let secs = std::mem::take(&mut m.cpu_span_s);
             if secs > 0.0 {
                 m.cpu_util = (used / (secs * nr_cpus.max(1) as f64)).clamp(0.0, 1.0);
+                m.cpus_used = Some(used / secs);
             }
         }
         if tick.decide && self.sensors.measures(Quantity::Power) {
@@ -299,15 +331,28 @@ impl Sensing {
         }
     }
 
-    fn target(a: &SenseApp) -> Option<QosTarget> {
-        let v = match a.feedback {
-            Feedback::Client => a.client_target_us,
-            Feedback::Ebpf => a.ebpf_target_us,
-        }?;
-        Some(QosTarget {
-            percentile: a.percentile,
-            value_us: v,
-        })
+    /// App `a`'s eBPF-side target at `rps` (the load eBPF counts) and
+    /// where it came from.
+    fn ebpf_target(a: &SenseApp, rps: f64) -> Option<(f64, TargetFrom)> {
+        match &a.slo {
+            Some(s) => Some(s.ebpf_target_us(rps)),
+            None => a.client_target_us.map(|v| (v, TargetFrom::Client)),
+        }
+    }
+
+    /// The target of the side that feeds the policy; an eBPF-side one at
+    /// the load eBPF counts, its slack a fraction of the client's.
+    fn target(a: &SenseApp, m: &Meter) -> Option<QosTarget> {
+        match a.feedback {
+            Feedback::Client => a.client_target_us.map(|v| QosTarget::new(a.percentile, v)),
+            Feedback::Ebpf => {
+                let (v, _) = Self::ebpf_target(a, Self::fed(a, m).rps())?;
+                Some(QosTarget {
+                    slo_us: a.slo.as_ref().map(|s| s.client_target_us),
+                    ..QosTarget::new(a.percentile, v)
+                })
+            }
+        }
     }
 
     /// App `i` as the policy sees it.
@@ -316,10 +361,12 @@ impl Sensing {
         AppState {
             name: a.name.clone(),
             class: a.class,
-            target: Self::target(a),
+            target: Self::target(a, m),
             latency_us: Self::fed(a, m).percentile_us(a.percentile),
             rps: Self::rps_of(a, m),
+            nr_samples: Self::fed(a, m).requests(),
             cpu_util: m.cpu_util,
+            cpus_used: m.cpus_used,
             power_w: m.power.as_ref().map(|p| p.power_w),
             limits: a.limits,
         }
@@ -329,8 +376,22 @@ impl Sensing {
     fn interval_rows(&mut self, now_ms: u64) -> Vec<AppInterval> {
         let iv_s = (now_ms.saturating_sub(self.interval_start_ms) as f64 / 1000.0).max(1e-9);
         let mut rows = Vec::with_capacity(self.apps.len());
-        for (a, m) in self.apps.iter().zip(&mut self.meters) {
-            let at = |h: &LogHistogram| h.percentile(a.percentile).map(|v| v as f64 / 1e3);
+        for (a, m) in self.apps.iter_mut().zip(&mut self.meters) {
+            let pct = a.percentile;
+            let at = |h: &LogHistogram| h.percentile(pct).map(|v| v as f64 / 1e3);
+            let server_rps = m.iv_server.len() as f64 / iv_s;
+            // Both sides measured the same requests this interval: the gap
+            // estimate follows what was seen, where the interval holds
+            // enough requests for the percentile.
+            let enough = qosd_core::measure::samples_for_percentile(pct);
+            if let (Some(slo), Some(c), Some(e)) = (
+                a.slo.as_mut(),
+                at(&m.iv_client).filter(|_| m.iv_client.len() >= enough),
+                at(&m.iv_server).filter(|_| m.iv_server.len() >= enough),
+            ) {
+                slo.refresh(server_rps, c, e);
+            }
+            let ebpf_target = Self::ebpf_target(a, server_rps);
             rows.push(AppInterval {
                 app: a.name.clone(),
                 offered_rps: a.driven.then(|| m.offered_rps.unwrap_or(0.0)),
@@ -338,7 +399,8 @@ impl Sensing {
                 client_us: at(&m.iv_client),
                 ebpf_us: at(&m.iv_server),
                 client_target_us: a.client_target_us,
-                ebpf_target_us: a.ebpf_target_us,
+                ebpf_target_us: ebpf_target.map(|t| t.0),
+                ebpf_target_from: ebpf_target.map(|t| t.1),
                 power_w: m.power.as_ref().map(|p| p.power_w),
                 be_ops_per_s: None,
             });
@@ -448,7 +510,15 @@ mod tests {
             limits: Limits::default(),
             percentile: 99.0,
             client_target_us: Some(1000.0),
-            ebpf_target_us: Some(500.0),
+            // A calibrated gap of 500 µs at any load.
+            slo: Some(SloSide::new(
+                1000.0,
+                qosd_core::slo::GapModel::fit(vec![qosd_core::slo::GapPoint {
+                    rps: 0.0,
+                    gap_us: 500.0,
+                }]),
+            )),
+            ports: Vec::new(),
             driven: false,
             serves: true,
         }

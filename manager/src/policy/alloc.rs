@@ -10,7 +10,8 @@
 //! CPUs, so a quota upsize takes from the free pool, then the victims
 //! (best-effort apps first) and a downsize's freed quota goes to
 //! best-effort apps, as cores and ways do. An app without a quota (0)
-//! counts as holding all its cores.
+//! counts as holding all its cores. With `quota_be_first` the best-effort
+//! cap moves first on such a node ([`shared`]).
 
 use std::collections::BTreeMap;
 
@@ -61,7 +62,12 @@ pub struct Editor<'a> {
     pub plan: Plan,
     /// Class and limits by app name (the snapshot is a list).
     apps: BTreeMap<&'a str, (AppClass, Limits)>,
+    /// Where apps share CPUs, move best-effort caps before any
+    /// latency-critical app's own quota ([`shared`]).
+    pub quota_be_first: bool,
 }
+
+mod shared;
 
 impl<'a> Editor<'a> {
     pub fn new(node: &'a NodeCaps, snap: &'a Snapshot, current: &Allocations) -> Editor<'a> {
@@ -74,6 +80,7 @@ impl<'a> Editor<'a> {
                 .iter()
                 .map(|a| (a.name.as_str(), (a.class, a.limits)))
                 .collect(),
+            quota_be_first: false,
         }
     }
 
@@ -149,6 +156,7 @@ impl<'a> Editor<'a> {
             .plan
             .allocations
             .keys()
+            .filter(|n| !self.be_first(r) || self.capped(n))
             .map(|n| self.value(n, r))
             .fold(0u32, u32::saturating_add);
         total.saturating_sub(used)
@@ -259,6 +267,23 @@ impl<'a> Editor<'a> {
         slack: &dyn Fn(&str) -> Option<f64>,
         reason: String,
     ) -> Option<Upsized> {
+        if self.be_first(r) {
+            return self.upsize_be_first(app, step, moves, slack, reason);
+        }
+        self.upsize_pooled(app, r, step, moves, slack, reason)
+    }
+
+    /// [`Editor::upsize`] by the common rule: the app's own value grows,
+    /// pooled units come from the first victim that can give them.
+    fn upsize_pooled(
+        &mut self,
+        app: &str,
+        r: Resource,
+        step: u32,
+        moves: &Moves<'_>,
+        slack: &dyn Fn(&str) -> Option<f64>,
+        reason: String,
+    ) -> Option<Upsized> {
         let to = self.raised(app, r, step)?;
         let amount = to - self.value(app, r);
         let mut victim = None;
@@ -285,6 +310,21 @@ impl<'a> Editor<'a> {
     /// best-effort app holding the fewest if `moves.freed_to_best_effort`.
     /// False when `app` is already at its bound.
     pub fn downsize(
+        &mut self,
+        app: &str,
+        r: Resource,
+        step: u32,
+        moves: &Moves<'_>,
+        reason: String,
+    ) -> bool {
+        if self.be_first(r) {
+            return self.downsize_be_first(app, step, moves, reason);
+        }
+        self.downsize_pooled(app, r, step, moves, reason)
+    }
+
+    /// [`Editor::downsize`] by the common rule: the app's own value falls.
+    fn downsize_pooled(
         &mut self,
         app: &str,
         r: Resource,

@@ -25,6 +25,15 @@ pub enum Metric {
     NodePowerW,
     /// Current allocation of a resource (cores, ways, freq_mhz, mb_percent).
     Alloc(Resource),
+    /// Operational analysis (paper 001, [`qosd_core::oa`]): utilisation
+    /// U = X·D / c of the app's CPUs, 0..1 (above 1: past saturation).
+    Util,
+    /// 1 − X / X_sat: the share of its CPUs' capacity left.
+    Headroom,
+    /// Service demand D, CPU ms per request.
+    DemandMs,
+    /// Saturation throughput X_sat = c / D, requests/s.
+    XSatRps,
 }
 
 const METRICS: &[(&str, Metric)] = &[
@@ -34,6 +43,10 @@ const METRICS: &[(&str, Metric)] = &[
     ("cpu_util", Metric::CpuUtil),
     ("power_w", Metric::PowerW),
     ("node_power_w", Metric::NodePowerW),
+    ("util", Metric::Util),
+    ("headroom", Metric::Headroom),
+    ("demand_ms", Metric::DemandMs),
+    ("x_sat_rps", Metric::XSatRps),
 ];
 
 /// Every metric a condition may test: the measurements above, then each
@@ -173,6 +186,24 @@ impl Metric {
             Metric::PowerW => app.power_w,
             Metric::NodePowerW => snap.node_power_w,
             Metric::Alloc(r) => Some(f64::from(alloc(r))),
+            Metric::Util | Metric::Headroom | Metric::DemandMs | Metric::XSatRps => {
+                // The app's CPUs: its cores, bounded by its quota (each
+                // read as the policy sees it: 0 where the node lacks it).
+                let cpus = [
+                    f64::from(alloc(Resource::Cores)),
+                    f64::from(alloc(Resource::CpuQuota)) / 1000.0,
+                ]
+                .into_iter()
+                .filter(|c| *c > 0.0)
+                .reduce(f64::min)?;
+                let oa = qosd_core::oa::Oa::of(app.rps, app.cpus_used?, cpus)?;
+                Some(match self {
+                    Metric::Util => oa.util,
+                    Metric::Headroom => oa.headroom,
+                    Metric::DemandMs => oa.demand_s * 1e3,
+                    _ => oa.x_sat_rps,
+                })
+            }
         }
     }
 }
@@ -254,5 +285,34 @@ mod tests {
         assert_eq!(c("slack < 0.05").eval(idle, &s, &alloc), (false, None));
         assert_eq!(c("slack >= 0.05").eval(idle, &s, &alloc), (false, None));
         assert!(!c("node_power_w > 1").eval(a, &s, &alloc).0);
+    }
+
+    #[test]
+    fn operational_analysis_metrics() {
+        // 1000 req/s on 2 cores using 1.5 CPUs: D 1.5 ms, U 0.75.
+        let mut app = lc("a", Some(0.3));
+        app.cpus_used = Some(1.5);
+        let s = snap(vec![app]);
+        let a = s.app("a").unwrap();
+        let two = |r: Resource| u32::from(r == Resource::Cores) * 2;
+        assert_eq!(c("util > 0.7").eval(a, &s, &two), (true, Some(0.75)));
+        assert!(c("headroom < 0.3").eval(a, &s, &two).0);
+        assert!(c("demand_ms >= 1.5").eval(a, &s, &two).0);
+        let (_, x) = c("x_sat_rps > 1000").eval(a, &s, &two);
+        assert!((x.unwrap() - 1333.333).abs() < 0.01, "{x:?}");
+        // A quota of 1.6 CPUs below the cores bounds c.
+        let quota = |r: Resource| match r {
+            Resource::Cores => 2,
+            Resource::CpuQuota => 1600,
+            _ => 0,
+        };
+        let (_, u) = c("util > 0").eval(a, &s, &quota);
+        assert!((u.unwrap() - 0.9375).abs() < 1e-9);
+        // No CPU time measured: unknown, the condition is false.
+        let s = snap(vec![lc("b", Some(0.3))]);
+        assert_eq!(
+            c("util > 0").eval(s.app("b").unwrap(), &s, &two),
+            (false, None)
+        );
     }
 }

@@ -55,6 +55,14 @@ impl PolicyFile {
         if self.name.trim().is_empty() {
             return Err(Invalid::new(root.key("name"), "must not be empty"));
         }
+        // It is printed in logs, `check` lines and summaries: a newline
+        // would forge a line.
+        if self.name.chars().any(char::is_control) || self.name.len() > 128 {
+            return Err(Invalid::new(
+                root.key("name"),
+                "at most 128 characters, none a control character (newline, tab, ...)",
+            ));
+        }
         match (&self.parties, &self.rules) {
             (Some(_), Some(_)) => Err(Invalid::new(
                 root.key("rules"),
@@ -81,7 +89,7 @@ impl PolicyFile {
     /// Parses and validates the text of a policy file; `path` is used in
     /// error messages only.
     pub fn parse(path: &Path, text: &str) -> Result<PolicyFile, FileError> {
-        let f: PolicyFile = yamlfile::parse(path, text)?;
+        let f: PolicyFile = yamlfile::parse_doc(path, text, yamlfile::Doc::Policy)?;
         f.validate().map_err(|e| yamlfile::invalid(path, text, e))?;
         Ok(f)
     }
@@ -151,12 +159,25 @@ mod tests {
         PolicyFile::parse(Path::new("p.yaml"), text)
     }
 
+    /// The paper's parameters, but for the judge (evidence, short
+    /// cool-downs that back off) and operational analysis (issue 19).
     #[test]
-    fn shipped_parties_file_is_the_paper() {
+    fn shipped_parties_file_is_the_paper_with_qosds_judge() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies/parties.yaml");
         let text = std::fs::read_to_string(&path).expect("policies/parties.yaml");
         let f = PolicyFile::parse(&path, &text).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(f.parties, Some(PartiesParams::default()));
+        // The paper's values with qosd's judge and operational analysis,
+        // and BE quota first where apps share CPUs (PARTIES had no quota knob).
+        let want = PartiesParams {
+            downsize_cooldown_ms: 2000,
+            downsize_cooldown_max_ms: 16000,
+            revert_vote: parties::RevertVote::Evidence,
+            max_util: Some(0.8),
+            downsize_below_util: Some(0.5),
+            quota_be_first: true,
+            ..PartiesParams::default()
+        };
+        assert_eq!(f.parties, Some(want));
     }
 
     #[test]

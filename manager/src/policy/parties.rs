@@ -6,12 +6,12 @@
 
 use std::collections::BTreeMap;
 
-use qosd_core::{
-    Allocations, Decision, DecisionKind, NodeCaps, Plan, Policy, Resource, Snapshot, Unmet,
-};
+use qosd_core::{Allocations, Decision, NodeCaps, Plan, Policy, Resource, Snapshot, Unmet};
 
-use super::alloc::{fmt_us, Editor, Moves};
+use super::alloc::{Editor, Moves};
 
+mod judge;
+mod oa;
 mod params;
 mod slack;
 pub(crate) use params::{slack_in_range, validate_victims};
@@ -24,6 +24,9 @@ struct AppMem {
     cursor: usize,
     /// Downsizes of this app are barred until then.
     no_downsize_until_ms: u64,
+    /// Its downsizes reverted in a row (the cool-down doubles with each,
+    /// up to `downsize_cooldown_max_ms`; a downsize that holds resets it).
+    harms: u32,
     /// Its last slacks (for `average_samples`), newest last.
     slacks: std::collections::VecDeque<f64>,
     /// Direction of its last action (true: upsize), for `restart_wheel_on_turn`.
@@ -39,11 +42,14 @@ enum Judged {
         counted: u32,
     },
     /// Downsize: the first app seen below the upsize threshold, if any,
-    /// and how many of the samples since had an app below it.
+    /// how many of the samples since had an app below it, and per app the
+    /// requests behind its samples: (in samples below the threshold, in
+    /// all samples) — the evidence `revert_vote: evidence` weighs.
     Down {
         hurt: Option<(String, f64)>,
         below: u32,
         counted: u32,
+        requests: BTreeMap<String, (u64, u64)>,
     },
 }
 
@@ -110,6 +116,7 @@ impl Parties {
         self.apps.entry(app.to_owned()).or_insert_with(|| AppMem {
             cursor: (mix(seed, app) % n as u64) as usize,
             no_downsize_until_ms: 0,
+            harms: 0,
             slacks: std::collections::VecDeque::new(),
             last_up: None,
         })
@@ -119,67 +126,6 @@ impl Parties {
         let n = self.p.cycle.len();
         let m = self.mem(app);
         m.cursor = (m.cursor + 1) % n;
-    }
-
-    /// Judges the pending action: reverts a harmful downsize (returns
-    /// `Verdict::Reverted`), or notes whether an upsize helped.
-    fn judge(&mut self, now_ms: u64, ed: &mut Editor<'_>) -> Verdict {
-        let Some(pend) = self.pending.take() else {
-            return Verdict::None;
-        };
-        if !ed.plan.allocations.contains_key(&pend.app) {
-            return Verdict::None;
-        }
-        match pend.judged {
-            Judged::Down {
-                hurt: Some((victim, s)),
-                below,
-                counted,
-            } if self.p.revert_vote == RevertVote::First || 2 * below > counted => {
-                let until = now_ms + self.p.downsize_cooldown_ms;
-                self.mem(&pend.app).no_downsize_until_ms = until;
-                self.advance(&pend.app);
-                let reason = format!(
-                    "downsize of {}'s {} pushed {victim} to slack {s:.3} < {}: reverted, {} not downsized for {} ms",
-                    pend.app, pend.resource, self.p.upsize_below_slack, pend.app,
-                    self.p.downsize_cooldown_ms
-                );
-                for d in pend.changes.iter().rev() {
-                    if ed.plan.allocations.contains_key(&d.app)
-                        && ed.value(&d.app, d.resource) == d.to
-                    {
-                        ed.set(
-                            &d.app,
-                            d.resource,
-                            d.from,
-                            DecisionKind::Revert,
-                            reason.clone(),
-                        );
-                    }
-                }
-                Verdict::Reverted
-            }
-            Judged::Down { .. } => Verdict::None,
-            Judged::Up {
-                before_us,
-                fell,
-                counted,
-            } => {
-                let helped =
-                    counted > 0 && f64::from(fell) > self.p.helped_fraction * f64::from(counted);
-                let what = format!(
-                    "last +{} for {} {} (latency below {} in {fell}/{counted} samples)",
-                    pend.resource,
-                    pend.app,
-                    if helped { "helped" } else { "did not help" },
-                    fmt_us(before_us),
-                );
-                if !helped {
-                    self.advance(&pend.app);
-                }
-                Verdict::Note(what)
-            }
-        }
     }
 
     fn moves(&self) -> Moves<'_> {
@@ -215,7 +161,7 @@ impl Parties {
             .app(app)
             .and_then(|a| a.latency_us)
             .unwrap_or(f64::INFINITY);
-        let reason = format!("{why}; least slack < {}", self.p.upsize_below_slack);
+        let reason = why;
         for k in 0..n {
             let idx = (start + k) % n;
             let r = self.p.cycle[idx];
@@ -257,15 +203,29 @@ impl Parties {
     }
 
     /// Downsizes `app` on the first resource of its cycle that can shrink.
-    fn downsize(&mut self, ed: &mut Editor<'_>, app: &str, why: String) -> bool {
+    /// `only` says which resources may shrink (all, for PARTIES' own
+    /// downsizes); `reason` is the decision's.
+    fn downsize(
+        &mut self,
+        ed: &mut Editor<'_>,
+        app: &str,
+        reason: String,
+        only: &dyn Fn(Resource) -> bool,
+    ) -> bool {
         let n = self.p.cycle.len();
         let start = self.start(app, false);
-        let reason = format!("{why}; most slack > {}", self.p.downsize_above_slack);
         for k in 0..n {
             let idx = (start + k) % n;
             let r = self.p.cycle[idx];
+            if !only(r) {
+                continue;
+            }
+            let step = self.p.step.on(r, ed.node);
+            if self.barred(ed, app, r, step) {
+                continue;
+            }
             let moves = self.moves();
-            if !ed.downsize(app, r, self.p.step.on(r, ed.node), &moves, reason.clone()) {
+            if !ed.downsize(app, r, step, &moves, reason.clone()) {
                 continue;
             }
             self.mem(app).cursor = idx;
@@ -279,6 +239,7 @@ impl Parties {
                     hurt: None,
                     below: 0,
                     counted: 0,
+                    requests: BTreeMap::new(),
                 },
             });
             return true;
@@ -306,50 +267,7 @@ impl Policy for Parties {
                 }
             }
         }
-        let Some(pend) = self.pending.as_ref() else {
-            return;
-        };
-        // Only samples taken after the action count: a window that still
-        // holds latencies from before it says nothing about it.
-        if now_ms <= pend.at_ms || snap.since_ms.is_some_and(|s| s < pend.at_ms) {
-            return;
-        }
-        let (app, below) = (pend.app.clone(), self.p.upsize_below_slack);
-        // Any LC app below the threshold after a downsize: the downsize hurt.
-        let first_hurt = snap.apps.iter().find_map(|a| {
-            self.slack(snap, &a.name)
-                .filter(|s| *s < below)
-                .map(|s| (a.name.clone(), s))
-        });
-        let lat = snap.app(&app).and_then(|a| a.latency_us);
-        let Some(pend) = self.pending.as_mut() else {
-            return;
-        };
-        match &mut pend.judged {
-            Judged::Up {
-                before_us,
-                fell,
-                counted,
-            } => {
-                if let Some(l) = lat {
-                    *counted += 1;
-                    if l < *before_us {
-                        *fell += 1;
-                    }
-                }
-            }
-            Judged::Down {
-                hurt,
-                below,
-                counted,
-            } => {
-                *counted += 1;
-                *below += u32::from(first_hurt.is_some());
-                if hurt.is_none() {
-                    *hurt = first_hurt;
-                }
-            }
-        }
+        self.tally(now_ms, snap);
     }
 
     fn decide(
@@ -366,6 +284,7 @@ impl Policy for Parties {
         self.before = Some((self.apps.clone(), self.pending.clone()));
         self.last_decide_ms = Some(now_ms);
         let mut ed = Editor::new(node, snap, current);
+        ed.quota_be_first = self.p.quota_be_first;
         let note = match self.judge(now_ms, &mut ed) {
             Verdict::Reverted => return ed.finish(),
             Verdict::Note(n) => format!("{n}; "),
@@ -383,10 +302,17 @@ impl Policy for Parties {
             .filter(|(_, s)| *s < self.p.upsize_below_slack)
             .collect();
         short.sort_by(|a, b| a.1.total_cmp(&b.1));
+        // Where headroom is gone (utilisation past max_util) first.
+        let saturated = self.saturated(&ed, snap);
+        short.sort_by_key(|(n, _)| !saturated.iter().any(|(s, _)| s == n));
         if !short.is_empty() {
             let mut unmet = Vec::new();
             for (app, _) in short {
-                let why = format!("{note}{}", self.describe(snap, app));
+                let why = format!(
+                    "{note}{}; least slack < {}",
+                    self.describe(snap, app),
+                    self.p.upsize_below_slack
+                );
                 if self.upsize(&mut ed, app, why.clone()) {
                     break;
                 }
@@ -396,8 +322,9 @@ impl Policy for Parties {
                 });
             }
             ed.plan.cannot_meet = unmet;
-        } else {
-            // Apps with slack to spare and not cooling down, most slack
+        } else if !self.headroom_upsize(&mut ed, snap, &saturated, &note) {
+            // (An app past max_util gets a unit before anything is given
+            // back.) Apps with slack to spare and not cooling down, most slack
             // first: the first that can give a unit is downsized (one at
             // its floor must not hold the others' downsizes back).
             let mut spare: Vec<&(String, f64)> = slacks
@@ -411,11 +338,20 @@ impl Policy for Parties {
                 })
                 .collect();
             spare.sort_by(|a, b| b.1.total_cmp(&a.1));
+            let mut gave = false;
             for (app, _) in spare {
-                let why = format!("{note}{}", self.describe(snap, app));
-                if self.downsize(&mut ed, app, why) {
+                let why = format!(
+                    "{note}{}; most slack > {}",
+                    self.describe(snap, app),
+                    self.p.downsize_above_slack
+                );
+                if self.downsize(&mut ed, app, why, &|_| true) {
+                    gave = true;
                     break;
                 }
+            }
+            if !gave {
+                self.idle_cpu_downsize(&mut ed, snap, &slacks, now_ms, &note);
             }
         }
         // judge() took the old pending action: any pending one is new.
@@ -472,3 +408,9 @@ mod fixes_tests;
 
 #[cfg(test)]
 mod quota_tests;
+
+#[cfg(test)]
+mod judge_tests;
+
+#[cfg(test)]
+mod sharing_tests;

@@ -22,7 +22,7 @@ pub fn node(cores: u32, ways: u32, freq: bool, mb: bool) -> NodeCaps {
             min_percent: 10,
             step_percent: 10,
         }),
-        quota: None,
+        ..NodeCaps::default()
     }
 }
 
@@ -31,13 +31,12 @@ pub fn lc(name: &str, slack: Option<f64>) -> AppState {
     AppState {
         name: name.to_owned(),
         class: AppClass::Lc,
-        target: Some(QosTarget {
-            percentile: 99.0,
-            value_us: TARGET_US,
-        }),
+        target: Some(QosTarget::new(99.0, TARGET_US)),
         latency_us: slack.map(|s| TARGET_US * (1.0 - s)),
         rps: 1000.0,
+        nr_samples: 1000,
         cpu_util: 0.5,
+        cpus_used: None,
         power_w: None,
         limits: Limits::default(),
     }
@@ -51,7 +50,9 @@ pub fn be(name: &str) -> AppState {
         target: None,
         latency_us: None,
         rps: 0.0,
+        nr_samples: 0,
         cpu_util: 1.0,
+        cpus_used: None,
         power_w: None,
         limits: Limits::default(),
     }
@@ -78,7 +79,7 @@ pub fn allocs(rows: &[(&str, u32, u32, u32, u32)]) -> Allocations {
                     nr_ways: w,
                     freq_mhz: f,
                     mb_percent: m,
-                    cpu_quota_milli: 0,
+                    ..Share::default()
                 },
             )
         })
@@ -120,5 +121,17 @@ pub fn quota_allocs(rows: &[(&str, u32, u32)]) -> Allocations {
                 },
             )
         })
+        .collect()
+}
+
+/// A plan's changes of one kind: `(app, resource, from, to)`.
+pub fn kinds(
+    plan: &qosd_core::Plan,
+    kind: qosd_core::DecisionKind,
+) -> Vec<(String, qosd_core::Resource, u32, u32)> {
+    plan.decisions
+        .iter()
+        .filter(|d| d.kind == kind)
+        .map(|d| (d.app.clone(), d.resource, d.from, d.to))
         .collect()
 }

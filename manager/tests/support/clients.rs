@@ -22,7 +22,7 @@ pub fn connect(port: u16) -> TcpStream {
 }
 
 /// Reads one HTTP/1.1 response with a Content-Length body.
-fn read_http_response(r: &mut BufReader<TcpStream>) {
+pub fn read_http_response(r: &mut BufReader<TcpStream>) {
     let mut len = 0usize;
     let mut line = String::new();
     loop {

@@ -8,6 +8,8 @@
 //! (fake /sys and /proc trees, shared with the actuators' tests),
 //! `deploy` (`make install`, the systemd unit), `grpc` (gRPC fixtures),
 //! `hostile` (misbehaving raw-socket clients of the daemon's API),
+//! `pipelined` (redis, a pre-fork server, nginx over TLS, pipelining
+//! clients),
 //! `replay` (calibration, scenarios and timelines of the replay tests).
 #![allow(dead_code, unused_imports)]
 
@@ -18,6 +20,8 @@ pub mod deploy;
 pub mod fake;
 pub mod grpc;
 pub mod hostile;
+pub mod kube;
+pub mod pipelined;
 pub mod replay;
 pub mod trace;
 
@@ -25,9 +29,11 @@ pub use clients::*;
 pub use daemon::*;
 pub use deploy::*;
 pub use fake::*;
+pub use pipelined::*;
 pub use trace::*;
 
 use std::ffi::OsStr;
+use std::io::{BufRead, BufReader};
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -366,4 +372,32 @@ pub fn cpufreq_tree(root: &Path, setspeed: bool) {
             put(root, &format!("{d}/scaling_governor"), "powersave\n");
         }
     }
+}
+
+/// Starts `qosd set --hold ...` and waits until the change is made. The
+/// caller signals and waits for the returned child.
+#[allow(clippy::zombie_processes)]
+pub fn hold(args: &[&str]) -> (Child, BufReader<std::process::ChildStdout>) {
+    let mut child = Command::new(QOSD)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    loop {
+        line.clear();
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "qosd exited before holding"
+        );
+        if line.starts_with("holding") {
+            return (child, out);
+        }
+    }
+}
+
+pub fn kill(child: &Child, sig: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), sig).unwrap();
 }

@@ -6,6 +6,7 @@
 
 pub mod shape;
 pub(crate) mod validate;
+pub use validate::{run_size, MAX_ROWS, MAX_WAYS};
 
 use std::path::{Path, PathBuf};
 
@@ -95,6 +96,14 @@ pub struct SimNode {
     /// One unit of the CPU quota knob, milli-CPUs (100 = 0.1 CPU); 0: the
     /// node has no quota knob.
     pub quota_step_milli: u32,
+    /// The CFS period quotas are enforced over, µs (1000-1000000): a real
+    /// replay writes it into each app's group, the simulator throttles an
+    /// app that used its quota until the period ends.
+    pub cfs_period_us: u64,
+    /// Best-effort apps run in the idle scheduling class: the simulator
+    /// gives them only the CPU time latency-critical apps leave; false:
+    /// they compete at normal weight and slow the LC apps down.
+    pub be_idle: bool,
 }
 
 impl Default for SimNode {
@@ -110,6 +119,8 @@ impl Default for SimNode {
             core_idle_w: 1.0,
             shared_cpus: false,
             quota_step_milli: 0,
+            cfs_period_us: 100_000,
+            be_idle: true,
         }
     }
 }
@@ -400,7 +411,7 @@ impl Scenario {
 
     /// Parses and validates `text`, the contents of `path`.
     pub fn parse(path: &Path, text: &str) -> Result<Scenario, ScenarioError> {
-        let mut s: Scenario = yamlfile::parse(path, text)?;
+        let mut s: Scenario = yamlfile::parse_doc(path, text, yamlfile::Doc::Scenario)?;
         s.dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
         validate::validate(&mut s).map_err(|(key, msg)| {
             yamlfile::invalid(path, text, yamlfile::Invalid::new(KeyPath(key), msg))

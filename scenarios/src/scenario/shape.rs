@@ -161,8 +161,8 @@ impl Shape {
             return Ok(());
         };
         let path = dir.join(&*file);
-        let text = std::fs::read_to_string(&path)
-            .map_err(|e| format!("cannot read trace {}: {e}", path.display()))?;
+        let text = qosd_core::yamlfile::read_kind(&path, qosd_core::yamlfile::Kind::Trace)
+            .map_err(|e| format!("trace {e}"))?;
         *points = parse_trace(&text).map_err(|e| format!("{}: {e}", path.display()))?;
         Ok(())
     }
@@ -180,9 +180,9 @@ pub fn parse_trace(text: &str) -> Result<Vec<(f64, f64)>, String> {
         let (a, b) = (f.next().unwrap_or(""), f.next().unwrap_or(""));
         match (a.parse::<f64>(), b.parse::<f64>()) {
             (Ok(t), Ok(l)) => {
-                if !t.is_finite() || !l.is_finite() || l < 0.0 {
+                if !t.is_finite() || t < 0.0 || !l.is_finite() || l < 0.0 {
                     return Err(format!(
-                        "line {}: need a finite time and a level >= 0",
+                        "line {}: need a finite time >= 0 and a level >= 0",
                         i + 1
                     ));
                 }

@@ -40,6 +40,16 @@ fn check(ok: bool, path: Vec<Seg>, msg: impl FnOnce() -> String) -> Result<(), F
 /// Largest load level accepted: twice the capacity (a deliberate overload).
 const MAX_LEVEL: f64 = 2.0;
 
+/// The most timeline rows (intervals × apps) a replay may produce: each
+/// is a row of `timeline.csv`, a line of `plans.jsonl` (~180 bytes) and a
+/// row held in memory until the end, so this bounds a run's output to a
+/// few hundred MB (86400 s at 10 ms would be 8.6 million per app).
+pub const MAX_ROWS: f64 = 1_000_000.0;
+
+/// The most cache ways a simulated node may have (real last-level caches
+/// have 11 to 20; a capacity bit mask has at most 32 bits).
+pub const MAX_WAYS: u32 = 64;
+
 pub fn validate(s: &mut Scenario) -> Result<(), Fail> {
     check(valid_name(&s.name), at(&[&"name"]), || {
         format!("{:?}: use letters, digits, - and _", s.name)
@@ -54,6 +64,7 @@ pub fn validate(s: &mut Scenario) -> Result<(), Fail> {
         at(&[&"interval_ms"]),
         || format!("{} ms: must be in 10..=60000", s.interval_ms),
     )?;
+    run_size(s.duration_s, s.interval_ms, s.apps.len()).map_err(|m| (at(&[&"duration_s"]), m))?;
     check(
         s.monitor_ms >= 10
             && s.monitor_ms <= s.interval_ms
@@ -109,6 +120,25 @@ pub fn validate(s: &mut Scenario) -> Result<(), Fail> {
         return Err((
             at(&[&"apps"]),
             "need at least one latency-critical (lc) app".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Whether a run of `duration_s` in `interval_ms` intervals with `nr_apps`
+/// apps is at least one interval long and at most [`MAX_ROWS`] rows (the
+/// scenario's own duration, or `replay --duration`).
+pub fn run_size(duration_s: f64, interval_ms: u64, nr_apps: usize) -> Result<(), String> {
+    if duration_s.is_nan() || duration_s * 1000.0 < interval_ms as f64 {
+        return Err(format!(
+            "{duration_s} s: shorter than one interval ({interval_ms} ms)"
+        ));
+    }
+    let rows = duration_s * 1000.0 / interval_ms as f64 * nr_apps.max(1) as f64;
+    if rows > MAX_ROWS {
+        return Err(format!(
+            "{duration_s} s at {interval_ms} ms intervals with {nr_apps} app(s) is {rows:.0} \
+             timeline rows; at most {MAX_ROWS:.0} (a longer interval_ms or a shorter run)"
         ));
     }
     Ok(())
@@ -244,15 +274,18 @@ pub(crate) fn node_ok(n: &SimNode, nr_apps: usize, base: &[Seg]) -> Result<(), F
         "must be > 0".into()
     })?;
     check(
-        n.nr_ways == 0 || n.nr_ways as usize >= nr_apps,
+        n.nr_ways == 0 || n.nr_ways as usize >= nr_apps && n.nr_ways <= MAX_WAYS,
         k("nr_ways"),
         || {
             format!(
-                "{}: 0 (no cache partitioning) or at least one way per app",
+                "{}: 0 (no cache partitioning) or at least one way per app, at most {MAX_WAYS}",
                 n.nr_ways
             )
         },
     )?;
+    check(n.freq_max_mhz <= 10_000, k("freq_max_mhz"), || {
+        format!("{} MHz: at most 10000", n.freq_max_mhz)
+    })?;
     check(
         n.quota_step_milli == 0
             || (10..=1000).contains(&n.quota_step_milli) && n.quota_step_milli < n.nr_cores * 1000,
@@ -263,6 +296,11 @@ pub(crate) fn node_ok(n: &SimNode, nr_apps: usize, base: &[Seg]) -> Result<(), F
                 n.quota_step_milli
             )
         },
+    )?;
+    check(
+        (1_000..=1_000_000).contains(&n.cfs_period_us),
+        k("cfs_period_us"),
+        || format!("{}: must be 1000 to 1000000 (1 ms to 1 s)", n.cfs_period_us),
     )?;
     for (key, v) in [
         ("idle_w", n.idle_w),
@@ -449,6 +487,9 @@ fn shape(i: usize, s: &Shape) -> Result<(), Fail> {
                 let q = |k: &'static str| at(&[&"apps", &i, &"load", &"steps", &j, &k]);
                 check(st.level.is_finite() && st.level >= 0.0, q("level"), || {
                     format!("{}: must be >= 0", st.level)
+                })?;
+                check(st.at_s.is_finite() && st.at_s >= 0.0, q("at_s"), || {
+                    format!("{} s: must be a time >= 0", st.at_s)
                 })?;
                 check(j == 0 || st.at_s > steps[j - 1].at_s, q("at_s"), || {
                     "step times must increase".into()

@@ -24,7 +24,7 @@
 use qosd_core::Share;
 
 use super::fitted::FitCheck;
-use super::model::{percentile, Queue, Sample, SimModel};
+use super::model::{percentile, Shifts, SimModel};
 use crate::calibrate::network_queue_ms;
 use crate::scenario::{SimModelSpec, SimNode};
 
@@ -93,17 +93,15 @@ fn median(mut v: Vec<f64>) -> Option<f64> {
 /// The model's steady-state latency at a point, µs: (client, server side).
 fn predict(m: &SimModel, p: &ServerPoint, pct: f64, node: &SimNode) -> (f64, f64) {
     let a = p.share();
-    let s = m.service_time_us(&a, node);
-    let c = m.servers(&a, node);
     let cap = m.capacity_rps(&a, node);
     let lambda = p.achieved_rps.min(cap);
-    let sample = Sample {
-        queue: Queue::new(c, s, m.service_cv, lambda * 1e-6),
+    let at = Shifts {
         shift_us: m.fixed_us,
         network_us: (m.network_ms + network_queue_ms(m, lambda / cap)) * 1000.0,
         noise: 1.0,
         weight: 1.0,
     };
+    let sample = m.sample(&a, node, lambda, 1.0, at);
     (
         percentile(&[sample], pct, true).unwrap_or(f64::INFINITY),
         percentile(&[sample], pct, false).unwrap_or(f64::INFINITY),

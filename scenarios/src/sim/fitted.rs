@@ -62,7 +62,7 @@ impl ModelFile {
 
     /// Parses and validates `text`, the contents of `path`.
     pub fn parse(path: &Path, text: &str) -> Result<ModelFile, FileError> {
-        let m: ModelFile = yamlfile::parse(path, text)?;
+        let m: ModelFile = yamlfile::parse_doc(path, text, yamlfile::Doc::Model)?;
         m.validate()
             .map_err(|(key, msg)| yamlfile::invalid(path, text, Invalid::new(KeyPath(key), msg)))?;
         Ok(m)
@@ -73,9 +73,19 @@ impl ModelFile {
         if self.apps.is_empty() {
             return Err((key("apps"), "no app: nothing was fitted".into()));
         }
+        // Printed by `check` and in summaries: no forged lines.
+        if self.source.chars().any(char::is_control) {
+            return Err((
+                key("source"),
+                "no control character (newline, tab, ...)".into(),
+            ));
+        }
         crate::scenario::validate::node_ok(&self.node, 1, &key("node"))?;
         for (name, spec) in &self.apps {
             let base = vec![Seg::Key("apps".into()), Seg::Key(name.clone())];
+            if name.chars().any(char::is_control) {
+                return Err((base, "an app name has no control character".into()));
+            }
             crate::scenario::validate::sim_spec_ok(spec, &base)?;
         }
         Ok(())

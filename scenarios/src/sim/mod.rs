@@ -10,6 +10,7 @@ pub mod fitted;
 pub mod model;
 pub mod node;
 pub mod oracle;
+pub mod sampling;
 
 use qosd_core::control::{Cadence, ControlLoop};
 use qosd_core::{Allocations, Feedback, FreqRange, NodeCaps, Plan, Policy, Snapshot};
@@ -66,6 +67,7 @@ pub fn node_caps(node: &SimNode) -> NodeCaps {
             step_milli: node.quota_step_milli,
             max_milli: node.nr_cores * qosd_core::quota::MILLI_PER_CPU,
         }),
+        ..NodeCaps::default()
     }
 }
 

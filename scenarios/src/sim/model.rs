@@ -1,12 +1,12 @@
 //! The service model of one app on the simulated node: an M/M/c queue whose
 //! servers are the app's cores (up to its parallelism) and whose service
-//! time depends on frequency, cache ways and CPU quota (a quota below the
-//! servers stretches every server's time, processor-sharing style, so that
-//! capacity scales with `min(cores, quota)`); plus a backlog that carries
+//! time depends on frequency and cache ways; plus a backlog that carries
 //! overload from one sample to the next, and a network term only the client
 //! sees (its queue follows the load with a lag, as in the paper's Fig. 11).
-//! A best-effort batch job is no queue: its throughput is the CPUs it gets
-//! times its operations per CPU-second ([`SimModel::job_ops_per_s`]).
+//! A CPU quota is CFS bandwidth control per period ([`Throttle`]): the app
+//! runs at full speed until it has used its quota, then waits for the next
+//! period. A best-effort batch job is no queue: its throughput is the CPUs
+//! it gets times its operations per CPU-second ([`SimModel::job_ops_per_s`]).
 
 use qosd_core::Share;
 use serde::{Deserialize, Serialize};
@@ -145,7 +145,7 @@ impl SimModel {
             let need = self.ways_needed.max(1) as f64;
             1.0 + self.cache_slowdown * (1.0 - (a.nr_ways as f64).min(need) / need)
         };
-        self.service_us * freq * cache * self.quota_stretch(a, node)
+        self.service_us * freq * cache
     }
 
     /// Servers of the queue: the CPUs the app may run on (its cores, or
@@ -172,19 +172,70 @@ impl SimModel {
         }
     }
 
-    /// How much longer each request holds a server when a quota leaves
-    /// fewer CPUs than servers: the c servers share `effective_cpus` of
-    /// time. This is CFS bandwidth control averaged over its period; the
-    /// bursts it makes within a period (run at full speed, then throttled
-    /// until the next period) are not modelled.
-    fn quota_stretch(&self, a: &Share, node: &SimNode) -> f64 {
-        self.servers(a, node) as f64 / self.effective_cpus(a, node).max(1e-3)
-    }
-
     /// Throughput at which the app saturates under `a`, requests/s:
     /// `min(cores, parallelism, quota)` CPUs over the per-request CPU time.
     pub fn capacity_rps(&self, a: &Share, node: &SimNode) -> f64 {
-        self.servers(a, node) as f64 * 1e6 / self.service_time_us(a, node)
+        self.effective_cpus(a, node) * 1e6 / self.service_time_us(a, node)
+    }
+
+    /// The app's latency in one sample at `lambda` requests/s (served up to
+    /// its capacity): its queue at full speed, the throttling its quota
+    /// causes, and the given shifts. `slow` ≥ 1 stretches service times
+    /// (CPUs shared with best-effort work at normal weight).
+    pub fn sample(&self, a: &Share, node: &SimNode, lambda: f64, slow: f64, at: Shifts) -> Sample {
+        let s_us = self.service_time_us(a, node) * slow.max(1.0);
+        let c = self.servers(a, node);
+        let cap = self.effective_cpus(a, node) * 1e6 / s_us;
+        let lambda = lambda.min(cap);
+        Sample {
+            queue: Queue::new(c, s_us, self.service_cv, lambda * 1e-6),
+            // Throttling counts CPU time, which sharing does not stretch.
+            throttle: self.throttle(a, node, lambda, self.service_time_us(a, node)),
+            shift_us: at.shift_us,
+            network_us: at.network_us,
+            noise: at.noise,
+            weight: at.weight,
+        }
+    }
+
+    /// CFS bandwidth control over one period P: the work W (CPU time) that
+    /// arrives in a period is Poisson-many service times, about normal with
+    /// mean λPs and variance λPs²(1 + cv²). Served as it comes, it uses up
+    /// the quota qP at the fraction qP/W of the period once W > qP; the app
+    /// is then throttled for P(1 − qP/W), and a request that arrives then
+    /// waits for the next period. `None` when no quota caps the servers.
+    pub fn throttle(&self, a: &Share, node: &SimNode, lambda: f64, s_us: f64) -> Option<Throttle> {
+        let q = self.effective_cpus(a, node);
+        if a.cpu_quota_milli == 0 || q >= self.servers(a, node) as f64 || lambda <= 0.0 {
+            return None;
+        }
+        let p_us = node.cfs_period_us as f64;
+        let budget = q * p_us;
+        let n = lambda * p_us * 1e-6; // requests per period
+        let mean = n * s_us;
+        let sd = (n * (1.0 + self.service_cv.powi(2))).sqrt() * s_us;
+        // E[(1 − B/W)+] and P(W > B) on a grid over ±5 standard deviations.
+        let (mut frac, mut over, mut total) = (0.0, 0.0, 0.0);
+        const K: i32 = 80;
+        for k in -K..=K {
+            let z = 5.0 * f64::from(k) / f64::from(K);
+            let w = (-0.5 * z * z).exp();
+            let work = mean + z * sd;
+            total += w;
+            if work > budget {
+                frac += w * (1.0 - budget / work);
+                over += w;
+            }
+        }
+        if frac <= 0.0 {
+            return None;
+        }
+        let (frac, over) = (frac / total, over / total);
+        Some(Throttle {
+            p: frac,
+            // The mean throttled span given a throttled period.
+            span_us: p_us * frac / over.max(1e-12),
+        })
     }
 
     /// A batch job under `a`: the CPUs it runs on and its operations per
@@ -271,11 +322,31 @@ impl Queue {
     }
 }
 
-/// One sample of one app: a steady-state queue shifted by the backlog wait,
-/// the fixed delay and (for the client) the network, scaled by noise.
+/// Quota throttling in a sample: the fraction `p` of requests that arrive
+/// while the app is throttled and wait up to `span_us` (uniformly: the
+/// rest of the throttled span) before it runs again.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Throttle {
+    pub p: f64,
+    pub span_us: f64,
+}
+
+/// What shifts and weighs a sample beside its queue (see [`Sample`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Shifts {
+    pub shift_us: f64,
+    pub network_us: f64,
+    pub noise: f64,
+    pub weight: f64,
+}
+
+/// One sample of one app: a steady-state queue (and its quota throttling)
+/// shifted by the backlog wait, the fixed delay and (for the client) the
+/// network, scaled by noise.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Sample {
     pub queue: Queue,
+    pub throttle: Option<Throttle>,
     /// Added to every request's latency on the server, µs.
     pub shift_us: f64,
     /// Added on the client side only, µs.
@@ -289,7 +360,20 @@ pub struct Sample {
 impl Sample {
     fn ccdf(&self, t: f64, client: bool) -> f64 {
         let net = if client { self.network_us } else { 0.0 };
-        self.queue.ccdf(t / self.noise - self.shift_us - net)
+        let t = t / self.noise - self.shift_us - net;
+        let Some(th) = self.throttle else {
+            return self.queue.ccdf(t);
+        };
+        // A throttled arrival waits U(0, span): average over its wait.
+        const K: u32 = 8;
+        let waited: f64 = (0..K)
+            .map(|k| {
+                self.queue
+                    .ccdf(t - th.span_us * (f64::from(k) + 0.5) / f64::from(K))
+            })
+            .sum::<f64>()
+            / f64::from(K);
+        (1.0 - th.p) * self.queue.ccdf(t) + th.p * waited
     }
 }
 
@@ -373,32 +457,83 @@ mod tests {
         assert!((c / one - 1.0).abs() < 1e-9, "{c}");
     }
 
+    fn at() -> Shifts {
+        Shifts {
+            shift_us: 0.0,
+            network_us: 0.0,
+            noise: 1.0,
+            weight: 1.0,
+        }
+    }
+
+    /// An app serving 0.33 CPU of 1 ms requests on 2 cores: a quota near
+    /// that demand throttles it in some periods, and the tail grows.
+    fn spinner() -> SimModel {
+        SimModel {
+            service_us: 1000.0,
+            service_cv: 0.3,
+            parallelism: 8,
+            ..SimModel::generic()
+        }
+    }
+
     #[test]
     fn a_lower_quota_raises_the_tail_at_the_same_load() {
+        let (m, n) = (spinner(), node());
+        let p99 = |q: u32| {
+            percentile(&[m.sample(&share(2, q), &n, 330.0, 1.0, at())], 99.0, false).unwrap()
+        };
+        let (full, q5, q4, q35) = (p99(0), p99(500), p99(400), p99(350));
+        assert!(full <= q5 && q5 < q4 && q4 < q35, "{full} {q5} {q4} {q35}");
+        assert!(q35 > 2.0 * full, "{full} {q35}");
+    }
+
+    /// CFS: a quota well above the demand never throttles; near the
+    /// demand a throttled request waits for the next period, so a shorter
+    /// period bounds the tail (the wait is at most one period).
+    #[test]
+    fn throttling_grows_with_demand_and_the_period_bounds_the_wait() {
+        let (m, mut n) = (spinner(), node());
+        let a = share(2, 400); // 0.4 CPU on 2 cores
+        let th = |rps: f64, n: &SimNode| m.throttle(&a, n, rps, 1000.0);
+        assert_eq!(th(50.0, &n), None, "0.05 CPU of demand under 0.4");
+        let (lo, hi) = (th(250.0, &n).unwrap(), th(380.0, &n).unwrap());
+        assert!(lo.p < hi.p && hi.p < 0.2, "{lo:?} {hi:?}");
+        assert!(hi.span_us <= 100_000.0, "{hi:?}");
+        // Over the quota: throttled for about 1 − q/ρ of the time.
+        let over = th(800.0, &n).unwrap();
+        assert!((over.p - 0.5).abs() < 0.05, "{over:?}");
+        // 0.33 CPU under a 0.35 quota: throttled in many periods; the
+        // wait is at most the rest of one, so 10 ms beats 100 ms.
+        let tail = |period_us: u64, n: &mut SimNode| {
+            n.cfs_period_us = period_us;
+            let a = share(2, 350);
+            percentile(&[m.sample(&a, n, 330.0, 1.0, at())], 99.0, false).unwrap()
+        };
+        let (p100, p10) = (tail(100_000, &mut n), tail(10_000, &mut n));
+        assert!(
+            p10 < 0.5 * p100,
+            "10 ms period {p10} µs vs 100 ms {p100} µs"
+        );
+        assert!(p10 < 12_000.0, "{p10}");
+        // No quota: no throttling, and the queue alone.
+        assert_eq!(m.throttle(&share(2, 0), &n, 380.0, 1000.0), None);
+    }
+
+    /// Sharing CPUs with best-effort work at normal weight stretches the
+    /// service times (`slow`), and the tail with them.
+    #[test]
+    fn sharing_at_normal_weight_slows_the_app() {
         let m = SimModel {
             parallelism: 4,
             ..SimModel::generic()
         };
         let n = node();
-        let lambda = 0.8 * m.capacity_rps(&share(1, 1000), &n) * 1e-6;
-        let p99 = |q: u32| {
-            let a = share(2, q);
-            let s = Sample {
-                queue: Queue::new(
-                    m.servers(&a, &n),
-                    m.service_time_us(&a, &n),
-                    m.service_cv,
-                    lambda,
-                ),
-                shift_us: 0.0,
-                network_us: 0.0,
-                noise: 1.0,
-                weight: 1.0,
-            };
-            percentile(&[s], 99.0, false).unwrap()
-        };
-        let (full, q15, q11) = (p99(0), p99(1500), p99(1100));
-        assert!(full < q15 && q15 < q11, "{full} {q15} {q11}");
+        let a = share(2, 0);
+        let lambda = 0.4 * m.capacity_rps(&a, &n);
+        let p =
+            |slow: f64| percentile(&[m.sample(&a, &n, lambda, slow, at())], 99.0, false).unwrap();
+        assert!(p(1.0) * 1.5 < p(2.0), "{} {}", p(1.0), p(2.0));
     }
 
     #[test]
@@ -407,6 +542,7 @@ mod tests {
         let q = Queue::new(1, 100.0, 1.0, 0.5 / 100.0);
         let s = Sample {
             queue: q,
+            throttle: None,
             shift_us: 0.0,
             network_us: 0.0,
             noise: 1.0,
@@ -425,6 +561,7 @@ mod tests {
             percentile(
                 &[Sample {
                     queue: q,
+                    throttle: None,
                     shift_us: 0.0,
                     network_us: 500.0,
                     noise: 1.0,
@@ -439,6 +576,7 @@ mod tests {
         let q = Queue::new(8, 1.0 / mu, 0.5, 3.5 * mu);
         let s = Sample {
             queue: q,
+            throttle: None,
             shift_us: 0.0,
             network_us: 500.0,
             noise: 1.0,

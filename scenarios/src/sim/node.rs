@@ -3,16 +3,20 @@
 //! in force at once by `apply` when they fit the node. Time is the loop's:
 //! the node never looks at a clock. A best-effort batch job runs on the
 //! CPUs its allocation gives it; where apps share the node's CPUs, on what
-//! the latency-critical apps leave (they are served first: the sim does not
-//! model the job slowing them down).
+//! the latency-critical apps leave when it runs in the idle class
+//! (`node.be_idle`, qosd's default), or at normal weight beside them, when
+//! the latency-critical apps get only their fair part of the CPUs it runs
+//! on ([`SimulatedNode::be_slowdown`]).
 
 use qosd_core::admit::{admit, even_share, Peers};
 use qosd_core::control::{AppInterval, Applied, Node, Sensed, Tick};
+use qosd_core::slo::SloSide;
 use qosd_core::{Allocations, AppState, Limits, NodeCaps, Plan, QosTarget, Resource, Share};
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-use super::model::{percentile, Queue, Sample, SimModel};
+use super::model::{Sample, Shifts, SimModel};
+use super::sampling::{normal, sampled_percentiles};
 use super::{node_caps, MAX_BACKLOG_S};
 use crate::calibrate::{network_queue_ms, Calibration};
 use crate::scenario::{AppSpec, Scenario, SimNode};
@@ -21,8 +25,8 @@ struct AppSim {
     spec: AppSpec,
     model: SimModel,
     target_us: Option<f64>,
-    /// The eBPF-side target (at the same knee load); the client's if none.
-    ebpf_target_us: Option<f64>,
+    /// The eBPF side of the app's SLO (client target − calibrated gap).
+    slo: Option<SloSide>,
     percentile: f64,
     capacity_rps: f64,
     backlog: f64,
@@ -52,20 +56,14 @@ pub struct SimulatedNode {
     interval_start_ms: u64,
 }
 
-/// A standard normal sample (Box–Muller), from the app's own stream.
-fn normal(rng: &mut ChaCha8Rng) -> f64 {
-    let u1: f64 = 1.0 - rng.gen::<f64>();
-    let u2: f64 = rng.gen::<f64>();
-    (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
-}
-
 /// The starting allocation of a replay, real or simulated: every app
 /// admitted in scenario order with its even share, by the daemon's rule.
 pub fn start_allocations(sc: &Scenario, caps: &NodeCaps) -> Allocations {
     let mut current = Allocations::new();
     let mut peers = Peers::new();
     for (i, a) in sc.apps.iter().enumerate() {
-        let want = even_share(caps, sc.apps.len(), i);
+        let want =
+            qosd_core::knobs::with_class_defaults(even_share(caps, sc.apps.len(), i), a.class);
         // An even share always fits beside earlier even shares; a node too
         // small for one core each leaves the app out of the plan.
         if let Ok((share, _)) = admit(caps, &mut current, &peers, &a.name, want, Limits::default())
@@ -94,7 +92,7 @@ impl SimulatedNode {
                 spec: a.clone(),
                 model: SimModel::of(a),
                 target_us: cal.target_us(a),
-                ebpf_target_us: cal.ebpf_target_us(a).or(cal.target_us(a)),
+                slo: cal.slo(a),
                 percentile: a.target.as_ref().map_or(99.0, |t| t.percentile),
                 capacity_rps: cal.apps.get(&a.name).map_or(1.0, |c| c.capacity_rps),
                 backlog: 0.0,
@@ -150,14 +148,14 @@ impl SimulatedNode {
         // CPUs the latency-critical apps keep busy: what a batch job on
         // shared CPUs cannot have. Servers first, then jobs.
         let mut lc_busy = 0.0;
+        let slow = self.be_slowdown();
         for st in self.apps.iter_mut().filter(|st| st.spec.job.is_none()) {
             let Some(&a) = self.allocs.get(&st.spec.name) else {
                 continue;
             };
             let lambda = st.spec.load.level_at((t0 + dt / 2.0) * self.scale) * st.capacity_rps;
             let s_us = st.model.service_time_us(&a, node);
-            let c = st.model.servers(&a, node);
-            let cap = c as f64 * 1e6 / s_us;
+            let cap = st.model.effective_cpus(&a, node) * 1e6 / (s_us * slow);
             let before = st.backlog;
             let served = (st.backlog + lambda * dt).min(cap * dt);
             // Clients give up on requests older than MAX_BACKLOG_S: the
@@ -170,30 +168,32 @@ impl SimulatedNode {
             st.net_q_ms += (target_net - st.net_q_ms) * (1.0 - (-dt / tau).exp());
             let sigma = st.model.noise;
             let noise = (sigma * normal(&mut st.rng) - sigma * sigma / 2.0).exp();
-            let sample = Sample {
-                queue: Queue::new(c, s_us, st.model.service_cv, lambda.min(cap) * 1e-6),
+            let at = Shifts {
                 shift_us: st.model.fixed_us + wait_us,
                 network_us: (st.model.network_ms + st.net_q_ms) * 1000.0,
                 noise,
                 weight: served.max(1e-9),
             };
+            let sample = st.model.sample(&a, node, lambda, slow, at);
             st.samples.push(sample);
             st.offered += lambda * dt;
             st.served += served;
-            // CPUs busy: the share of capacity served, of the CPUs the
-            // app can use (a quota stretches holding times, not CPU time).
-            let busy = (served / dt) / cap * st.model.effective_cpus(&a, node);
+            // CPUs busy: CPU time served (sharing stretches holding
+            // times, not CPU time).
+            let busy = (served / dt) * s_us * 1e-6;
+            let c = st.model.servers(&a, node);
             lc_busy += busy;
             st.busy_core_s += busy * dt;
             let p = app_power(node, &a, busy.min(c as f64));
             st.energy_j += p * dt;
             self.node_energy_j += p * dt;
+            let seen = sampled_percentiles(&[sample], st.percentile, &mut st.rng);
             states.push(state(
                 st,
-                &[sample],
+                seen,
                 self.client_feedback,
                 served / dt,
-                busy / st.model.effective_cpus(&a, node).max(1e-9),
+                (busy / st.model.effective_cpus(&a, node).max(1e-9), busy),
                 p,
             ));
         }
@@ -201,7 +201,12 @@ impl SimulatedNode {
             let Some(&a) = self.allocs.get(&st.spec.name) else {
                 continue;
             };
-            let free = node.nr_cores as f64 - lc_busy;
+            // In the idle class the job runs on what the LC apps leave; at
+            // normal weight it also keeps a fair half where it wants one.
+            let mut free = node.nr_cores as f64 - lc_busy;
+            if !node.be_idle {
+                free = free.max(0.5 * node.nr_cores as f64);
+            }
             let (cpus, ops_per_s) = st.model.job_ops_per_s(&a, node, free);
             st.ops += ops_per_s * dt;
             st.busy_core_s += cpus * dt;
@@ -209,9 +214,47 @@ impl SimulatedNode {
             st.energy_j += p * dt;
             self.node_energy_j += p * dt;
             let util = cpus / st.model.effective_cpus(&a, node).max(1e-9);
-            states.push(state(st, &[], self.client_feedback, 0.0, util, p));
+            states.push(state(
+                st,
+                (None, None, 0),
+                self.client_feedback,
+                0.0,
+                (util, cpus),
+                p,
+            ));
         }
         states
+    }
+
+    /// How much longer LC requests take on CPUs shared with best-effort
+    /// jobs at normal weight (1 in the idle class, or with cores apart):
+    /// the jobs run on up to `want` CPUs (their threads, within their
+    /// quota); the LC apps' threads get the CPUs the jobs leave, and at
+    /// least a fair half of the node, so their service stretches by the
+    /// CPUs they may use over what is left to them. A wake-up's wait for
+    /// a running job's slice is not modelled.
+    fn be_slowdown(&self) -> f64 {
+        let node = &self.node;
+        if node.be_idle || !node.shared_cpus {
+            return 1.0;
+        }
+        let n = node.nr_cores as f64;
+        let want: f64 = self
+            .apps
+            .iter()
+            .filter(|st| st.spec.job.is_some())
+            .filter_map(|st| {
+                Some(
+                    st.model
+                        .effective_cpus(self.allocs.get(&st.spec.name)?, node),
+                )
+            })
+            .sum();
+        if want <= 0.0 {
+            return 1.0;
+        }
+        let left = (n - want).max(0.5 * n);
+        (n / left).max(1.0)
     }
 
     /// The interval that ends at this decision tick: rows and the
@@ -227,25 +270,33 @@ impl SimulatedNode {
             };
             let power = st.energy_j / iv_s;
             let job = st.spec.job.is_some();
+            // The eBPF-side target at the interval's load, as the policy
+            // would derive it from what eBPF counts.
+            let ebpf_target = st.slo.as_ref().map(|s| s.ebpf_target_us(st.served / iv_s));
+            // What the sensors saw of the interval's requests: the
+            // timeline and the policy get the same figures.
+            let samples = std::mem::take(&mut st.samples);
+            let seen = sampled_percentiles(&samples, st.percentile, &mut st.rng);
             rows.push(AppInterval {
                 app: st.spec.name.clone(),
                 offered_rps: (!job).then_some(st.offered / iv_s),
                 achieved_rps: st.served / iv_s,
-                client_us: percentile(&st.samples, st.percentile, true),
-                ebpf_us: percentile(&st.samples, st.percentile, false),
+                client_us: seen.0,
+                ebpf_us: seen.1,
                 client_target_us: st.target_us,
-                ebpf_target_us: st.ebpf_target_us,
+                ebpf_target_us: ebpf_target.map(|t| t.0),
+                ebpf_target_from: ebpf_target.map(|t| t.1),
                 power_w: Some(power),
                 be_ops_per_s: job.then_some(st.ops / iv_s),
             });
-            let util = st.busy_core_s / iv_s / st.model.effective_cpus(&a, &self.node).max(1e-9);
-            let samples = std::mem::take(&mut st.samples);
+            let busy = st.busy_core_s / iv_s;
+            let util = busy / st.model.effective_cpus(&a, &self.node).max(1e-9);
             states.push(state(
                 st,
-                &samples,
+                seen,
                 self.client_feedback,
                 st.served / iv_s,
-                util,
+                (util, busy),
                 power,
             ));
             (st.offered, st.served, st.busy_core_s, st.energy_j, st.ops) =
@@ -319,30 +370,36 @@ fn app_power(node: &SimNode, a: &Share, busy_cpus: f64) -> f64 {
     held * node.core_idle_w * fr + busy_cpus * node.core_busy_w * fr.powi(3)
 }
 
+/// An app's state for the policy: `seen` is what the sensors reported
+/// (client and server percentile, requests behind them), `cpu` its
+/// utilisation and the CPUs it kept busy.
 fn state(
     st: &AppSim,
-    samples: &[Sample],
+    seen: (Option<f64>, Option<f64>, u64),
     client: bool,
     rps: f64,
-    util: f64,
+    cpu: (f64, f64),
     power_w: f64,
 ) -> AppState {
     AppState {
         name: st.spec.name.clone(),
         class: st.spec.class,
-        // The target on the same side as the latency the policy is fed.
+        // The target on the same side as the latency the policy is fed:
+        // on the eBPF side the client's less the gap at the load eBPF
+        // counts, slack still a fraction of the client's.
         target: if client {
-            st.target_us
+            st.target_us.map(|v| QosTarget::new(st.percentile, v))
         } else {
-            st.ebpf_target_us
-        }
-        .map(|v| QosTarget {
-            percentile: st.percentile,
-            value_us: v,
-        }),
-        latency_us: percentile(samples, st.percentile, client),
+            st.slo.as_ref().map(|s| QosTarget {
+                slo_us: Some(s.client_target_us),
+                ..QosTarget::new(st.percentile, s.ebpf_target_us(rps).0)
+            })
+        },
+        latency_us: if client { seen.0 } else { seen.1 },
         rps,
-        cpu_util: util.clamp(0.0, 1.0),
+        nr_samples: seen.2,
+        cpu_util: cpu.0.clamp(0.0, 1.0),
+        cpus_used: Some(cpu.1),
         power_w: Some(power_w),
         limits: Limits::default(),
     }

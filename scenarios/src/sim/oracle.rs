@@ -154,6 +154,7 @@ fn least_cores(app: &App, ticks: &[(f64, f64)], node: &SimNode, ways: u32, dt: f
             .iter()
             .map(|&(lambda, net_us)| Sample {
                 queue: Queue::new(servers, s_us, app.model.service_cv, lambda * 1e-6),
+                throttle: None,
                 shift_us: app.model.fixed_us,
                 network_us: net_us,
                 noise: 1.0,
@@ -292,6 +293,7 @@ mod tests {
                 let q = Queue::new(m.servers(&a, &sc.node), s_us, m.service_cv, lambda * 1e-6);
                 let s = Sample {
                     queue: q,
+                    throttle: None,
                     shift_us: m.fixed_us,
                     network_us: net_us,
                     noise: 1.0,

@@ -47,8 +47,10 @@ const _: () = {
     assert!(offset_of!(req_record, fd) == 28);
     assert!(offset_of!(req_record, turns) == 32);
     assert!(offset_of!(req_record, kind) == 36);
+    assert!(offset_of!(req_record, nreq) == 38);
     assert!(offset_of!(req_record, arrive_ns) == 40);
-    assert!(size_of::<sock_state>() == 72);
+    assert!(size_of::<sock_state>() == 88);
+    assert!(offset_of!(sock_state, nreq) == 68);
     assert!(offset_of!(sock_state, tgid) == 56);
     assert!(offset_of!(sock_state, state) == 66);
     assert!(size_of::<sock_skel::types::req_record>() == 48);
@@ -283,7 +285,12 @@ fn ingest(shared: &Shared, records: &mut Vec<req_record>) {
                 if r.turns == 1 {
                     t.first_turns += 1;
                 }
-                t.turn.record(r.end_ns, latency, service);
+                // Requests read together (pipelined) were answered by
+                // this turn's replies: each is timed as the turn; a TLS
+                // handshake turn stands for none (bpf/count.h).
+                for _ in 0..r.nreq {
+                    t.turn.record(r.end_ns, latency, service);
+                }
             }
             REC_CONN => t.conn.record(r.end_ns, latency, service),
             REC_GRPC => t.grpc.record(r.end_ns, latency, service),
@@ -459,7 +466,8 @@ mod tests {
             fd: 5,
             turns: 6,
             kind: REC_CONN,
-            pad: [0; 3],
+            pad: 0,
+            nreq: 8,
             arrive_ns: 7,
         };
         let back: req_record = read_pod(bytes_of(&r)).unwrap();
@@ -472,9 +480,10 @@ mod tests {
                 back.fd,
                 back.turns,
                 back.kind,
-                back.arrive_ns
+                back.arrive_ns,
+                back.nreq
             ),
-            (1, 2, 3, 4, 5, 6, REC_CONN, 7)
+            (1, 2, 3, 4, 5, 6, REC_CONN, 7, 8)
         );
         assert!(read_pod::<req_record>(&[0u8; 47]).is_none());
     }

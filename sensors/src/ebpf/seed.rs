@@ -18,27 +18,34 @@ pub(crate) struct TcpRow {
 }
 
 pub(crate) fn parse_tcp_table(text: &str) -> Vec<TcpRow> {
-    text.lines()
-        .skip(1)
-        .filter_map(|line| {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            // sl local_address rem_address st tx:rx tr:tm retrnsmt uid timeout inode
-            let local = f.get(1)?;
-            let port = u16::from_str_radix(local.rsplit(':').next()?, 16).ok()?;
-            let state = u8::from_str_radix(f.get(3)?, 16).ok()?;
-            let inode = f.get(9)?.parse().ok()?;
-            Some(TcpRow {
-                local_port: port,
-                state,
-                inode,
-            })
-        })
-        .collect()
+    text.lines().skip(1).filter_map(parse_tcp_row).collect()
+}
+
+fn parse_tcp_row(line: &str) -> Option<TcpRow> {
+    let f: Vec<&str> = line.split_whitespace().collect();
+    // sl local_address rem_address st tx:rx tr:tm retrnsmt uid timeout inode
+    let local = f.get(1)?;
+    let port = u16::from_str_radix(local.rsplit(':').next()?, 16).ok()?;
+    let state = u8::from_str_radix(f.get(3)?, 16).ok()?;
+    let inode = f.get(9)?.parse().ok()?;
+    Some(TcpRow {
+        local_port: port,
+        state,
+        inode,
+    })
 }
 
 /// The TCP ports `pid` listens on (sockets among its fds).
+///
+/// Called every second on the tracer thread, which also drains the ring
+/// buffer: it reads only the listening rows of /proc/PID/net/tcp{,6},
+/// which the kernel prints first (its listening hash, then the
+/// established one). Reading whole tables stalled the drain for seconds
+/// beside a server that closes a connection per request (thousands of
+/// TIME_WAIT rows, each table read once per traced process), and the ring
+/// buffer overflowed: a fifth of a pre-fork server's requests were lost.
 pub(crate) fn listening_ports(pid: u32) -> Vec<u16> {
-    let rows = tcp_rows(pid);
+    let rows = listening_rows(pid);
     let inodes = socket_inodes(pid);
     let mut ports: Vec<u16> = rows
         .iter()
@@ -70,13 +77,26 @@ pub(crate) fn socket_inodes(pid: u32) -> Vec<(u32, u64)> {
         .collect()
 }
 
-/// Every row of /proc/PID/net/tcp and tcp6 (the process's network
-/// namespace).
-fn tcp_rows(pid: u32) -> Vec<TcpRow> {
+/// The listening rows of /proc/PID/net/tcp and tcp6 (the process's
+/// network namespace): each table is read up to its first row in another
+/// state.
+fn listening_rows(pid: u32) -> Vec<TcpRow> {
     let mut rows = Vec::new();
     for table in ["tcp", "tcp6"] {
-        if let Ok(text) = fs::read_to_string(format!("/proc/{pid}/net/{table}")) {
-            rows.extend(parse_tcp_table(&text));
+        if let Ok(f) = fs::File::open(format!("/proc/{pid}/net/{table}")) {
+            rows.extend(leading_listeners(std::io::BufReader::new(f)));
+        }
+    }
+    rows
+}
+
+/// The LISTEN rows at the head of a /proc/net/tcp table, read no further.
+fn leading_listeners(r: impl std::io::BufRead) -> Vec<TcpRow> {
+    let mut rows = Vec::new();
+    for line in r.lines().skip(1).map_while(Result::ok) {
+        match parse_tcp_row(&line) {
+            Some(row) if row.state == TCP_LISTEN => rows.push(row),
+            _ => break,
         }
     }
     rows
@@ -204,6 +224,20 @@ mod tests {
                 },
             ]
         );
+    }
+
+    #[test]
+    fn listeners_are_read_up_to_the_first_other_row() {
+        let text = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
+   0: 0100007F:2BCB 00000000:0000 0A 00000000:00000000 00:00000000 00000000   100        0 31337 1 0000000000000000 100 0 0 10 0\n\
+   1: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000   100        0 31338 1 0000000000000000 100 0 0 10 0\n\
+   2: 0100007F:2BCB 0100007F:D2F0 06 00000000:00000000 03:00000D0D 00000000     0        0 0 3 0000000000000000\n\
+   3: 0100007F:0050 00000000:0000 0A 00000000:00000000 00:00000000 00000000   100        0 31339 1 0000000000000000 100 0 0 10 0\n";
+        let ports: Vec<u16> = leading_listeners(text.as_bytes())
+            .iter()
+            .map(|r| r.local_port)
+            .collect();
+        assert_eq!(ports, vec![11211, 8080]);
     }
 
     #[test]

@@ -81,9 +81,81 @@ pub fn compute(
 ) -> PowerSample {
     let dt_ns = cur.now_ns.saturating_sub(prev.now_ns).max(1);
     let dt_s = dt_ns as f64 / 1e9;
-    let nr_sockets = topo.sockets.len().max(1);
+    let (busy, socket_busy) = busy_fractions(topo, prev, cur, dt_ns);
+    let (rows, uses) = thread_rows(topo, weight, prev, cur);
+    let (source, mut sockets) = socket_power(cfg, topo, energy, &busy, &socket_busy, dt_s);
 
-    // Busy fraction of each CPU, and of each socket.
+    // Eq. (2).
+    let active: Vec<f64> = sockets.iter().map(|s| s.active_w).collect();
+    let a = attribute(&active, &uses, cfg.ht_ratio);
+    for (s, sp) in sockets.iter_mut().enumerate() {
+        sp.active_w = a.socket_attributed_w[s];
+        sp.idle_w = (sp.package_w + sp.dram_w.unwrap_or(0.0) - sp.active_w).max(0.0);
+    }
+    let total_w: f64 = sockets
+        .iter()
+        .map(|s| s.package_w + s.dram_w.unwrap_or(0.0))
+        .sum();
+    let active_w: f64 = sockets.iter().map(|s| s.active_w).sum();
+    let dram: Vec<f64> = sockets.iter().filter_map(|s| s.dram_w).collect();
+    let node = NodePower {
+        total_w,
+        active_w,
+        idle_w: (total_w - active_w).max(0.0),
+        dram_w: (!dram.is_empty()).then(|| dram.iter().sum()),
+    };
+    let share = |w: f64| if active_w > 0.0 { w / active_w } else { 0.0 };
+
+    let mut threads: Vec<ThreadPower> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, r)| ThreadPower {
+            tid: r.tid,
+            tgid: r.tgid,
+            on_cpu_ns: r.on_ns,
+            cpu_fraction: (r.on_ns as f64 / dt_ns as f64).min(1.0),
+            sib_busy_ns: r.sib_ns,
+            cycles: (weight == Weight::Cycles).then_some(r.cycles),
+            weighted: a.thread_weight[i],
+            share: share(a.thread_w[i]),
+            power_w: a.thread_w[i],
+            energy_j: a.thread_w[i] * dt_s,
+            exited: r.exited,
+        })
+        .collect();
+    threads.sort_by(|x, y| y.power_w.total_cmp(&x.power_w).then(x.tid.cmp(&y.tid)));
+    let processes = by_process(&threads, dt_ns, share);
+
+    let c = &cur.counters;
+    let pc = &prev.counters;
+    PowerSample {
+        interval_s: dt_s,
+        source,
+        energy_is_estimate: source.is_estimate(),
+        weight,
+        ht_ratio: cfg.ht_ratio,
+        node,
+        sockets,
+        threads,
+        processes,
+        counters: SchedCounters {
+            switches: c.switches.saturating_sub(pc.switches),
+            table_full: c.table_full.saturating_sub(pc.table_full),
+            cycles_err: c.cycles_err.saturating_sub(pc.cycles_err),
+            unmatched: c.unmatched.saturating_sub(pc.unmatched),
+            no_clock: c.no_clock.saturating_sub(pc.no_clock),
+        },
+    }
+}
+
+/// Busy fraction of each CPU over the interval, and the mean of each
+/// socket's online CPUs.
+fn busy_fractions(
+    topo: &CpuPackages,
+    prev: &Baseline,
+    cur: &SchedReading,
+    dt_ns: u64,
+) -> (Vec<f64>, Vec<f64>) {
     let busy: Vec<f64> = cur
         .cpu_busy_ns
         .iter()
@@ -93,23 +165,34 @@ pub fn compute(
             (b.saturating_sub(p) as f64 / dt_ns as f64).clamp(0.0, 1.0)
         })
         .collect();
-    let mut socket_busy = vec![0.0; nr_sockets];
+    let mut socket_busy = vec![0.0; topo.sockets.len().max(1)];
     for (cpu, c) in topo.cpus.iter().enumerate().filter(|(_, c)| c.online) {
         socket_busy[c.socket] += busy.get(cpu).copied().unwrap_or(0.0);
     }
     for (s, n) in topo.cpus_per_socket().iter().enumerate() {
         socket_busy[s] /= (*n).max(1) as f64;
     }
+    (busy, socket_busy)
+}
 
-    // Per-thread differences and their per-socket uses (eq. (1) inputs).
-    struct Row {
-        tid: u32,
-        tgid: u32,
-        on_ns: u64,
-        sib_ns: u64,
-        cycles: u64,
-        exited: bool,
-    }
+/// One thread's differences over the interval.
+struct Row {
+    tid: u32,
+    tgid: u32,
+    on_ns: u64,
+    sib_ns: u64,
+    cycles: u64,
+    exited: bool,
+}
+
+/// Per-thread differences and their per-socket uses (eq. (1) inputs), for
+/// the threads that ran.
+fn thread_rows(
+    topo: &CpuPackages,
+    weight: Weight,
+    prev: &Baseline,
+    cur: &SchedReading,
+) -> (Vec<Row>, Vec<Vec<SocketUse>>) {
     let mut rows = Vec::new();
     let mut uses: Vec<Vec<SocketUse>> = Vec::new();
     for (tid, t) in &cur.threads {
@@ -156,18 +239,29 @@ pub fn compute(
             uses.push(u);
         }
     }
+    (rows, uses)
+}
 
-    // Socket power: measured, or modelled.
-    let (source, mut sockets): (PowerSource, Vec<SocketPower>) = match energy {
+/// Each socket's power over the interval: measured (RAPL), or modelled.
+fn socket_power(
+    cfg: &PowerConfig,
+    topo: &CpuPackages,
+    energy: &EnergyInput,
+    busy: &[f64],
+    socket_busy: &[f64],
+    dt_s: f64,
+) -> (PowerSource, Vec<SocketPower>) {
+    let socket_id = |s: usize| topo.sockets.get(s).copied().unwrap_or(0);
+    match energy {
         EnergyInput::Rapl(e) => (
             PowerSource::Rapl,
-            (0..nr_sockets)
+            (0..socket_busy.len())
                 .map(|s| {
                     let e = e.get(s).copied().unwrap_or_default();
                     let package_w = e.package_j / dt_s;
                     let core_w = e.core_j.map(|j| j / dt_s);
                     SocketPower {
-                        socket: topo.sockets.get(s).copied().unwrap_or(0),
+                        socket: socket_id(s),
                         package_w,
                         core_w,
                         dram_w: e.dram_j.map(|j| j / dt_s),
@@ -180,11 +274,11 @@ pub fn compute(
         ),
         EnergyInput::Model { freq } => (
             PowerSource::Model,
-            model::evaluate(&cfg.model, topo, &busy, freq)
+            model::evaluate(&cfg.model, topo, busy, freq)
                 .iter()
                 .enumerate()
                 .map(|(s, m)| SocketPower {
-                    socket: topo.sockets.get(s).copied().unwrap_or(0),
+                    socket: socket_id(s),
                     package_w: m.idle_w + m.active_w,
                     core_w: None,
                     dram_w: None,
@@ -194,50 +288,18 @@ pub fn compute(
                 })
                 .collect(),
         ),
-    };
-
-    // Eq. (2).
-    let active: Vec<f64> = sockets.iter().map(|s| s.active_w).collect();
-    let a = attribute(&active, &uses, cfg.ht_ratio);
-    for (s, sp) in sockets.iter_mut().enumerate() {
-        sp.active_w = a.socket_attributed_w[s];
-        sp.idle_w = (sp.package_w + sp.dram_w.unwrap_or(0.0) - sp.active_w).max(0.0);
     }
-    let total_w: f64 = sockets
-        .iter()
-        .map(|s| s.package_w + s.dram_w.unwrap_or(0.0))
-        .sum();
-    let active_w: f64 = sockets.iter().map(|s| s.active_w).sum();
-    let dram: Vec<f64> = sockets.iter().filter_map(|s| s.dram_w).collect();
-    let node = NodePower {
-        total_w,
-        active_w,
-        idle_w: (total_w - active_w).max(0.0),
-        dram_w: (!dram.is_empty()).then(|| dram.iter().sum()),
-    };
-    let share = |w: f64| if active_w > 0.0 { w / active_w } else { 0.0 };
+}
 
-    let mut threads: Vec<ThreadPower> = rows
-        .iter()
-        .enumerate()
-        .map(|(i, r)| ThreadPower {
-            tid: r.tid,
-            tgid: r.tgid,
-            on_cpu_ns: r.on_ns,
-            cpu_fraction: (r.on_ns as f64 / dt_ns as f64).min(1.0),
-            sib_busy_ns: r.sib_ns,
-            cycles: (weight == Weight::Cycles).then_some(r.cycles),
-            weighted: a.thread_weight[i],
-            share: share(a.thread_w[i]),
-            power_w: a.thread_w[i],
-            energy_j: a.thread_w[i] * dt_s,
-            exited: r.exited,
-        })
-        .collect();
-    threads.sort_by(|x, y| y.power_w.total_cmp(&x.power_w).then(x.tid.cmp(&y.tid)));
-
+/// The threads' figures summed per process, highest power first.
+fn by_process(
+    threads: &[ThreadPower],
+    dt_ns: u64,
+    share: impl Fn(f64) -> f64,
+) -> Vec<ProcessPower> {
+    let dt_s = dt_ns as f64 / 1e9;
     let mut by_tgid: HashMap<u32, ProcessPower> = HashMap::new();
-    for t in &threads {
+    for t in threads {
         let p = by_tgid.entry(t.tgid).or_insert(ProcessPower {
             tgid: t.tgid,
             nr_threads: 0,
@@ -261,27 +323,7 @@ pub fn compute(
         })
         .collect();
     processes.sort_by(|x, y| y.power_w.total_cmp(&x.power_w).then(x.tgid.cmp(&y.tgid)));
-
-    let c = &cur.counters;
-    let pc = &prev.counters;
-    PowerSample {
-        interval_s: dt_s,
-        source,
-        energy_is_estimate: source.is_estimate(),
-        weight,
-        ht_ratio: cfg.ht_ratio,
-        node,
-        sockets,
-        threads,
-        processes,
-        counters: SchedCounters {
-            switches: c.switches.saturating_sub(pc.switches),
-            table_full: c.table_full.saturating_sub(pc.table_full),
-            cycles_err: c.cycles_err.saturating_sub(pc.cycles_err),
-            unmatched: c.unmatched.saturating_sub(pc.unmatched),
-            no_clock: c.no_clock.saturating_sub(pc.no_clock),
-        },
-    }
+    processes
 }
 
 #[cfg(test)]

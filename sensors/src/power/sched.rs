@@ -94,6 +94,52 @@ fn bpf_err(what: &str) -> impl Fn(libbpf_rs::Error) -> PowerError + '_ {
     move |e| PowerError::Bpf(format!("{what}: {e}"))
 }
 
+/// The maps' starting content: each CPU's SMT sibling, every thread slot
+/// free, and the cycle counters' file descriptors.
+fn fill_maps(
+    skel: &SchedSkel<'static>,
+    topo: &CpuPackages,
+    nr_cpus: usize,
+    nr_threads_max: u32,
+    cycle_fds: &[Option<OwnedFd>],
+) -> Result<(), PowerError> {
+    for cpu in 0..nr_cpus {
+        let st = CpuState {
+            sibling: topo
+                .cpus
+                .get(cpu)
+                .and_then(|c| c.sibling)
+                .filter(|s| (*s as usize) < nr_cpus)
+                .unwrap_or(NO_SIBLING),
+            ..Default::default()
+        };
+        skel.maps
+            .cpus
+            .update(&(cpu as u32).to_ne_bytes(), as_bytes(&st), MapFlags::ANY)
+            .map_err(bpf_err("writing the cpus map"))?;
+    }
+    // Every slot starts free (the program only pops them).
+    for slot in 0..nr_threads_max {
+        skel.maps
+            .free_slots
+            .update(&[], &slot.to_ne_bytes(), MapFlags::ANY)
+            .map_err(bpf_err("filling the free_slots queue"))?;
+    }
+    for (cpu, fd) in cycle_fds.iter().enumerate().take(nr_cpus) {
+        if let Some(fd) = fd {
+            skel.maps
+                .cycles
+                .update(
+                    &(cpu as u32).to_ne_bytes(),
+                    &(fd.as_raw_fd() as u32).to_ne_bytes(),
+                    MapFlags::ANY,
+                )
+                .map_err(bpf_err("writing the cycles perf event array"))?;
+        }
+    }
+    Ok(())
+}
+
 /// Cumulative busy time of a CPU at `now` (the C `busy_until`).
 fn busy_until(s: &CpuState, now: u64) -> u64 {
     let open = if s.tid != 0 && s.start_ns != 0 && now > s.start_ns {
@@ -183,40 +229,7 @@ impl Sched {
                 size_of::<ThreadStats>()
             )));
         }
-        for cpu in 0..nr_cpus {
-            let st = CpuState {
-                sibling: topo
-                    .cpus
-                    .get(cpu)
-                    .and_then(|c| c.sibling)
-                    .filter(|s| (*s as usize) < nr_cpus)
-                    .unwrap_or(NO_SIBLING),
-                ..Default::default()
-            };
-            skel.maps
-                .cpus
-                .update(&(cpu as u32).to_ne_bytes(), as_bytes(&st), MapFlags::ANY)
-                .map_err(bpf_err("writing the cpus map"))?;
-        }
-        // Every slot starts free (the program only pops them).
-        for slot in 0..nr_threads_max {
-            skel.maps
-                .free_slots
-                .update(&[], &slot.to_ne_bytes(), MapFlags::ANY)
-                .map_err(bpf_err("filling the free_slots queue"))?;
-        }
-        for (cpu, fd) in cycle_fds.iter().enumerate().take(nr_cpus) {
-            if let Some(fd) = fd {
-                skel.maps
-                    .cycles
-                    .update(
-                        &(cpu as u32).to_ne_bytes(),
-                        &(fd.as_raw_fd() as u32).to_ne_bytes(),
-                        MapFlags::ANY,
-                    )
-                    .map_err(bpf_err("writing the cycles perf event array"))?;
-            }
-        }
+        fill_maps(&skel, topo, nr_cpus, nr_threads_max, &cycle_fds)?;
         Ok(Sched {
             skel,
             cycle_fds,

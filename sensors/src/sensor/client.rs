@@ -3,7 +3,9 @@
 //! whoever sends them: a replay's load generator, or the daemon's HTTP
 //! API through a [`ClientInbox`] that validates each report first.
 
+use std::collections::BTreeMap;
 use std::sync::mpsc::{channel, Receiver, Sender, TryRecvError};
+use std::sync::{Arc, Mutex};
 
 use qosd_core::control::Tick;
 
@@ -97,17 +99,65 @@ impl ClientInbox {
     }
 }
 
+/// The client channels of a [`ClientSensor`], by app name: shared with
+/// whoever adds and removes apps while the sensor runs (the daemon's
+/// config reload and pod watch).
+pub struct ClientFeeds<R = ClientReport>(Arc<Mutex<BTreeMap<String, Receiver<R>>>>);
+
+impl<R> Clone for ClientFeeds<R> {
+    fn clone(&self) -> Self {
+        ClientFeeds(Arc::clone(&self.0))
+    }
+}
+
+impl<R> ClientFeeds<R> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Receiver<R>>> {
+        // A panic elsewhere while holding it leaves a map still whole.
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// App `name`'s reports arrive on `rx` from now on (replacing any
+    /// earlier channel of that name).
+    pub fn connect(&self, name: &str, rx: Receiver<R>) {
+        self.lock().insert(name.to_owned(), rx);
+    }
+
+    /// App `name` has no client reports any more.
+    pub fn disconnect(&self, name: &str) {
+        self.lock().remove(name);
+    }
+}
+
+impl ClientFeeds<ClientReport> {
+    /// A new inbox whose reports feed app `name`.
+    pub fn inbox(&self, name: &str) -> ClientInbox {
+        let (inbox, rx) = ClientInbox::connected();
+        self.connect(name, rx);
+        inbox
+    }
+}
+
 /// Client-reported latency: drains each app's channel every tick. A
 /// channel whose senders are all gone (a load generator that finished)
 /// marks the measurements `ended`.
 pub struct ClientSensor<R = ClientReport> {
-    /// One per target, in the targets' order; `None`: no client reports.
-    feeds: Vec<Option<Receiver<R>>>,
+    feeds: ClientFeeds<R>,
 }
 
 impl<R: Into<ClientReport>> ClientSensor<R> {
-    pub fn new(feeds: Vec<Option<Receiver<R>>>) -> Self {
-        ClientSensor { feeds }
+    /// `feeds`: each app's channel, by app name (an app without one has
+    /// no client reports).
+    pub fn new(feeds: impl IntoIterator<Item = (String, Receiver<R>)>) -> Self {
+        ClientSensor {
+            feeds: ClientFeeds(Arc::new(Mutex::new(feeds.into_iter().collect()))),
+        }
+    }
+
+    /// Its channels, to connect apps added later.
+    pub fn feeds(&self) -> ClientFeeds<R> {
+        self.feeds.clone()
     }
 }
 
@@ -126,8 +176,11 @@ impl<R: Into<ClientReport>> Sensor for ClientSensor<R> {
         targets: &[super::Target<'_>],
     ) -> anyhow::Result<Measurements> {
         let mut m = Measurements::empty(targets.len());
-        for (out, feed) in m.apps.iter_mut().zip(&self.feeds) {
-            let Some(rx) = feed else { continue };
+        let feeds = self.feeds.lock();
+        for (out, target) in m.apps.iter_mut().zip(targets) {
+            let Some(rx) = feeds.get(target.name) else {
+                continue;
+            };
             let mut t = ClientTick::default();
             loop {
                 match rx.try_recv() {
@@ -147,6 +200,7 @@ impl<R: Into<ClientReport>> Sensor for ClientSensor<R> {
             }
             out.client = Some(t);
         }
+        drop(feeds);
         Ok(m)
     }
 }
@@ -201,16 +255,18 @@ mod tests {
     #[test]
     fn the_inbox_validates_and_the_sensor_merges() {
         let (mut i, rx) = ClientInbox::connected();
-        let mut s = ClientSensor::new(vec![Some(rx), None]);
+        let mut s = ClientSensor::new([("a".to_owned(), rx)]);
         let t = [
             super::super::Target {
                 name: "a",
                 pids: &[],
+                ports: &[],
                 serves: true,
             },
             super::super::Target {
                 name: "b",
                 pids: &[],
+                ports: &[],
                 serves: true,
             },
         ];

@@ -4,7 +4,7 @@
 //! traces kept in step with the app's (its topmost processes, each with
 //! its descendants followed in the kernel).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use qosd_core::control::Tick;
@@ -63,24 +63,11 @@ pub fn figures(tracer: &RequestTracer, pids: &[i32]) -> [LatencyTick; 2] {
 /// Server-side request latency from the eBPF tracer.
 pub struct EbpfSensor {
     tracer: Arc<RequestTracer>,
-    /// Listening ports a target's requests must arrive on, by app name
-    /// (none listed: every port).
-    ports: BTreeMap<String, Vec<u16>>,
 }
 
 impl EbpfSensor {
     pub fn new(tracer: Arc<RequestTracer>) -> Self {
-        EbpfSensor {
-            tracer,
-            ports: BTreeMap::new(),
-        }
-    }
-
-    /// Counts only requests on `ports` for the app `name` (followed
-    /// processes only, see [`Sensor::follow`]).
-    pub fn with_ports(mut self, name: &str, ports: Vec<u16>) -> Self {
-        self.ports.insert(name.to_owned(), ports);
-        self
+        EbpfSensor { tracer }
     }
 }
 
@@ -134,7 +121,7 @@ impl Sensor for EbpfSensor {
         }
         for p in roots.difference(&old) {
             let opts = TargetOptions {
-                ports: self.ports.get(target.name).cloned().unwrap_or_default(),
+                ports: target.ports.to_vec(),
                 // A matched pre-fork master brings its workers.
                 follow_children: true,
                 ..Default::default()

@@ -47,6 +47,8 @@ pub struct Target<'a> {
     pub name: &'a str,
     /// Every process of the app (empty while it does not run).
     pub pids: &'a [i32],
+    /// The listening ports its requests arrive on (none: every port).
+    pub ports: &'a [u16],
     /// It serves requests (a server, not a batch job).
     pub serves: bool,
 }
@@ -294,6 +296,7 @@ mod tests {
         let t = [Target {
             name: "a",
             pids: &[1],
+            ports: &[],
             serves: true,
         }];
         let m = s.sample(&tick(false), &t);

@@ -69,6 +69,7 @@ mod tests {
         let t = [Target {
             name: "me",
             pids: &me,
+            ports: &[],
             serves: false,
         }];
         let tick = Tick {

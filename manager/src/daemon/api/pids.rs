@@ -18,7 +18,7 @@ fn traced(api: &Api, pid: i32) -> Result<(Arc<RequestTracer>, Option<String>), F
     let Some(t) = api.tracer.clone() else {
         return Err(fail(
             StatusCode::SERVICE_UNAVAILABLE,
-            "the eBPF request tracer is not running (it needs root and tracefs); per-pid figures are unavailable",
+            "the eBPF request tracer is not running (no app uses feedback: ebpf, or it could not start); per-pid figures are unavailable",
         ));
     };
     let app = api.shared.lock().app_of_pid(pid).map(str::to_owned);

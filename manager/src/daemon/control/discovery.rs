@@ -10,6 +10,14 @@ use super::{DaemonNode, Events};
 impl DaemonNode {
     pub(super) fn discover(&mut self, now_ms: u64, scan: bool) -> Events {
         let mut ev = Events::new();
+        if scan {
+            ev.extend(self.sync_pod_apps());
+            for a in &mut self.apps {
+                if a.cfg.matcher.pod.is_some() {
+                    a.containers = self.finder.containers_of(&a.cfg.matcher);
+                }
+            }
+        }
         let mut found: Vec<Vec<i32>> = if scan {
             let matchers: Vec<_> = self.apps.iter().map(|a| &a.cfg.matcher).collect();
             let known: Vec<&[i32]> = self.apps.iter().map(|a| a.pids.as_slice()).collect();
@@ -50,8 +58,14 @@ impl DaemonNode {
                     Ok(c) => format!(", {} settings put back", c.len()),
                     Err(e) => format!(", putting its settings back failed: {e}"),
                 };
-                ev.push(format!("app {name}: exited (pids {old:?}): released{msg}"));
+                let gone = if self.apps[i].cfg.matcher.pod.is_some() {
+                    "gone or no longer matched (pod deleted or relabelled, or exited)"
+                } else {
+                    "exited"
+                };
+                ev.push(format!("app {name}: {gone} (pids {old:?}): released{msg}"));
             } else if !managed {
+                ev.extend(self.foreign(i, &pids));
                 ev.extend(self.admit(now_ms, i));
             } else {
                 ev.push(format!("app {name}: processes now {pids:?}"));
@@ -81,6 +95,24 @@ impl DaemonNode {
         ev
     }
 
+    /// Warnings for processes another running qosd manages too (found by
+    /// the group it put them in): both would undo each other's changes.
+    fn foreign(&self, i: usize, pids: &[i32]) -> Events {
+        let a = &self.apps[i];
+        let own = qosd_actuators::AppTarget::new(a.cfg.name.clone(), Vec::new()).group_name();
+        let root = &self.root;
+        pids.iter()
+            .filter_map(|&p| {
+                let (g, by) = qosd_actuators::grouplock::foreign_group(root, p, &own)?;
+                Some(format!(
+                    "WARNING: app {}: pid {p} is in {g}, a group of another running qosd \
+                     (pid {by}): both manage it and the last change wins; match it in one only",
+                    a.cfg.name
+                ))
+            })
+            .collect()
+    }
+
     /// An app whose processes appeared: its starting share, applied.
     fn admit(&mut self, now_ms: u64, i: usize) -> Events {
         let name = self.apps[i].cfg.name.clone();
@@ -91,7 +123,8 @@ impl DaemonNode {
             .filter(|a| self.act.current().contains_key(&a.cfg.name))
             .map(|a| (a.cfg.name.clone(), (a.cfg.class, a.limits)))
             .collect();
-        let initial = self.apps[i].cfg.initial_share();
+        let cfg = &self.apps[i].cfg;
+        let initial = qosd_core::knobs::with_class_defaults(cfg.initial_share(), cfg.class);
         let limits = self.apps[i].limits;
         let (plan, taken) = match self.act.admit(&name, initial, limits, &peers) {
             Ok(x) => x,

@@ -165,6 +165,7 @@ pub fn live_entry(
         feedback,
         target: a.qos_target().filter(|_| a.class == AppClass::Lc),
         pids: Vec::new(),
+        pods: Vec::new(),
         share: None::<Share>,
         cpus: None,
         recent: crate::node::latency::Recent::new(nr_slots),

@@ -1,21 +1,13 @@
 //! The rules that keep PARTIES from starving on a real node (issue 13):
 //! each test fails on the controller before them.
 
-use qosd_core::{DecisionKind, Limits, Plan, Policy, Resource, Share};
+use qosd_core::{DecisionKind, Limits, Policy, Resource, Share};
 
 use super::*;
 use crate::policy::testkit::*;
 
 const CORES: Resource = Resource::Cores;
 const WAYS: Resource = Resource::CacheWays;
-
-fn kinds(plan: &Plan, kind: DecisionKind) -> Vec<(String, Resource, u32, u32)> {
-    plan.decisions
-        .iter()
-        .filter(|d| d.kind == kind)
-        .map(|d| (d.app.clone(), d.resource, d.from, d.to))
-        .collect()
-}
 
 fn cores_only() -> PartiesParams {
     PartiesParams {

@@ -54,6 +54,8 @@ impl Steps {
             Resource::Frequency => self.freq_mhz,
             Resource::MemoryBandwidth => self.mb_percent,
             Resource::CpuQuota => self.cpu_quota_milli,
+            // Not in PARTIES' cycle: a class, not an amount to step.
+            Resource::CpuPriority => 0,
         }
     }
 
@@ -98,6 +100,10 @@ pub struct PartiesParams {
     /// reverted and the downsized app is not downsized again for this
     /// long, in ms (PARTIES: 30 s).
     pub downsize_cooldown_ms: u64,
+    /// Each further harmful downsize of the same app in a row doubles its
+    /// cool-down, up to this, ms (0: no doubling, every cool-down is
+    /// `downsize_cooldown_ms`). A downsize that holds starts it over.
+    pub downsize_cooldown_max_ms: u64,
     /// Slack assumed for a latency-critical app that served no request in
     /// the sensor window (idle: safe to downsize); `null` leaves such apps
     /// alone.
@@ -117,8 +123,9 @@ pub struct PartiesParams {
     /// code checks both).
     pub average_samples: u32,
     /// A downsize is reverted when the `first` sample after it finds an app
-    /// below `upsize_below_slack`, or only when the `majority` do (PARTIES'
-    /// code: a majority vote).
+    /// below `upsize_below_slack`, only when the `majority` do (PARTIES'
+    /// code: a majority vote), or on `evidence`: most requests measured
+    /// since, and enough for the percentile, were in samples below it.
     pub revert_vote: RevertVote,
     /// When an app turns (upsize after downsize, or back), its resource
     /// wheel restarts at a seeded random position (PARTIES' code), instead
@@ -128,6 +135,24 @@ pub struct PartiesParams {
     /// monitoring ticks between the decision intervals (0: only at the
     /// decision interval; PARTIES' code: 100).
     pub idle_decide_ms: u64,
+    /// Operational analysis (paper 001) in the loop: a downsize whose
+    /// predicted utilisation U = X·D / c on the smaller allocation exceeds
+    /// this is not tried (logged in the plan's `skipped`), and an app
+    /// whose utilisation already exceeds it is upsized before any other
+    /// app is downsized. `null`: no such check (PARTIES).
+    pub max_util: Option<f64>,
+    /// An app in the hysteresis band (slack between the two thresholds)
+    /// also gives back one unit of CPU (cores or CPU quota) when its
+    /// predicted utilisation on the smaller allocation stays below this:
+    /// idle CPUs do not shorten a tail that queueing does not make, so
+    /// slack alone would keep them forever. `null`: never (PARTIES).
+    pub downsize_below_util: Option<f64>,
+    /// Where apps share the CPUs (a quota knob and no cores knob), move the
+    /// best-effort apps' quota (their cap) first: a latency-critical app
+    /// stays uncapped and is capped only for another LC app, since a cap
+    /// throttles it for the rest of each CFS period (not in PARTIES,
+    /// which had no quota knob: false by default).
+    pub quota_be_first: bool,
 }
 
 /// How a downsize is found harmful.
@@ -138,6 +163,11 @@ pub enum RevertVote {
     First,
     /// More than half of the samples since the downsize.
     Majority,
+    /// More than half of the requests measured since the downsize (in
+    /// samples below the threshold), and at least
+    /// [`qosd_core::measure::samples_for_percentile`] of them: a sample of
+    /// a few requests weighs little, one sample never decides.
+    Evidence,
 }
 
 impl Default for PartiesParams {
@@ -149,6 +179,7 @@ impl Default for PartiesParams {
             step: Steps::default(),
             helped_fraction: 0.5,
             downsize_cooldown_ms: 30_000,
+            downsize_cooldown_max_ms: 0,
             idle_slack: Some(1.0),
             victims: vec![Victim::FreePool, Victim::BestEffort, Victim::MostSlackLc],
             victim_min_slack: 0.20,
@@ -157,6 +188,9 @@ impl Default for PartiesParams {
             revert_vote: RevertVote::First,
             restart_wheel_on_turn: false,
             idle_decide_ms: 0,
+            max_util: None,
+            downsize_below_util: None,
+            quota_be_first: false,
         }
     }
 }
@@ -206,11 +240,38 @@ impl PartiesParams {
                 "must be at most 1000",
             ));
         }
+        if self.downsize_cooldown_max_ms != 0
+            && self.downsize_cooldown_max_ms < self.downsize_cooldown_ms
+        {
+            return Err(Invalid::new(
+                at.key("downsize_cooldown_max_ms"),
+                format!(
+                    "must be 0 (no doubling) or at least downsize_cooldown_ms ({})",
+                    self.downsize_cooldown_ms
+                ),
+            ));
+        }
         if self.idle_decide_ms > 3_600_000 {
             return Err(Invalid::new(
                 at.key("idle_decide_ms"),
                 "must be at most 3600000 (an hour)",
             ));
+        }
+        if let Some(u) = self.max_util {
+            if !(u > 0.0 && u <= 1.0) {
+                return Err(Invalid::new(
+                    at.key("max_util"),
+                    format!("{u}: a utilisation bound must be in (0, 1]"),
+                ));
+            }
+        }
+        if let Some(u) = self.downsize_below_util {
+            if !(u > 0.0 && u <= self.max_util.unwrap_or(1.0)) {
+                return Err(Invalid::new(
+                    at.key("downsize_below_util"),
+                    format!("{u}: must be in (0, max_util] (max_util or 1)"),
+                ));
+            }
         }
         validate_victims(&self.victims, &at.key("victims"))?;
         Ok(())

@@ -14,7 +14,13 @@ struct OpenConns {
 }
 
 /// The TURN record of a reply sent on a connection still open.
-fn pending_turn(root: u32, fd: u32, conn_id: u64, turns: u32, times: [u64; 3]) -> req_record {
+fn pending_turn(
+    root: u32,
+    fd: u32,
+    conn_id: u64,
+    (turns, nreq): (u32, u16),
+    times: [u64; 3],
+) -> req_record {
     req_record {
         arrive_ns: times[0],
         start_ns: times[1],
@@ -24,7 +30,8 @@ fn pending_turn(root: u32, fd: u32, conn_id: u64, turns: u32, times: [u64; 3]) -
         fd,
         turns,
         kind: REC_TURN,
-        pad: [0; 3],
+        pad: 0,
+        nreq,
     }
 }
 
@@ -44,7 +51,7 @@ fn open_conns(maps: &Maps<'_>, root: u32, members: &[u32]) -> OpenConns {
                 }
                 let pending = (c.state == ST_RESPONDING && c.emit & EMIT_TURN != 0).then(|| {
                     let times = [c.req_arrive_ns, c.req_start_ns, c.last_out_ns];
-                    let r = pending_turn(root, 0, c.conn_id, c.turns, times);
+                    let r = pending_turn(root, 0, c.conn_id, (c.turns, c.nreq), times);
                     let mut idle = c;
                     idle.state = ST_IDLE;
                     (r, bytes_of(&idle).to_vec())
@@ -69,7 +76,7 @@ fn open_conns(maps: &Maps<'_>, root: u32, members: &[u32]) -> OpenConns {
             }
             let pending = (c.state == ST_RESPONDING && c.emit & EMIT_TURN != 0).then(|| {
                 let times = [c.req_start_ns, c.req_start_ns, c.last_out_ns];
-                let r = pending_turn(root, key.fd, c.conn_id, c.turns, times);
+                let r = pending_turn(root, key.fd, c.conn_id, (c.turns, 1), times);
                 let mut idle = c;
                 idle.state = ST_IDLE;
                 (r, bytes_of(&idle).to_vec())

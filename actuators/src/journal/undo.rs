@@ -1,0 +1,287 @@
+//! Undoing each kind of journal entry: write a file back, put affinity
+//! back, remove a group qosd made (emptying it first if the kernel still
+//! counts tasks in it), move a process back, disable a controller, run the
+//! command that puts a setting back.
+
+use std::path::Path;
+
+use qosd_core::Resource;
+
+use crate::error::{Error, Result};
+use crate::netns::NetnsRef;
+use crate::proc;
+use crate::root::{read_file, write_file, Root};
+use crate::Change;
+
+/// A file's content written back (a failure is harmless where `best_effort`).
+pub(super) fn file(
+    root: &Root,
+    dry_run: bool,
+    resource: &Resource,
+    path: &Path,
+    original: &str,
+    best_effort: &bool,
+) -> Result<Vec<Change>> {
+    let mut out = Vec::new();
+    let now = read_file(path).unwrap_or_default();
+    if !dry_run {
+        match write_file(path, original, false) {
+            Ok(()) => {}
+            Err(e) if *best_effort => {
+                tracing::debug!("restoring {} skipped: {e}", path.display())
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    out.push(Change::new(*resource, root.show(path), now, original));
+    Ok(out)
+}
+
+/// Each thread's affinity put back (threads made later get the main thread's).
+pub(super) fn affinity(
+    root: &Root,
+    dry_run: bool,
+    resource: &Resource,
+    pid: &i32,
+    start_time: &u64,
+    threads: &[(i32, String)],
+) -> Result<Vec<Change>> {
+    let mut out = Vec::new();
+    if !proc::same_process(root, *pid, *start_time) {
+        tracing::info!("pid {pid} is gone: its affinity needs no restore");
+        return Ok(out);
+    }
+    let main = threads
+        .iter()
+        .find(|(t, _)| t == pid)
+        .or(threads.first())
+        .map(|(_, c)| c.clone())
+        .unwrap_or_default();
+    for tid in proc::tids(root, *pid).unwrap_or_default() {
+        let want = threads
+            .iter()
+            .find(|(t, _)| *t == tid)
+            .map(|(_, c)| c.clone())
+            .unwrap_or_else(|| main.clone());
+        let cpus = qosd_core::cpulist::parse(&want)?;
+        let now = proc::get_affinity(tid).map(|c| qosd_core::cpulist::format(&c));
+        if !dry_run {
+            match proc::set_affinity(tid, &cpus) {
+                Ok(()) => {}
+                // The thread exited meanwhile.
+                Err(Error::Sys {
+                    source: nix::Error::ESRCH,
+                    ..
+                }) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        out.push(Change::new(
+            *resource,
+            format!("pid {pid} thread {tid} affinity"),
+            now.unwrap_or_default(),
+            want,
+        ));
+    }
+    Ok(out)
+}
+
+/// A group qosd made, removed.
+pub(super) fn created_dir(
+    root: &Root,
+    dry_run: bool,
+    resource: &Resource,
+    path: &Path,
+) -> Result<Vec<Change>> {
+    let mut out = Vec::new();
+    if !path.exists() {
+        return Ok(out);
+    }
+    if !dry_run {
+        remove_group_dir(path)?;
+    }
+    out.push(Change::new(
+        *resource,
+        root.show(path),
+        "created",
+        "removed",
+    ));
+    Ok(out)
+}
+
+/// A process qosd moved, back in the group it came from.
+pub(super) fn moved(
+    root: &Root,
+    dry_run: bool,
+    resource: &Resource,
+    pid: &i32,
+    start_time: &u64,
+    back_to: &Path,
+) -> Result<Vec<Change>> {
+    let mut out = Vec::new();
+    if !proc::same_process(root, *pid, *start_time) {
+        return Ok(out);
+    }
+    if !dry_run {
+        match write_file(back_to, &format!("{pid}\n"), false) {
+            Ok(()) => {}
+            // Exited between the check and the write.
+            Err(Error::Io { ref source, .. }) if source.raw_os_error() == Some(libc::ESRCH) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    out.push(Change::new(
+        *resource,
+        format!("pid {pid} cgroup"),
+        "qosd group",
+        root.show(back_to.parent().unwrap_or(back_to)),
+    ));
+    Ok(out)
+}
+
+/// A controller qosd enabled, disabled again unless others use it now.
+pub(super) fn enabled_controller(
+    root: &Root,
+    dry_run: bool,
+    resource: &Resource,
+    path: &Path,
+    controller: &str,
+) -> Result<Vec<Change>> {
+    let mut out = Vec::new();
+    let now = read_file(path).unwrap_or_default();
+    if !now.split_whitespace().any(|c| c == controller) {
+        return Ok(out);
+    }
+    if !dry_run {
+        match write_file(path, &format!("-{controller}"), false) {
+            Ok(()) => {}
+            // Groups qosd did not make use it now: disabling it
+            // would take it from them, so it stays, and says so.
+            Err(Error::Io { ref source, .. }) if source.raw_os_error() == Some(libc::EBUSY) => {
+                tracing::warn!(
+                    "{controller} stays enabled in {}: other groups use it now",
+                    root.show(path)
+                );
+                return Ok(out);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    out.push(Change::new(
+        *resource,
+        root.show(path),
+        now.trim(),
+        format!("-{controller}"),
+    ));
+    Ok(out)
+}
+
+/// The command that puts a setting back, run.
+pub(super) fn command(
+    _root: &Root,
+    dry_run: bool,
+    resource: &Resource,
+    argv: &[String],
+) -> Result<Vec<Change>> {
+    let mut out = Vec::new();
+    if !dry_run {
+        crate::tool::run(argv)?;
+    }
+    out.push(Change::new(*resource, argv.join(" "), "", "run"));
+    Ok(out)
+}
+
+/// The `ip`/`tc` command that removes a network object, run in its namespace.
+pub(super) fn net(
+    _root: &Root,
+    dry_run: bool,
+    knob: &str,
+    netns: &NetnsRef,
+    argv: &[String],
+) -> Result<Vec<Change>> {
+    let mut out = Vec::new();
+    let Some(full) = netns.command(argv) else {
+        tracing::info!(
+            "network namespace {} is gone: `{}` needs no restore",
+            netns.path.display(),
+            argv.join(" ")
+        );
+        return Ok(out);
+    };
+    if !dry_run {
+        match crate::tool::run(&full) {
+            Err(e) if crate::netns::already_gone(&e) => return Ok(out),
+            r => r?,
+        }
+    }
+    out.push(Change::knob(knob_name(knob), full.join(" "), "", "run"));
+    Ok(out)
+}
+
+/// The static name of a knob recorded in a state file (`Change` holds
+/// `&'static str`); an unknown one (a newer qosd's) shows as `net`.
+fn knob_name(k: &str) -> &'static str {
+    match k {
+        "hedge" => "hedge",
+        _ => "net",
+    }
+}
+
+/// Removes a cgroup or resctrl group qosd made. On the kernel's filesystems
+/// rmdir removes the control files with it; on a plain directory (a fake
+/// tree in tests) the files qosd wrote there are removed first, as the
+/// kernel would.
+fn remove_group_dir(path: &Path) -> Result<()> {
+    match std::fs::remove_dir(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        // A cgroup still holding processes qosd did not move there itself
+        // (children the app forked later): they go to the parent group,
+        // then the group can go.
+        Err(e) if e.raw_os_error() == Some(libc::EBUSY) && path.join("cgroup.procs").exists() => {
+            empty_busy_cgroup(path)
+        }
+        Err(e) if e.raw_os_error() == Some(libc::ENOTEMPTY) && !proc::on_kernel_fs(path) => {
+            std::fs::remove_dir_all(path).map_err(|e| Error::io("removing", path, e))
+        }
+        Err(e) => Err(Error::io("removing", path, e)),
+    }
+}
+
+/// How often, and how far apart, removing a busy cgroup is tried again: a
+/// process that is exiting still holds its group until the kernel has
+/// reaped it, though `cgroup.procs` no longer lists it.
+const RMDIR_TRIES: u32 = 50;
+const RMDIR_PAUSE: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// Moves what is left in a cgroup to its parent and removes it, trying
+/// again for about a second while the kernel still counts exiting tasks.
+fn empty_busy_cgroup(path: &Path) -> Result<()> {
+    let parent = path.parent().unwrap_or(path).join("cgroup.procs");
+    let mut last = None;
+    for _ in 0..RMDIR_TRIES {
+        let procs = read_file(&path.join("cgroup.procs"))?;
+        for pid in procs.lines().map(str::trim).filter(|l| !l.is_empty()) {
+            match write_file(&parent, &format!("{pid}\n"), false) {
+                Err(Error::Io { ref source, .. }) if source.raw_os_error() == Some(libc::ESRCH) => {
+                }
+                r => r?,
+            }
+        }
+        match std::fs::remove_dir(path) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => last = Some(e),
+            Err(e) => return Err(Error::io("removing", path, e)),
+        }
+        std::thread::sleep(RMDIR_PAUSE);
+    }
+    let e = last.unwrap_or_else(|| std::io::Error::from_raw_os_error(libc::EBUSY));
+    tracing::warn!(
+        "{}: still busy after {} tries {} ms apart: left in place",
+        path.display(),
+        RMDIR_TRIES,
+        RMDIR_PAUSE.as_millis()
+    );
+    Err(Error::io("removing (still busy after 1 s)", path, e))
+}

@@ -1,0 +1,198 @@
+//! The CPU priority knob: best-effort apps in the idle scheduling class,
+//! so that a latency-critical thread preempts them at once instead of
+//! sharing the CPU at equal weight. An app's processes go to its
+//! `qosd-<app>` group in the cpu hierarchy (the group the quota knob uses)
+//! and the group is marked idle: `cpu.idle` = 1 (cgroup v2 since 5.15, and
+//! v1 where the kernel has it), else the lowest weight (`cpu.weight` 1,
+//! v1 `cpu.shares` 2). "Normal" puts the default back in that group
+//! (`cpu.idle` 0, `cpu.weight` 100, `cpu.shares` 1024).
+
+use std::path::{Path, PathBuf};
+
+use qosd_core::knobs::{PRIORITY_IDLE, PRIORITY_NORMAL};
+use qosd_core::{Allocation, Resource};
+
+use crate::caps::{BackendProbe, Detected, KnobCaps, Probe};
+use crate::cgroup::{self, cgroup1_with, cgroup2_with};
+use crate::error::{Error, Result};
+use crate::root::read_file;
+use crate::{proc, Actuator, AppTarget, Ctx, KnobRequest};
+
+const R: Resource = Resource::CpuPriority;
+
+/// Which file of the group says "idle", and its values (idle, normal).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mark {
+    /// `cpu.idle`: the group is SCHED_IDLE for the fair scheduler.
+    Idle,
+    /// `cpu.weight` (v2): 1 against the default 100.
+    Weight,
+    /// `cpu.shares` (v1): 2 (the kernel's minimum) against 1024.
+    Shares,
+}
+
+impl Mark {
+    fn file(self) -> &'static str {
+        match self {
+            Mark::Idle => "cpu.idle",
+            Mark::Weight => "cpu.weight",
+            Mark::Shares => "cpu.shares",
+        }
+    }
+
+    /// The value written for a priority (idle or normal).
+    fn value(self, priority: u32) -> &'static str {
+        let idle = priority == PRIORITY_IDLE;
+        match self {
+            Mark::Idle => ["0", "1"][idle as usize],
+            Mark::Weight => ["100", "1"][idle as usize],
+            Mark::Shares => ["1024", "2"][idle as usize],
+        }
+    }
+
+    /// The priority a value of this file means: idle at (or below) the
+    /// idle value, normal above.
+    fn priority_of(self, value: &str) -> Option<u32> {
+        let v: u64 = value.trim().parse().ok()?;
+        let idle = match self {
+            Mark::Idle => v == 1,
+            Mark::Weight => v <= 1,
+            Mark::Shares => v <= 2,
+        };
+        Some(if idle { PRIORITY_IDLE } else { PRIORITY_NORMAL })
+    }
+}
+
+pub struct PriorityActuator {
+    /// cgroup v2 (else v1 `cpu` hierarchy).
+    pub v2: bool,
+    /// The hierarchy's mount directory (prefixed).
+    pub mount: PathBuf,
+    pub mark: Mark,
+}
+
+/// The best mark a cpu hierarchy offers: `cpu.idle`, else the weight.
+fn mark_of(mount: &Path, v2: bool) -> Mark {
+    if mount.join("cpu.idle").exists() || has_child_file(mount, "cpu.idle") {
+        Mark::Idle
+    } else if v2 {
+        Mark::Weight
+    } else {
+        Mark::Shares
+    }
+}
+
+/// The v2 root group has no `cpu.*` files; its children do. Any child
+/// group tells whether the kernel has `cpu.idle`.
+fn has_child_file(mount: &Path, file: &str) -> bool {
+    std::fs::read_dir(mount)
+        .map(|rd| rd.flatten().any(|e| e.path().join(file).exists()))
+        .unwrap_or(false)
+}
+
+/// The CPU priority knob's row of [`crate::caps::DETECTORS`]: a cpu
+/// cgroup v2, then the v1 `cpu` hierarchy.
+pub fn detect(p: &Probe) -> Detected {
+    let root = &p.root;
+    let probe = |name: &str, v2: bool, r: std::result::Result<PathBuf, String>| {
+        BackendProbe::of(name, r, |m| {
+            let mark = mark_of(m, v2);
+            let how = match mark {
+                Mark::Idle => "idle class",
+                Mark::Weight | Mark::Shares => "lowest weight (the kernel has no cpu.idle)",
+            };
+            format!(
+                "{how}: {} in a group per app under {}",
+                mark.file(),
+                root.show(m)
+            )
+        })
+    };
+    let (p2, m2) = probe("cgroup2", true, cgroup2_with(root, "cpu"));
+    let (p1, m1) = probe("cgroup1", false, cgroup1_with(root, "cpu", "cpu.shares"));
+    let caps = KnobCaps::choose(vec![p2, p1], |_| true);
+    let plugin = match caps.backend.as_deref() {
+        Some("cgroup2") => m2.map(|m| (true, m)),
+        Some("cgroup1") => m1.map(|m| (false, m)),
+        _ => None,
+    }
+    .map(|(v2, mount)| {
+        let mark = mark_of(&mount, v2);
+        Box::new(PriorityActuator { v2, mount, mark }) as Box<dyn Actuator>
+    });
+    (caps, plugin)
+}
+
+impl Actuator for PriorityActuator {
+    fn resource(&self) -> Resource {
+        R
+    }
+
+    fn backend(&self) -> &'static str {
+        if self.v2 {
+            "cgroup2"
+        } else {
+            "cgroup1"
+        }
+    }
+
+    fn offer(&self, _: &Probe, node: &mut qosd_core::NodeCaps) {
+        node.cpu_priority = true;
+    }
+
+    fn apply(&mut self, ctx: &mut Ctx, req: &KnobRequest<'_>) -> Result<()> {
+        let Some(priority) = req.want.cpu_priority else {
+            return Ok(());
+        };
+        if priority != PRIORITY_IDLE && priority != PRIORITY_NORMAL {
+            return Err(Error::Invalid(format!(
+                "CPU priority {priority} is neither {PRIORITY_IDLE} (idle) nor {PRIORITY_NORMAL} (normal)"
+            )));
+        }
+        let group = self.mount.join(req.app.group_name());
+        ctx.mkdir(R, &group)?;
+        let file = group.join(self.mark.file());
+        ctx.write(R, &file, self.mark.value(priority), false)?;
+        let controller = (!self.v2).then_some("cpu");
+        cgroup::move_pids(ctx, R, &self.mount, &group, controller, &req.app.pids)
+    }
+
+    /// The priority of the group the app's first process is in; the root
+    /// group (no file) is normal.
+    fn read(&self, ctx: &Ctx, app: &AppTarget) -> Result<Allocation> {
+        let pid = cgroup::first_pid(app)?;
+        let controller = (!self.v2).then_some("cpu");
+        let current = proc::cgroup_of(&ctx.root, pid, controller)?;
+        let file = self
+            .mount
+            .join(current.trim_start_matches('/'))
+            .join(self.mark.file());
+        let priority = match read_file(&file) {
+            Ok(s) => self
+                .mark
+                .priority_of(&s)
+                .ok_or_else(|| Error::Invalid(format!("{}: unexpected {s:?}", file.display())))?,
+            Err(_) if !file.exists() => PRIORITY_NORMAL,
+            Err(e) => return Err(e),
+        };
+        Ok(Allocation {
+            cpu_priority: Some(priority),
+            ..Default::default()
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn marks_round_trip() {
+        for m in [Mark::Idle, Mark::Weight, Mark::Shares] {
+            for p in [PRIORITY_IDLE, PRIORITY_NORMAL] {
+                assert_eq!(m.priority_of(m.value(p)), Some(p), "{m:?} {p}");
+            }
+            assert_eq!(m.priority_of("x"), None);
+        }
+    }
+}

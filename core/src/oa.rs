@@ -1,0 +1,158 @@
+//! Operational analysis (paper 001, after Denning and Buzen) of one app
+//! from what the node measures anyway: X, the requests it completed per
+//! second (eBPF counts them), and the CPU time its processes used. The
+//! service demand D = CPU seconds / request; on an allocation of c CPUs
+//! the utilisation is U = X·D / c, the throughput at which it saturates
+//! X_sat = c / D, and headroom = 1 − X / X_sat. A policy predicts U on a
+//! smaller allocation before it takes a unit away ([`Oa::util_on`]).
+
+use serde::{Deserialize, Serialize};
+
+use crate::policy::{AppState, NodeCaps, Share};
+use crate::quota::MILLI_PER_CPU;
+use crate::resources::Resource;
+
+/// The operational figures of one app over one window.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Oa {
+    /// Throughput X, requests/s.
+    pub x_rps: f64,
+    /// Service demand D, CPU seconds per request.
+    pub demand_s: f64,
+    /// CPUs of the allocation, c (its cores, or its quota when lower).
+    pub cpus: f64,
+    /// Utilisation U = X·D / c.
+    pub util: f64,
+    /// Saturation throughput X_sat = c / D, requests/s.
+    pub x_sat_rps: f64,
+    /// 1 − X / X_sat (= 1 − U): the share of the allocation left.
+    pub headroom: f64,
+}
+
+/// Fewer requests per second than this give no demand: a few requests'
+/// CPU time is mostly the process's own housekeeping.
+pub const MIN_RPS: f64 = 1.0;
+
+impl Oa {
+    /// From throughput, CPUs busy and the allocation's CPUs; `None`
+    /// without requests, CPU time or CPUs to divide by.
+    pub fn of(x_rps: f64, cpus_used: f64, cpus: f64) -> Option<Oa> {
+        if !(x_rps >= MIN_RPS && cpus_used > 0.0 && cpus > 0.0 && cpus_used.is_finite()) {
+            return None;
+        }
+        let demand_s = cpus_used / x_rps;
+        let x_sat_rps = cpus / demand_s;
+        Some(Oa {
+            x_rps,
+            demand_s,
+            cpus,
+            util: x_rps * demand_s / cpus,
+            x_sat_rps,
+            headroom: 1.0 - x_rps / x_sat_rps,
+        })
+    }
+
+    /// An app's figures under its allocation `share` on `node`.
+    pub fn of_app(a: &AppState, share: &Share, node: &NodeCaps) -> Option<Oa> {
+        Oa::of(a.rps, a.cpus_used?, cpus_of(share, node)?)
+    }
+
+    /// Predicted utilisation if the app held `after` instead of `before`
+    /// at the same throughput. Fewer CPUs raise it in proportion; a lower
+    /// frequency raises the demand at most in proportion (all of a
+    /// request's time on the CPU: the cautious guess). Resources whose
+    /// effect on the demand is not known (cache ways, memory bandwidth)
+    /// predict no change.
+    pub fn util_on(&self, before: &Share, after: &Share, node: &NodeCaps) -> f64 {
+        let c = cpus_of(after, node).unwrap_or(self.cpus).max(1e-9);
+        let f = match (before.freq_mhz, after.freq_mhz) {
+            (b, a) if node.has(Resource::Frequency) && a > 0 && b > a => {
+                f64::from(b) / f64::from(a)
+            }
+            _ => 1.0,
+        };
+        self.x_rps * self.demand_s * f / c
+    }
+}
+
+/// CPUs an allocation gives: its cores (where the node has a cores
+/// knob), bounded by its CPU quota (where set); `None` when neither
+/// says (apps share the CPUs with no quota).
+pub fn cpus_of(share: &Share, node: &NodeCaps) -> Option<f64> {
+    let cores = node
+        .has(Resource::Cores)
+        .then_some(f64::from(share.nr_cores))
+        .filter(|c| *c > 0.0);
+    let quota = (node.has(Resource::CpuQuota) && share.cpu_quota_milli > 0)
+        .then(|| f64::from(share.cpu_quota_milli) / f64::from(MILLI_PER_CPU));
+    match (cores, quota) {
+        (Some(c), Some(q)) => Some(c.min(q)),
+        (c, q) => c.or(q),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::FreqRange;
+    use crate::QuotaRange;
+
+    fn node() -> NodeCaps {
+        NodeCaps {
+            nr_cores: 8,
+            nr_ways: 0,
+            freq: Some(FreqRange {
+                min_mhz: 1000,
+                max_mhz: 3000,
+                step_mhz: 100,
+            }),
+            mb: None,
+            quota: Some(QuotaRange {
+                step_milli: 100,
+                max_milli: 8000,
+            }),
+            cpu_priority: false,
+        }
+    }
+
+    #[test]
+    fn the_laws_hold() {
+        // 400 req/s at 2 ms of CPU each on 2 CPUs: 0.8 CPUs busy.
+        let o = Oa::of(400.0, 0.8, 2.0).unwrap();
+        assert!((o.demand_s - 0.002).abs() < 1e-12);
+        assert!((o.util - 0.4).abs() < 1e-12);
+        assert!((o.x_sat_rps - 1000.0).abs() < 1e-9);
+        assert!((o.headroom - 0.6).abs() < 1e-12);
+        assert_eq!(Oa::of(0.5, 0.1, 1.0), None);
+        assert_eq!(Oa::of(100.0, 0.0, 1.0), None);
+    }
+
+    #[test]
+    fn smaller_allocations_predict_higher_utilisation() {
+        let n = node();
+        let before = Share {
+            nr_cores: 2,
+            freq_mhz: 3000,
+            cpu_quota_milli: 0,
+            ..Default::default()
+        };
+        assert_eq!(cpus_of(&before, &n), Some(2.0));
+        let o = Oa::of(400.0, 0.8, 2.0).unwrap();
+        let one_core = Share {
+            nr_cores: 1,
+            ..before
+        };
+        assert!((o.util_on(&before, &one_core, &n) - 0.8).abs() < 1e-12);
+        let quota = Share {
+            cpu_quota_milli: 500,
+            ..before
+        };
+        assert_eq!(cpus_of(&quota, &n), Some(0.5));
+        assert!((o.util_on(&before, &quota, &n) - 1.6).abs() < 1e-12);
+        let slower = Share {
+            freq_mhz: 1500,
+            ..before
+        };
+        assert!((o.util_on(&before, &slower, &n) - 0.8).abs() < 1e-12);
+    }
+}

@@ -1,0 +1,242 @@
+//! One SLO for both sides. Users state one target: the client-side
+//! latency at a percentile. What the server adds and what the client sees
+//! differ by a gap (network, loopback, the client's own CPU) that is
+//! additive and grows with load, so an eBPF-fed policy judges the eBPF
+//! latency against `client target − gap(load)`, and divides the headroom
+//! by the client target: slack then means the same on both sides
+//! (`(T − gap − L_server) / T = (T − L_client) / T` when
+//! `L_client = L_server + gap`). The gap comes from calibration, as a
+//! curve over load ([`GapModel`]); where client samples exist beside the
+//! eBPF ones (replays, a daemon app that also gets POSTed latencies) a
+//! slow correction keeps it current ([`SloSide`]).
+
+use serde::{Deserialize, Serialize};
+
+/// The client/server gap at one load: client pXX − eBPF pXX, µs.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct GapPoint {
+    /// Requests completed per second at this point.
+    pub rps: f64,
+    /// Client-side percentile minus server-side percentile, µs (≥ 0).
+    pub gap_us: f64,
+}
+
+/// The gap as a function of load: points sorted by rps, interpolated
+/// linearly, held flat beyond the ends.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct GapModel {
+    pub points: Vec<GapPoint>,
+}
+
+impl GapModel {
+    /// A model from measured (rps, gap) pairs: sorted, negative gaps (noise)
+    /// clamped to 0, and made non-decreasing in load (pool-adjacent
+    /// violators: the network queue only grows with load, so a dip is
+    /// noise). `None` without a usable point.
+    pub fn fit(mut pts: Vec<GapPoint>) -> Option<GapModel> {
+        pts.retain(|p| p.rps.is_finite() && p.gap_us.is_finite() && p.rps >= 0.0);
+        if pts.is_empty() {
+            return None;
+        }
+        pts.sort_by(|a, b| a.rps.total_cmp(&b.rps));
+        // Blocks of (sum, count) merged while a later block is lower.
+        let mut blocks: Vec<(f64, usize)> = Vec::with_capacity(pts.len());
+        for p in &pts {
+            blocks.push((p.gap_us.max(0.0), 1));
+            while blocks.len() > 1 {
+                let (s1, n1) = blocks[blocks.len() - 1];
+                let (s0, n0) = blocks[blocks.len() - 2];
+                if s1 / n1 as f64 >= s0 / n0 as f64 {
+                    break;
+                }
+                blocks.pop();
+                *blocks.last_mut()? = (s0 + s1, n0 + n1);
+            }
+        }
+        let mut i = 0;
+        for (s, n) in blocks {
+            for p in &mut pts[i..i + n] {
+                p.gap_us = s / n as f64;
+            }
+            i += n;
+        }
+        Some(GapModel { points: pts })
+    }
+
+    /// The gap at `rps`, µs.
+    pub fn gap_us(&self, rps: f64) -> f64 {
+        let p = &self.points;
+        match p.iter().position(|q| q.rps >= rps) {
+            None => p.last().map_or(0.0, |q| q.gap_us),
+            Some(0) => p[0].gap_us,
+            Some(i) => {
+                let (a, b) = (p[i - 1], p[i]);
+                let w = (rps - a.rps) / (b.rps - a.rps).max(1e-12);
+                a.gap_us + w * (b.gap_us - a.gap_us)
+            }
+        }
+    }
+}
+
+/// Where a side's target came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TargetFrom {
+    /// The user's target as written (the client side, or an eBPF side
+    /// with no gap known: the same number).
+    Client,
+    /// Client target − the calibrated gap at the current load.
+    CalibratedGap,
+    /// The same, with the gap corrected by recent client samples.
+    RefreshedGap,
+}
+
+impl TargetFrom {
+    pub fn name(self) -> &'static str {
+        match self {
+            TargetFrom::Client => "client",
+            TargetFrom::CalibratedGap => "calibrated_gap",
+            TargetFrom::RefreshedGap => "refreshed_gap",
+        }
+    }
+}
+
+/// The eBPF side of one app's SLO.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SloSide {
+    /// The user's (client-side) target, µs.
+    pub client_target_us: f64,
+    /// The calibrated gap; `None`: no calibration (gap 0 until client
+    /// samples say otherwise).
+    pub model: Option<GapModel>,
+    /// Measured gap − modelled gap, µs, smoothed over client samples.
+    pub correction_us: f64,
+    /// Client samples the correction has seen.
+    pub nr_refreshes: u64,
+}
+
+/// Weight of one interval's residual in the correction: about 20
+/// intervals (10 s at 500 ms) make it, so one noisy interval moves the
+/// target by a twentieth of its error.
+const REFRESH_WEIGHT: f64 = 0.05;
+
+/// The lowest an eBPF-side target goes, as a fraction of the client's: a
+/// gap as large as the target itself leaves the server no time at all,
+/// which no allocation can meet.
+const MIN_SHARE: f64 = 0.02;
+
+impl SloSide {
+    pub fn new(client_target_us: f64, model: Option<GapModel>) -> Self {
+        SloSide {
+            client_target_us,
+            model,
+            correction_us: 0.0,
+            nr_refreshes: 0,
+        }
+    }
+
+    /// The gap at `rps`, µs (≥ 0).
+    pub fn gap_us(&self, rps: f64) -> f64 {
+        let m = self.model.as_ref().map_or(0.0, |m| m.gap_us(rps));
+        (m + self.correction_us).max(0.0)
+    }
+
+    /// The eBPF-side target at `rps` and where it came from.
+    pub fn ebpf_target_us(&self, rps: f64) -> (f64, TargetFrom) {
+        let from = match (self.nr_refreshes, &self.model) {
+            (n, _) if n > 0 => TargetFrom::RefreshedGap,
+            (_, Some(_)) => TargetFrom::CalibratedGap,
+            (_, None) => TargetFrom::Client,
+        };
+        let t = self.client_target_us;
+        ((t - self.gap_us(rps)).max(MIN_SHARE * t), from)
+    }
+
+    /// One interval with both figures at the target's percentile, µs, at
+    /// `rps`: the measured gap corrects the model slowly. Intervals with
+    /// too few samples for the percentile are not passed here.
+    pub fn refresh(&mut self, rps: f64, client_us: f64, ebpf_us: f64) {
+        if !(client_us.is_finite() && ebpf_us.is_finite()) {
+            return;
+        }
+        let model = self.model.as_ref().map_or(0.0, |m| m.gap_us(rps));
+        let residual = (client_us - ebpf_us).max(0.0) - model;
+        // The first sample sets it; later ones move it by a fraction.
+        let w = if self.nr_refreshes == 0 && self.model.is_none() {
+            1.0
+        } else {
+            REFRESH_WEIGHT
+        };
+        self.correction_us += w * (residual - self.correction_us);
+        self.nr_refreshes += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pts(v: &[(f64, f64)]) -> Vec<GapPoint> {
+        v.iter()
+            .map(|&(rps, gap_us)| GapPoint { rps, gap_us })
+            .collect()
+    }
+
+    #[test]
+    fn gap_is_interpolated_and_held_flat_beyond_the_ends() {
+        let m = GapModel::fit(pts(&[(100.0, 100.0), (300.0, 200.0)])).unwrap();
+        assert_eq!(m.gap_us(0.0), 100.0);
+        assert_eq!(m.gap_us(200.0), 150.0);
+        assert_eq!(m.gap_us(1000.0), 200.0);
+    }
+
+    #[test]
+    fn a_noisy_dip_is_pooled_and_negative_gaps_are_zero() {
+        let m = GapModel::fit(pts(&[
+            (300.0, 150.0),
+            (100.0, -5.0),
+            (200.0, 250.0),
+            (400.0, 400.0),
+        ]))
+        .unwrap();
+        let g: Vec<f64> = m.points.iter().map(|p| p.gap_us).collect();
+        assert_eq!(g, vec![0.0, 200.0, 200.0, 400.0]);
+        assert!(GapModel::fit(pts(&[(f64::NAN, 1.0)])).is_none());
+    }
+
+    #[test]
+    fn slack_means_the_same_on_both_sides() {
+        // Client target 1000 µs, a 300 µs gap: a server at 500 µs is a
+        // client at 800 µs, slack 0.2 either way.
+        let m = GapModel::fit(pts(&[(0.0, 300.0)]));
+        let s = SloSide::new(1000.0, m);
+        let (t, from) = s.ebpf_target_us(50.0);
+        assert_eq!((t, from), (700.0, TargetFrom::CalibratedGap));
+        let ebpf_slack = (t - 500.0) / s.client_target_us;
+        assert!((ebpf_slack - (1000.0 - 800.0) / 1000.0).abs() < 1e-12);
+        // A gap beyond the target leaves the floor, not a negative target.
+        let huge = SloSide::new(100.0, GapModel::fit(pts(&[(0.0, 500.0)])));
+        assert_eq!(huge.ebpf_target_us(1.0).0, 2.0);
+    }
+
+    #[test]
+    fn client_samples_pull_the_gap_slowly() {
+        let mut s = SloSide::new(1000.0, GapModel::fit(pts(&[(0.0, 100.0)])));
+        // The real gap is 300 µs: after many intervals the target follows.
+        for _ in 0..200 {
+            s.refresh(10.0, 800.0, 500.0);
+        }
+        let (t, from) = s.ebpf_target_us(10.0);
+        assert!((t - 700.0).abs() < 1.0, "{t}");
+        assert_eq!(from, TargetFrom::RefreshedGap);
+        // One wild interval moves it by a twentieth of its error at most.
+        s.refresh(10.0, 5000.0, 500.0);
+        let (t2, _) = s.ebpf_target_us(10.0);
+        assert!((t - t2) < 0.051 * 4200.0 + 1.0, "{t} -> {t2}");
+        // Without a calibration the first sample sets the gap.
+        let mut n = SloSide::new(1000.0, None);
+        assert_eq!(n.ebpf_target_us(1.0), (1000.0, TargetFrom::Client));
+        n.refresh(1.0, 400.0, 150.0);
+        assert_eq!(n.ebpf_target_us(1.0).0, 750.0);
+    }
+}

@@ -1,0 +1,170 @@
+//! Operational analysis in PARTIES' choices (`max_util`): a downsize whose
+//! predicted utilisation on the smaller allocation exceeds the bound is not
+//! tried (the plan's `skipped` says so), and an app already past the bound
+//! is upsized before anything is given back. Utilisation is measured
+//! (requests counted by the sensor, the app's CPU time), so this acts
+//! before the tail latency does: a queue near saturation is a latency
+//! spike waiting for the next burst, whatever the last window's p99 said.
+
+use qosd_core::oa::Oa;
+use qosd_core::{DecisionKind, Resource, Share, Skipped, Snapshot};
+
+use super::Parties;
+use crate::policy::alloc::{fmt_us, Editor};
+
+impl Parties {
+    /// `app`'s allocation in the plan so far, levels never set (0) read
+    /// as what they mean (no quota: all its cores' worth).
+    fn share_in(ed: &Editor<'_>, app: &str) -> Option<Share> {
+        let mut s = *ed.plan.allocations.get(app)?;
+        if s.cpu_quota_milli == 0 && ed.node.has(Resource::CpuQuota) {
+            s.cpu_quota_milli = ed.value(app, Resource::CpuQuota);
+        }
+        Some(s)
+    }
+
+    /// `app`'s operational figures under its allocation in the plan.
+    pub(super) fn oa(ed: &Editor<'_>, app: &str) -> Option<Oa> {
+        Oa::of_app(ed.snap.app(app)?, &Self::share_in(ed, app)?, ed.node)
+    }
+
+    /// Whether a downsize of `app`'s `r` by `step` is barred by
+    /// `max_util`; if so it is recorded in the plan's `skipped`.
+    pub(super) fn barred(&self, ed: &mut Editor<'_>, app: &str, r: Resource, step: u32) -> bool {
+        let Some(bound) = self.p.max_util else {
+            return false;
+        };
+        let (Some(to), Some(before), Some(oa)) = (
+            ed.lowered(app, r, step),
+            Self::share_in(ed, app),
+            Self::oa(ed, app),
+        ) else {
+            return false;
+        };
+        let mut after = before;
+        after.set(r, to);
+        let u = oa.util_on(&before, &after, ed.node);
+        if u <= bound {
+            return false;
+        }
+        ed.plan.skipped.push(Skipped {
+            app: app.to_owned(),
+            resource: r,
+            kind: DecisionKind::Downsize,
+            reason: format!(
+                "{} {} -> {to} {}: predicted utilisation {u:.2} > max_util {bound} \
+                 (X {:.0} req/s, D {} CPU/request, U now {:.2})",
+                r,
+                before.get(r),
+                r.unit(),
+                oa.x_rps,
+                fmt_us(oa.demand_s * 1e6),
+                oa.util,
+            ),
+        });
+        true
+    }
+
+    /// Latency-critical apps whose utilisation is past `max_util` (their
+    /// headroom gone), most utilised first.
+    pub(super) fn saturated(&self, ed: &Editor<'_>, snap: &Snapshot) -> Vec<(String, f64)> {
+        let Some(bound) = self.p.max_util else {
+            return Vec::new();
+        };
+        let mut v: Vec<(String, f64)> = snap
+            .apps
+            .iter()
+            .filter(|a| a.target.is_some())
+            .filter_map(|a| Some((a.name.clone(), Self::oa(ed, &a.name)?.util)))
+            .filter(|(_, u)| *u > bound)
+            .collect();
+        v.sort_by(|a, b| b.1.total_cmp(&a.1));
+        v
+    }
+}
+
+impl Parties {
+    /// Upsizes the most utilised app of `saturated` that can grow; false
+    /// when none could.
+    pub(super) fn headroom_upsize(
+        &mut self,
+        ed: &mut Editor<'_>,
+        snap: &Snapshot,
+        saturated: &[(String, f64)],
+        note: &str,
+    ) -> bool {
+        let Some(bound) = self.p.max_util else {
+            return false;
+        };
+        for (app, u) in saturated {
+            let why = format!(
+                "{note}{}; utilisation {u:.2} > max_util {bound} (headroom gone)",
+                self.describe(snap, app)
+            );
+            if self.upsize(ed, app, why) {
+                return true;
+            }
+        }
+        false
+    }
+}
+
+impl Parties {
+    /// `downsize_below_util`: the least utilised app in the hysteresis
+    /// band (not cooling down) whose CPUs would stay under the bound with
+    /// one unit fewer gives that unit back. After PARTIES' own downsizes
+    /// found nothing to give.
+    pub(super) fn idle_cpu_downsize(
+        &mut self,
+        ed: &mut Editor<'_>,
+        snap: &Snapshot,
+        slacks: &[(String, f64)],
+        now_ms: u64,
+        note: &str,
+    ) -> bool {
+        let Some(bound) = self.p.downsize_below_util else {
+            return false;
+        };
+        let cpu = |r: Resource| matches!(r, Resource::Cores | Resource::CpuQuota);
+        let mut idle: Vec<(String, f64, Resource, f64)> = slacks
+            .iter()
+            .filter(|(n, s)| {
+                *s >= self.p.upsize_below_slack
+                    && self
+                        .apps
+                        .get(n)
+                        .is_none_or(|m| now_ms >= m.no_downsize_until_ms)
+            })
+            .filter_map(|(n, _)| {
+                let oa = Self::oa(ed, n)?;
+                let before = Self::share_in(ed, n)?;
+                // The first CPU resource of its cycle that can shrink, and
+                // the utilisation it would leave.
+                self.p
+                    .cycle
+                    .iter()
+                    .copied()
+                    .filter(|r| cpu(*r))
+                    .find_map(|r| {
+                        let to = ed.lowered(n, r, self.p.step.on(r, ed.node))?;
+                        let mut after = before;
+                        after.set(r, to);
+                        let u = oa.util_on(&before, &after, ed.node);
+                        (u < bound).then(|| (n.clone(), oa.util, r, u))
+                    })
+            })
+            .collect();
+        idle.sort_by(|a, b| a.1.total_cmp(&b.1));
+        for (app, u, r, after) in idle {
+            let why = format!(
+                "{note}{}; utilisation {u:.2}, {after:.2} with one unit of {r} fewer \
+                 < downsize_below_util {bound}",
+                self.describe(snap, &app)
+            );
+            if self.downsize(ed, &app, why, &|x| x == r) {
+                return true;
+            }
+        }
+        false
+    }
+}

@@ -1,0 +1,423 @@
+//! `qosd net` in network namespaces each test makes (`qosd-test-net26-*`,
+//! a veth pair between two of them, static neighbours so no ARP frame is
+//! in the way): a UDP stream of N packets of S bytes counts exactly N
+//! packets and N × (S + 42) bytes (Ethernet 14 + IPv4 20 + UDP 8) for the
+//! peer, and an app's listening port counts exactly what it received; a
+//! burst of K packets inside one millisecond bin is one bin of K; LRU
+//! evictions are counted; the TC programs are removed after SIGTERM and
+//! after SIGKILL + `qosd restore`, and a clsact qdisc that was there
+//! before stays. Needs root.
+
+use std::io::{BufRead, BufReader};
+use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::os::fd::AsFd;
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const QOSD: &str = env!("CARGO_BIN_EXE_qosd");
+/// Ethernet + IPv4 + UDP headers of one packet.
+const HEADERS: u64 = 14 + 20 + 8;
+
+fn sh(args: &[&str]) -> String {
+    let out = Command::new(args[0]).args(&args[1..]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Two namespaces `a` and `b` joined by veths `va`/`vb`, 10.226.<net>.1
+/// and .2, each side's neighbour entry static.
+struct Pair {
+    a: String,
+    b: String,
+    va: String,
+    net: u8,
+}
+
+impl Pair {
+    fn new(tag: &str, net: u8) -> Pair {
+        let id = std::process::id() % 10000;
+        let p = Pair {
+            a: format!("qosd-test-net26-{tag}{id}-a"),
+            b: format!("qosd-test-net26-{tag}{id}-b"),
+            va: format!("qn26{tag}{id}a"),
+            net,
+        };
+        let vb = format!("qn26{tag}{id}b");
+        let _ = Command::new("ip").args(["netns", "del", &p.a]).output();
+        let _ = Command::new("ip").args(["netns", "del", &p.b]).output();
+        sh(&["ip", "netns", "add", &p.a]);
+        sh(&["ip", "netns", "add", &p.b]);
+        sh(&[
+            "ip", "link", "add", &p.va, "netns", &p.a, "type", "veth", "peer", "name", &vb,
+            "netns", &p.b,
+        ]);
+        for (ns, dev, me) in [(&p.a, &p.va, 1), (&p.b, &vb, 2)] {
+            sh(&[
+                "ip",
+                "-n",
+                ns,
+                "addr",
+                "add",
+                &format!("10.226.{net}.{me}/24"),
+                "dev",
+                dev,
+            ]);
+            sh(&["ip", "-n", ns, "link", "set", dev, "up"]);
+        }
+        let mac = |ns: &str, dev: &str| {
+            let j: Value =
+                serde_json::from_str(&sh(&["ip", "-j", "-n", ns, "link", "show", dev])).unwrap();
+            j[0]["address"].as_str().unwrap().to_owned()
+        };
+        let (mac_a, mac_b) = (mac(&p.a, &p.va), mac(&p.b, &vb));
+        for (ns, dev, other, m) in [(&p.a, &p.va, 2, &mac_b), (&p.b, &vb, 1, &mac_a)] {
+            let ip = format!("10.226.{net}.{other}");
+            sh(&[
+                "ip",
+                "-n",
+                ns,
+                "neigh",
+                "replace",
+                &ip,
+                "lladdr",
+                m,
+                "dev",
+                dev,
+                "nud",
+                "permanent",
+            ]);
+        }
+        // Traffic only into our own veth.
+        let route = sh(&["ip", "-n", &p.a, "route", "get", &p.ip(2).to_string()]);
+        assert!(route.contains(&format!("dev {}", p.va)), "{route}");
+        p
+    }
+
+    fn ip(&self, host: u8) -> Ipv4Addr {
+        Ipv4Addr::new(10, 226, self.net, host)
+    }
+
+    /// Runs `f` in a thread inside namespace `ns`.
+    fn within<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> T {
+        let file = std::fs::File::open(format!("/run/netns/{ns}")).unwrap();
+        std::thread::scope(|s| {
+            s.spawn(move || {
+                nix::sched::setns(file.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+                f()
+            })
+            .join()
+            .unwrap()
+        })
+    }
+
+    /// `tc` output of `va`'s qdiscs and filters (both hooks).
+    fn tc(&self) -> String {
+        let mut s = sh(&[
+            "ip", "netns", "exec", &self.a, "tc", "qdisc", "show", "dev", &self.va,
+        ]);
+        for dir in ["ingress", "egress"] {
+            let argv = [
+                "ip", "netns", "exec", &self.a, "tc", "filter", "show", "dev", &self.va, dir,
+            ];
+            s += &sh(&argv);
+        }
+        s
+    }
+
+    /// `qosd net` in namespace `a` on `va`, once it has attached.
+    fn qosd(&self, state: &std::path::Path, extra: &[&str]) -> Running {
+        let mut c = Command::new("ip")
+            .args([
+                "netns", "exec", &self.a, QOSD, "net", "--iface", &self.va, "--json",
+            ])
+            .arg("--state-file")
+            .arg(state)
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stderr = BufReader::new(c.stderr.take().unwrap());
+        let mut seen = String::new();
+        // libbpf may say first that the clsact qdisc exists already.
+        while !seen.contains("counting on") {
+            let mut line = String::new();
+            if stderr.read_line(&mut line).unwrap() == 0 {
+                panic!("qosd net did not start: {seen}");
+            }
+            seen += &line;
+        }
+        let stdout = BufReader::new(c.stdout.take().unwrap());
+        Running {
+            child: c,
+            stdout,
+            _stderr: stderr,
+        }
+    }
+}
+
+impl Drop for Pair {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.a]).output();
+        let _ = Command::new("ip").args(["netns", "del", &self.b]).output();
+    }
+}
+
+struct Running {
+    child: Child,
+    stdout: BufReader<ChildStdout>,
+    /// Kept open: qosd reports the restore on stderr at exit.
+    _stderr: BufReader<std::process::ChildStderr>,
+}
+
+impl Running {
+    /// Windows printed until one starting after CLOCK_MONOTONIC second
+    /// `after` (so every packet sent before `after` is in), bounded.
+    fn windows_past(&mut self, after: u64) -> Vec<Value> {
+        let mut out = Vec::new();
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(20) {
+            let mut line = String::new();
+            if self.stdout.read_line(&mut line).unwrap() == 0 {
+                break;
+            }
+            let w: Value = serde_json::from_str(&line).unwrap();
+            let done = w["window"].as_u64().unwrap() > after;
+            out.push(w);
+            if done {
+                return out;
+            }
+        }
+        panic!("no window past {after} within 20 s: {out:?}");
+    }
+
+    fn signal(&mut self, sig: nix::sys::signal::Signal) -> std::process::ExitStatus {
+        // `ip netns exec` execs qosd: the child's pid is qosd's.
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        nix::sys::signal::kill(pid, sig).unwrap();
+        self.child.wait().unwrap()
+    }
+}
+
+fn mono_s() -> u64 {
+    qosd_sensors::net::now_ns() / 1_000_000_000
+}
+
+/// Sum of one key's figures over `windows`: peers whose addr/proto/dir
+/// match, or ports (`port` set).
+fn total(windows: &[Value], list: &str, m: impl Fn(&Value) -> bool) -> (u64, u64) {
+    let mut t = (0, 0);
+    for w in windows {
+        for e in w[list].as_array().unwrap() {
+            if m(&e[0]) {
+                t.0 += e[1]["packets"].as_u64().unwrap();
+                t.1 += e[1]["bytes"].as_u64().unwrap();
+            }
+        }
+    }
+    t
+}
+
+#[test]
+fn udp_stream_and_an_apps_port_count_exactly_and_sigterm_removes_everything() {
+    let p = Pair::new("s", 61);
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state.json");
+    assert!(!p.tc().contains("clsact"));
+    let top = ["--top", "100"];
+    let mut q = p.qosd(&state, &top);
+    assert!(p.tc().contains("net_ingress") && p.tc().contains("net_egress"));
+    let (n, s, m, port) = (1000u64, 200usize, 500u64, 7261u16);
+    // The app in `a` listens on `port`; `b` sends it m packets.
+    let a_addr = SocketAddrV4::new(p.ip(1), port);
+    let received = std::thread::scope(|sc| {
+        let app = sc.spawn(|| {
+            Pair::within(&p.a, || {
+                let sock = UdpSocket::bind(a_addr).unwrap();
+                sock.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+                let mut buf = [0u8; 2048];
+                let mut got = 0u64;
+                while got < m && sock.recv(&mut buf).is_ok() {
+                    got += 1;
+                }
+                got
+            })
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        Pair::within(&p.b, || {
+            let sock = UdpSocket::bind("0.0.0.0:0").unwrap();
+            for i in 0..m {
+                assert_eq!(sock.send_to(&[7u8; 100], a_addr).unwrap(), 100);
+                if i % 50 == 49 {
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            }
+        });
+        app.join().unwrap()
+    });
+    assert_eq!(
+        received, m,
+        "the app must get every packet for an exact count"
+    );
+    // `a` sends n packets of s bytes to `b`.
+    let to = SocketAddrV4::new(p.ip(2), 9);
+    Pair::within(&p.a, || {
+        let sock = UdpSocket::bind("0.0.0.0:0").unwrap();
+        for i in 0..n {
+            assert_eq!(sock.send_to(&vec![1u8; s], to).unwrap(), s);
+            if i % 100 == 99 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    });
+    let windows = q.windows_past(mono_s());
+    let status = q.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(status.success(), "{status}");
+    let peer = |e: &Value, ip: Ipv4Addr, dir: &str| {
+        e["addr"] == ip.to_string() && e["proto"] == 17 && e["dir"] == dir
+    };
+    let out = total(&windows, "peers", |e| peer(e, p.ip(2), "egress"));
+    assert_eq!(out, (n, n * (s as u64 + HEADERS)), "{windows:?}");
+    let inb = total(&windows, "peers", |e| peer(e, p.ip(2), "ingress"));
+    assert_eq!(inb, (m, m * (100 + HEADERS)));
+    let app = total(&windows, "ports", |e| {
+        e["port"] == port && e["proto"] == 17 && e["dir"] == "ingress"
+    });
+    assert_eq!(app, (m, m * (100 + HEADERS)));
+    let tc = p.tc();
+    assert!(
+        !tc.contains("clsact") && !tc.contains("net_"),
+        "left behind: {tc}"
+    );
+    assert!(!state.exists(), "the state file is removed once restored");
+}
+
+#[test]
+fn a_burst_inside_one_bin_is_one_bin_of_k() {
+    let p = Pair::new("b", 62);
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state.json");
+    let k = 40u64;
+    let over = (k - 1).to_string();
+    let mut q = p.qosd(&state, &["--bin-ms", "1", "--over-packets", &over]);
+    let to = SocketAddrV4::new(p.ip(2), 9);
+    // Deterministic burst: one sender thread pinned to one CPU (the egress
+    // hook runs in the sender's context, so one CPU's bins see it all)
+    // starts right after a millisecond boundary of the kernel's clock and
+    // sends k small packets back to back (~k µs on this machine). A burst
+    // that a preemption still splits over two bins shows as a peak < k in
+    // its window; each burst has a window of its own and at least one of
+    // three must be whole.
+    let mut last = 0;
+    Pair::within(&p.a, || {
+        let mut cpus = nix::sched::CpuSet::new();
+        cpus.set(0).unwrap();
+        nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &cpus).unwrap();
+        let sock = UdpSocket::bind("0.0.0.0:0").unwrap();
+        for _ in 0..3 {
+            // The start of the next second, then the next ms boundary.
+            let next = (qosd_sensors::net::now_ns() / 1_000_000_000 + 1) * 1_000_000_000;
+            std::thread::sleep(Duration::from_nanos(
+                next.saturating_sub(qosd_sensors::net::now_ns()) + 100_000,
+            ));
+            let t0 = Instant::now();
+            loop {
+                let now = qosd_sensors::net::now_ns();
+                if now % 1_000_000 < 30_000 || t0.elapsed() > Duration::from_millis(50) {
+                    break;
+                }
+            }
+            for _ in 0..k {
+                sock.send_to(&[3u8; 32], to).unwrap();
+            }
+            last = mono_s();
+        }
+    });
+    let windows = q.windows_past(last);
+    q.signal(nix::sys::signal::Signal::SIGINT);
+    let mut peaks = Vec::new();
+    for w in &windows {
+        for e in w["peers"].as_array().unwrap() {
+            if e[0]["addr"] == p.ip(2).to_string() && e[0]["dir"] == "egress" {
+                assert_eq!(e[1]["packets"], k, "one burst per window: {w}");
+                let peak = e[1]["peak_packets"].as_u64().unwrap();
+                let over = e[1]["bins_over"].as_u64().unwrap();
+                assert_eq!(over, u64::from(peak == k), "{w}");
+                peaks.push(peak);
+            }
+        }
+    }
+    assert_eq!(peaks.len(), 3, "{windows:?}");
+    assert!(
+        peaks.contains(&k),
+        "no burst stayed inside one 1 ms bin: peaks {peaks:?}"
+    );
+}
+
+#[test]
+fn lru_evictions_are_counted_and_sigkill_then_restore_removes_only_qosds_filters() {
+    let p = Pair::new("e", 63);
+    // A clsact qdisc that was there before qosd: it must stay.
+    sh(&[
+        "ip", "netns", "exec", &p.a, "tc", "qdisc", "add", "dev", &p.va, "clsact",
+    ]);
+    let route = format!("10.226.{}.0/24", 163);
+    sh(&[
+        "ip",
+        "-n",
+        &p.a,
+        "route",
+        "add",
+        &route,
+        "via",
+        &p.ip(2).to_string(),
+    ]);
+    let r = sh(&["ip", "-n", &p.a, "route", "get", "10.226.163.7"]);
+    assert!(r.contains(&format!("dev {}", p.va)), "{r}");
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state.json");
+    let mut q = p.qosd(&state, &["--peers-max", "16"]);
+    let peers = 40u8;
+    Pair::within(&p.a, || {
+        let sock = UdpSocket::bind("0.0.0.0:0").unwrap();
+        for h in 1..=peers {
+            sock.send_to(&[5u8; 10], (Ipv4Addr::new(10, 226, 163, h), 9))
+                .unwrap();
+        }
+    });
+    let windows = q.windows_past(mono_s());
+    let last = windows.last().unwrap();
+    let inserts = last["counters"]["peer_inserts"].as_u64().unwrap();
+    let live = last["live_peers"].as_u64().unwrap();
+    let evicted = last["evicted_peers"].as_u64().unwrap();
+    assert!(inserts >= u64::from(peers), "{last}");
+    assert!(live <= 16, "{last}");
+    assert_eq!(evicted, inserts - live, "{last}");
+    assert!(evicted >= u64::from(peers) - 16, "{last}");
+    // SIGKILL: nothing of qosd runs; the state file knows what to remove.
+    q.signal(nix::sys::signal::Signal::SIGKILL);
+    assert!(p.tc().contains("net_ingress"));
+    let out = Command::new(QOSD)
+        .args(["restore", "--state-file"])
+        .arg(&state)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tc = p.tc();
+    assert!(!tc.contains("net_"), "qosd's filters left behind: {tc}");
+    assert!(
+        tc.contains("clsact"),
+        "the clsact qdisc that was there before is gone: {tc}"
+    );
+}

@@ -1,0 +1,65 @@
+//! Requests counted exactly where several arrive in one read (root, real
+//! eBPF, real servers from Debian): redis-benchmark -P 16, HTTP/1.1
+//! pipelining against nginx, memcached batches (a storage command's data
+//! block passed over, multi-key gets), on the socket path.
+//! Run alone: `cargo test --release -p qosd-manager --test trace_pipelined`.
+
+mod support;
+
+use std::process::{Command, Stdio};
+
+use support::*;
+
+/// redis-benchmark with 16 requests pipelined per client: the count is
+/// what redis itself says it processed.
+#[test]
+fn redis_benchmark_pipelined_is_exact() {
+    let srv = redis();
+    let before = redis_stat(srv.port, "total_commands_processed");
+    let trace = Trace::start(&[srv.pid()], &[]);
+    assert_eq!(trace.banner["hooks"], "sockets", "{}", trace.banner);
+    let ok = Command::new("redis-benchmark")
+        .args(["-h", "127.0.0.1", "-p", &srv.port.to_string()])
+        .args(["-c", "4", "-n", "4000", "-P", "16", "-t", "set,get", "-q"])
+        .stdout(Stdio::null())
+        .status()
+        .expect("running redis-benchmark (apt-get install redis-tools)");
+    assert!(ok.success());
+    let lines = trace.stop();
+    // Our own INFO before and the one here: the commands in between.
+    let served = redis_stat(srv.port, "total_commands_processed") - before - 1;
+    assert!(served >= 8000, "redis served {served}");
+    let s = summary(&lines, srv.pid());
+    assert_eq!(s["requests"], served, "{s}");
+    assert_eq!(s["mode"], "turn", "{s}");
+}
+
+/// Batches of 16 HTTP/1.1 requests in one write (a third of them POSTs
+/// whose bodies hold "GET "), nginx answering each in turn.
+#[test]
+fn nginx_http_pipelining_is_exact() {
+    let srv = nginx();
+    let trace = Trace::start(&[srv.pid()], &[]);
+    let lat = http_pipelined(srv.port, 4, 50, 16);
+    let lines = trace.stop();
+    let s = summary(&lines, srv.pid());
+    assert_eq!(s["requests"], 4 * 50 * 16, "{s}");
+    assert_eq!(s["mode"], "turn", "{s}");
+    // A request's latency ends with its turn's last reply: never later
+    // than the client's whole batch.
+    assert_server_le_client("nginx pipelined x16", &s, &lat);
+}
+
+/// memcached batches of four commands in one write: a set whose data
+/// block looks like two gets, a multi-key get, a get and a delete.
+#[test]
+fn memcached_batches_are_exact() {
+    let srv = memcached(2);
+    let trace = Trace::start(&[srv.pid()], &[]);
+    let lat = memcache_batches(srv.port, 4, 250);
+    let lines = trace.stop();
+    let s = summary(&lines, srv.pid());
+    assert_eq!(s["requests"], 4 * 250 * 4, "{s}");
+    assert_eq!(s["mode"], "turn", "{s}");
+    assert_server_le_client("memcached batches of 4", &s, &lat);
+}
