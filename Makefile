@@ -7,7 +7,7 @@ CARGO ?= cargo
 APT_PKGS := clang llvm libelf-dev zlib1g-dev pkg-config make bpftool \
             memcached nginx-light redis-server redis-tools wrk stress-ng linux-cpupower \
             prometheus libfontconfig-dev curl procps iproute2 \
-            systemd util-linux man-db ruby-grpc etcd-server openssl
+            systemd util-linux man-db ruby-grpc etcd-server openssl iperf3
 QOSD := target/release/qosd
 
 # `make install` layout; `make install PREFIX=/usr DESTDIR=pkgroot` for a
@@ -72,6 +72,11 @@ fixtures:
 ## test: every test, real eBPF and real servers included (run as root)
 test: build fixtures
 	$(CARGO) test --release --workspace --no-fail-fast -- --test-threads=2
+	# The exact-count trace suites again with the histograms in the kernel
+	# (docs/aggregation.md); --workspace keeps the same build.
+	QOSD_AGGREGATE=kernel $(CARGO) test --release --workspace --no-fail-fast \
+		--test trace_real --test trace_pipelined --test trace_tls --test trace_sockets \
+		-- --test-threads=2
 
 ## test-kernels: the root suites of the sensors and actuators on Debian 12's
 ## and 13's kernels (guests with cgroup v2 only) and this host; docs/kernels.md

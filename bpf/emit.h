@@ -11,6 +11,7 @@
 #define QOSD_EMIT_H
 
 #include "requests.h"
+#include "agg.h"
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -50,6 +51,8 @@ static __always_inline void emit_record_n(__u8 kind, __u32 tgid, __u32 fd,
 					  __u64 start, __u64 end,
 					  __u64 wake_at)
 {
+	if (agg_record(kind, tgid, turns, nreq, arrive, start, end))
+		return;
 	struct req_record *r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);
 	if (!r) {
 		count(QOSD_CNT_LOST);

@@ -9,8 +9,8 @@ use anyhow::Context;
 use clap::Args as ClapArgs;
 use qosd_core::AppPower;
 use qosd_sensors::ebpf::{
-    HookChoice, Hooks, KindReport, Mode, RequestTracer, TargetOptions, TargetReport, TraceError,
-    TracerOptions,
+    Aggregate, HookChoice, Hooks, KindReport, Mode, RequestTracer, TargetOptions, TargetReport,
+    TraceError, TracerOptions,
 };
 use qosd_sensors::power::{PowerConfig, PowerSensor};
 use serde_json::json;
@@ -82,6 +82,11 @@ pub struct Args {
     /// $QOSD_HOOKS].
     #[arg(long, value_parser = ["auto", "sockets", "syscalls"])]
     pub hooks: Option<String>,
+    /// Where requests are aggregated: `records` (one ring-buffer record per
+    /// request, statistics in userspace) or `kernel` (histograms in BPF
+    /// maps, read every 100 ms; docs/aggregation.md).
+    #[arg(long, value_name = "kernel|records")]
+    pub aggregate: Option<String>,
 }
 
 /// The pids to trace: --pid as given, plus --comm and --cgroup matches
@@ -183,6 +188,9 @@ pub fn run(mut a: Args) -> anyhow::Result<()> {
     if let Some(h) = &a.hooks {
         topts.hooks = h.parse::<HookChoice>().map_err(|e: String| usage!("{e}"))?;
     }
+    if let Some(g) = &a.aggregate {
+        topts.aggregate = g.parse::<Aggregate>().map_err(|e: String| usage!("{e}"))?;
+    }
     a.pid = select(&a)?;
     let tracer = RequestTracer::start(topts).map_err(trace_err)?;
     for &pid in &a.pid {
@@ -217,7 +225,8 @@ pub fn run(mut a: Args) -> anyhow::Result<()> {
         writeln!(
             out,
             "{}",
-            json!({ "hooks": tracer.hooks().as_str(), "banner": banner })
+            json!({ "hooks": tracer.hooks().as_str(), "aggregate": tracer.aggregate().as_str(),
+                "banner": banner })
         )?;
     } else {
         writeln!(out, "{banner}")?;

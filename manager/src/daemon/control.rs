@@ -17,7 +17,7 @@ use qosd_sensors::power::PowerSensor;
 use qosd_sensors::sensor::client::{ClientFeeds, ClientSensor};
 use qosd_sensors::sensor::ebpf::EbpfSensor;
 
-use qosd_actuators::grouplock::GroupLocks;
+use qosd_actuators::grouplock::{GroupLocks, PidClaims};
 
 use super::discover::Finder;
 use super::jobs::Jobs;
@@ -67,6 +67,9 @@ pub struct DaemonNode {
     client_feeds: ClientFeeds,
     /// The root prefix (for the group locks of other daemons).
     root: qosd_actuators::Root,
+    /// The processes this daemon manages, claimed so that another daemon
+    /// matching them sees it (none in a dry run: it manages nothing).
+    claims: Option<PidClaims>,
     dry_run: bool,
     /// The batch jobs of best-effort apps that run one.
     jobs: Jobs,
@@ -132,6 +135,7 @@ impl Controller {
             finder: Finder::new(root),
             client_feeds,
             root: qosd_actuators::Root::new(root),
+            claims: (!dry_run).then(|| PidClaims::new(qosd_actuators::Root::new(root))),
             dry_run,
             jobs: Jobs::none(nr_apps),
             scan: true,

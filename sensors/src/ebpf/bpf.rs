@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use libbpf_rs::{MapCore, MapFlags, RingBufferBuilder};
 
+use super::agg::AggReader;
 use super::hooks::{self, sock_skel, sys_skel, Hooks, Maps};
 use super::sockfds::SocketFds;
 use super::target::TargetStats;
@@ -22,8 +23,8 @@ mod open;
 use open::{flush_open, remove_target};
 
 // Constants of bpf/requests.h.
-const REC_TURN: u8 = 1;
-const REC_CONN: u8 = 2;
+pub(crate) const REC_TURN: u8 = 1;
+pub(crate) const REC_CONN: u8 = 2;
 const REC_GRPC: u8 = 3;
 const REC_H2: u8 = 4;
 const EMIT_TURN: u8 = 1;
@@ -370,16 +371,19 @@ pub(super) fn run(
         }
     };
     let _ = ready.send(Ok((loaded.hooks(), why)));
-    // Everything the kernel has sent so far, into the statistics.
-    let drain = |batch: &mut Vec<req_record>| {
+    let agg = RefCell::new(AggReader::new(opts.aggregate));
+    // Everything the kernel has sent or counted so far (the histograms
+    // every READ_EVERY, or `now`), into the statistics.
+    let drain = |batch: &mut Vec<req_record>, now: bool| {
         let _ = ring.consume();
         std::mem::swap(batch, &mut *pending.borrow_mut());
         ingest(&shared, batch);
+        agg.borrow_mut().read(&maps, &shared, now);
     };
     // Replies already sent on connections still open are finished requests
     // (their end is otherwise only known at the next inbound bytes).
     let flush = |batch: &mut Vec<req_record>, pid: u32| {
-        drain(batch); // a close already sent must not count twice
+        drain(batch, true); // a close already sent must not count twice
         let mut open = flush_open(&maps, pid);
         ingest(&shared, &mut open);
     };
@@ -396,11 +400,17 @@ pub(super) fn run(
         if let Err(e) = ring.consume() {
             tracing::warn!("reading the ring buffer: {e}");
         }
-        drain(&mut batch);
+        drain(&mut batch, false);
         loop {
             match cmds.try_recv() {
                 Ok(Cmd::Add(pid, t, reply)) => {
-                    let r = add_target(&maps, &mut grpc, &shared, opts.window, pid, &t);
+                    let r = add_target(&maps, &mut grpc, &shared, opts.window, pid, &t).and_then(
+                        |()| {
+                            agg.borrow_mut()
+                                .add(&maps, pid)
+                                .map_err(bpf_err("making the request histograms"))
+                        },
+                    );
                     if r.is_ok() {
                         if let Some(st) = shared
                             .targets
@@ -417,6 +427,7 @@ pub(super) fn run(
                 }
                 Ok(Cmd::Remove(pid, reply)) => {
                     remove_target(&maps, &mut grpc, pid);
+                    agg.borrow_mut().remove(&maps, &shared, pid);
                     shared
                         .targets
                         .lock()
@@ -442,6 +453,7 @@ pub(super) fn run(
                 // pid in the kernel (it may be reused).
                 flush(&mut batch, pid);
                 remove_target(&maps, &mut grpc, pid);
+                agg.borrow_mut().remove(&maps, &shared, pid);
             }
         }
         // A traced process (or a child) may listen on a new port.

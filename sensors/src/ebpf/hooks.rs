@@ -118,6 +118,8 @@ pub(crate) struct Maps<'a> {
     pub traced: &'a Map<'a>,
     pub events: &'a Map<'a>,
     pub counters: &'a Map<'a>,
+    /// Per-target histograms (bpf/agg.h).
+    pub agg: &'a Map<'a>,
     /// `conns` ((tgid, fd) -> conn_state) or `socks` (sock -> sock_state).
     pub conns: &'a Map<'a>,
     /// Traced listening ports (socket path only).
@@ -140,6 +142,7 @@ impl<'o> Loaded<'o> {
                 traced: &s.maps.traced,
                 events: &s.maps.events,
                 counters: &s.maps.counters,
+                agg: &s.maps.agg,
                 conns: &s.maps.socks,
                 lports: Some(&s.maps.lports),
             },
@@ -149,6 +152,7 @@ impl<'o> Loaded<'o> {
                 traced: &s.maps.traced,
                 events: &s.maps.events,
                 counters: &s.maps.counters,
+                agg: &s.maps.agg,
                 conns: &s.maps.conns,
                 lports: None,
             },
@@ -183,6 +187,7 @@ macro_rules! load_skel {
             .map_err(bpf_err("sizing the ring buffer"))?;
         if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
             ro.wakeup_bytes = wakeup_bytes(opts);
+            ro.aggregate = u8::from(opts.aggregate == super::Aggregate::Kernel);
         }
         let mut skel = open
             .load()

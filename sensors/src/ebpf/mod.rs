@@ -14,6 +14,7 @@
 //! emits one record per request; the statistics are all done here (see
 //! [`crate::stats`]).
 
+mod agg;
 mod bpf;
 mod grpc;
 pub mod hooks;
@@ -29,6 +30,7 @@ use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+pub use agg::Aggregate;
 pub use hooks::{HookChoice, Hooks};
 pub use probe::{check_environment, monotonic_ns};
 
@@ -106,6 +108,8 @@ pub struct TracerOptions {
     pub window: usize,
     /// Which kernel path to use (`Auto`: sockets where the kernel has them).
     pub hooks: HookChoice,
+    /// Where requests are aggregated (`QOSD_AGGREGATE` sets the default).
+    pub aggregate: Aggregate,
 }
 
 impl Default for TracerOptions {
@@ -119,6 +123,7 @@ impl Default for TracerOptions {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .unwrap_or_default(),
+            aggregate: Aggregate::from_env(),
         }
     }
 }
@@ -180,6 +185,7 @@ struct Shared {
 pub struct RequestTracer {
     shared: Arc<Shared>,
     hooks: Hooks,
+    aggregate: Aggregate,
     /// Why the socket path is not in use, when it is not.
     fallback_reason: Option<String>,
     cmd: mpsc::Sender<Cmd>,
@@ -206,6 +212,7 @@ impl RequestTracer {
             targets: Mutex::new(HashMap::new()),
             dropped: AtomicU64::new(0),
         });
+        let aggregate = opts.aggregate;
         let (cmd_tx, cmd_rx) = mpsc::channel();
         let (ready_tx, ready_rx) = mpsc::channel();
         let thread_shared = Arc::clone(&shared);
@@ -217,6 +224,7 @@ impl RequestTracer {
             Ok(Ok((hooks, fallback_reason))) => Ok(Self {
                 shared,
                 hooks,
+                aggregate,
                 fallback_reason,
                 cmd: cmd_tx,
                 thread: Some(thread),
@@ -276,6 +284,11 @@ impl RequestTracer {
     /// The kernel path in use.
     pub fn hooks(&self) -> Hooks {
         self.hooks
+    }
+
+    /// Where requests are aggregated.
+    pub fn aggregate(&self) -> Aggregate {
+        self.aggregate
     }
 
     /// Why the socket path is not in use (None when it is).

@@ -8,8 +8,9 @@
 use qosd_core::LatencySummary;
 use serde::Serialize;
 
+use super::agg::Delta;
 use super::Mode;
-use crate::stats::{LogHistogram, Window};
+use crate::stats::{bucket_of, bucket_value, LogHistogram, Window};
 
 /// Which of a request's two durations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize)]
@@ -60,6 +61,27 @@ impl Figures {
         self.interval_latest = Some(ns);
     }
 
+    /// Requests counted in the kernel (bpf/agg.h): each as its bucket's
+    /// midpoint, the latest one exact and last, all ending at `end_ns`.
+    fn record_buckets(&mut self, end_ns: u64, d: &Delta) {
+        let latest_at = d.latest.map(bucket_of);
+        let mut held = None;
+        for &(b, n) in d.buckets.iter() {
+            let mut n = n;
+            if held.is_none() && latest_at == Some(b) {
+                n -= 1;
+                held = d.latest;
+            }
+            let v = bucket_value(b);
+            for _ in 0..n {
+                self.record(end_ns, v);
+            }
+        }
+        if let Some(v) = held {
+            self.record(end_ns, v);
+        }
+    }
+
     fn clear_interval(&mut self) {
         self.interval.clear();
         self.interval_latest = None;
@@ -91,6 +113,18 @@ impl KindStats {
         self.svc.record(end_ns, service_ns);
         self.interval_count += 1;
         self.total_count += 1;
+    }
+
+    /// One figure's requests counted in the kernel; the latency figure
+    /// carries the count.
+    fn add_aggregated(&mut self, service: bool, end_ns: u64, d: &Delta) {
+        if service {
+            self.svc.record_buckets(end_ns, d);
+        } else {
+            self.lat.record_buckets(end_ns, d);
+            self.interval_count += d.count();
+            self.total_count += d.count();
+        }
     }
 
     pub fn fig(&self, f: Figure) -> &Figures {
@@ -149,6 +183,22 @@ impl TargetStats {
             started_ns: now_ns,
             interval_start_ns: now_ns,
         }
+    }
+
+    /// What the kernel counted for one record kind and figure since the
+    /// last read (kernel aggregation).
+    pub fn add_aggregated(&mut self, kind: u8, service: bool, end_ns: u64, d: &Delta) {
+        let k = match kind {
+            super::bpf::REC_TURN => {
+                if !service {
+                    self.first_turns += d.first_turns;
+                }
+                &mut self.turn
+            }
+            super::bpf::REC_CONN => &mut self.conn,
+            _ => return,
+        };
+        k.add_aggregated(service, end_ns, d);
     }
 
     /// The mode in use: the requested one, or for `auto` what the records

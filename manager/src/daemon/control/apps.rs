@@ -54,6 +54,7 @@ impl DaemonNode {
             tracing::info!("{line}");
         }
         self.client_feeds.disconnect(&name);
+        self.unclaim(&pids);
         let msg = match self.act.release(&name, &pids) {
             Ok(c) if c.is_empty() => String::new(),
             Ok(c) => format!(", {} settings put back", c.len()),
