@@ -5,9 +5,11 @@
 //! attributes node power (RAPL, or a labelled model) to threads and apps
 //! from a `sched_switch` BPF program. [`net`] counts packets and bytes per
 //! peer and local port in millisecond bins from TC programs (`qosd net`).
+//! [`sensor`] is the plugin interface every node samples them through.
 
 pub mod ebpf;
 pub mod net;
 pub mod power;
 pub mod procfs;
+pub mod sensor;
 pub mod stats;

@@ -12,11 +12,12 @@ use std::sync::Arc;
 
 use qosd_core::control::{Applied as PlanApplied, ControlLoop, LoopCounters, Node, Sensed, Tick};
 use qosd_core::oa::{cpus_held, Oa};
-use qosd_core::{Allocations, AppState, Feedback, Limits, NodeCaps, Plan, Policy, Snapshot};
-use qosd_sensors::ebpf::{Figure, RequestTracer};
+use qosd_core::{Allocations, AppClass, Feedback, Limits, NodeCaps, Plan, Policy};
+use qosd_sensors::ebpf::RequestTracer;
 use qosd_sensors::power::PowerSensor;
-use qosd_sensors::procfs::{CpuMeter, NodeCpu, Procfs};
-use qosd_sensors::stats::LogHistogram;
+use qosd_sensors::procfs::{CpuMeter, Procfs};
+use qosd_sensors::sensor::client::{ClientFeeds, ClientSensor};
+use qosd_sensors::sensor::ebpf::EbpfSensor;
 
 use qosd_actuators::grouplock::{GroupLocks, PidClaims};
 
@@ -26,7 +27,7 @@ use super::state::SharedState;
 use crate::config::AppConfig;
 use crate::kube::PodRef;
 use crate::node::actuate::Actuation;
-use crate::node::latency::{figures_from_tracer, FigureTick, Recent};
+use crate::node::sensing::{fed_tick, plugins, SenseApp, Sensing};
 
 /// One configured app and what the loop keeps about it.
 struct AppRt {
@@ -36,20 +37,13 @@ struct AppRt {
     pids: Vec<i32>,
     /// Why it is not managed, or its last failure to apply.
     note: Option<String>,
+    /// Its processes' CPU time per pid (the per-pid operational figures;
+    /// the app's own figures come from the sensing layer).
     cpu: CpuMeter,
-    /// Seconds since its CPU time was last read.
+    /// Seconds since its per-pid CPU time was last read.
     cpu_span_s: f64,
-    /// Share of its CPUs it used over the last decision interval.
-    cpu_util: f64,
-    /// CPUs' worth of time its processes used over the last interval.
-    cpus_used: Option<f64>,
-    /// CPU time its processes used since qosd found them, seconds.
-    cpu_total_s: f64,
     /// Its processes' requests and CPU time, per pid.
     per_pid: oa::PidMeter,
-    /// Its latencies as the policy sees them: the last decision
-    /// interval's ticks, started again whenever a plan is applied.
-    window: Recent,
     /// The pods' containers it is (`match: { pod: ... }` and annotated
     /// pods), as of the last scan.
     containers: Vec<PodRef>,
@@ -73,17 +67,22 @@ pub struct Controller {
 pub struct DaemonNode {
     apps: Vec<AppRt>,
     act: Actuation,
-    tracer: Option<Arc<RequestTracer>>,
-    power: Option<PowerSensor>,
+    /// Every sensor's figures of the apps (see [`Sensing`]).
+    sensing: Sensing,
     shared: SharedState,
     finder: Finder,
-    procfs: Procfs,
+    /// Where the API's client reports reach the client sensor (an app
+    /// added at run time is connected here).
+    client_feeds: ClientFeeds,
     /// The root prefix (for the group locks of other daemons).
     root: qosd_actuators::Root,
+    /// The tracer and /proc again, for per-pid operational figures (the
+    /// sensing layer's figures are per app).
+    tracer: Option<Arc<RequestTracer>>,
+    procfs: Procfs,
     /// The processes this daemon manages, claimed so that another daemon
     /// matching them sees it (none in a dry run: it manages nothing).
     claims: Option<PidClaims>,
-    node_cpu: Option<NodeCpu>,
     dry_run: bool,
     /// The batch jobs of best-effort apps that run one.
     jobs: Jobs,
@@ -103,6 +102,9 @@ mod report;
 pub use report::{describe_target, live_entry};
 
 impl Controller {
+    /// The sensors: client reports from the API (each app's inbox in
+    /// `shared` is connected here), CPU time from `root`'s /proc and, with
+    /// a `tracer`, eBPF requests; power is added by [`Self::set_power`].
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         apps: &[AppConfig],
@@ -119,21 +121,37 @@ impl Controller {
             (i.decide_interval_ms / i.monitor_interval_ms.max(1)).max(1) as usize
         };
         let nr_apps = apps.len();
+        let client = ClientSensor::new([]);
+        let client_feeds = client.feeds();
+        {
+            let mut sh = shared.lock();
+            for a in apps {
+                if let Some(live) = sh.apps.get_mut(&a.name) {
+                    live.inbox = client_feeds.inbox(&a.name);
+                }
+            }
+        }
+        let ebpf = tracer.clone().map(EbpfSensor::new);
+        let sensors = plugins(Box::new(client), root, ebpf, None);
+        let sense_apps = apps
+            .iter()
+            .map(|a| sense_app(a, feedback_override.unwrap_or(a.feedback)))
+            .collect();
         let apps = apps
             .iter()
-            .map(|a| AppRt::new(a, feedback_override.unwrap_or(a.feedback), nr_slots))
+            .map(|a| AppRt::new(a, feedback_override.unwrap_or(a.feedback)))
             .collect();
         let node = DaemonNode {
             apps,
             act,
-            tracer,
-            power: None,
+            sensing: Sensing::new(sensors, sense_apps, nr_slots),
             shared,
             finder: Finder::new(root),
-            procfs: Procfs::new(root),
+            client_feeds,
             root: qosd_actuators::Root::new(root),
+            tracer,
+            procfs: Procfs::new(root),
             claims: (!dry_run).then(|| PidClaims::new(qosd_actuators::Root::new(root))),
-            node_cpu: None,
             dry_run,
             jobs: Jobs::none(nr_apps),
             scan: true,
@@ -150,6 +168,10 @@ impl Controller {
 
     /// Runs the best-effort apps' batch jobs (started on the next tick).
     pub fn set_jobs(&mut self, jobs: Jobs) {
+        for i in 0..self.node.apps.len() {
+            // A batch job serves no requests.
+            self.node.sensing.app_mut(i).serves = !jobs.is_job(i);
+        }
         self.node.jobs = jobs;
     }
 
@@ -167,7 +189,7 @@ impl Controller {
 
     /// Samples `power` on every decision tick from now on.
     pub fn set_power(&mut self, power: PowerSensor) {
-        self.node.power = Some(power);
+        self.node.sensing.add_sensor(Box::new(power));
     }
 
     pub fn actuation(&self) -> &Actuation {
@@ -222,9 +244,8 @@ impl Controller {
 }
 
 impl AppRt {
-    fn new(cfg: &AppConfig, feedback: Feedback, nr_slots: usize) -> AppRt {
+    fn new(cfg: &AppConfig, feedback: Feedback) -> AppRt {
         AppRt {
-            window: Recent::new(nr_slots),
             feedback,
             limits: cfg.limits(),
             cfg: cfg.clone(),
@@ -232,9 +253,6 @@ impl AppRt {
             note: None,
             cpu: CpuMeter::default(),
             cpu_span_s: 0.0,
-            cpu_util: 0.0,
-            cpus_used: None,
-            cpu_total_s: 0.0,
             per_pid: Default::default(),
             containers: Vec::new(),
             from_pod: false,
@@ -256,20 +274,11 @@ impl Node for DaemonNode {
         let mut events = self.jobs.supervise(tick.now_ms);
         events.extend(self.discover(tick.now_ms, self.scan));
         if tick.decide {
-            self.sample_power();
             self.jobs.sample();
         }
-        let snapshot = self.measure(tick.now_ms, tick.dt_s, tick.decide);
-        let interval = if tick.decide {
-            self.interval_rows()
-        } else {
-            Vec::new()
-        };
-        Sensed {
-            snapshot,
-            interval,
-            events,
-        }
+        let mut sensed = self.measure(tick);
+        sensed.events = events;
+        sensed
     }
 
     fn apply(&mut self, tick: &Tick, plan: &Plan) -> PlanApplied {
@@ -292,9 +301,7 @@ impl Node for DaemonNode {
         };
         self.events.extend(ev);
         // What the policy sees next was measured under the new plan.
-        for a in &mut self.apps {
-            a.window.restart();
-        }
+        self.sensing.restart(tick.now_ms);
         PlanApplied {
             in_force: self.act.current().clone(),
             errors,
@@ -322,110 +329,69 @@ impl DaemonNode {
             .collect()
     }
 
-    /// Feeds each app's latencies of this tick in and builds the snapshot
-    /// of the managed apps. CPU time is read on decision ticks only: the
-    /// kernel counts it in 10 ms ticks, too coarse for 100 ms anyway.
-    fn measure(&mut self, now_ms: u64, dt_s: f64, decide: bool) -> Snapshot {
-        // Both eBPF figures of eBPF apps (the API offers either); the
-        // policy gets the app's configured one.
-        let mut ticks: Vec<(FigureTick, Option<[FigureTick; 2]>)> =
-            Vec::with_capacity(self.apps.len());
-        for a in &self.apps {
-            ticks.push(match (a.feedback, &self.tracer) {
-                (Feedback::Ebpf, Some(t)) => {
-                    let both = figures_from_tracer(t, &a.pids);
-                    let i = usize::from(crate::config::figure_of(a.cfg.latency) == Figure::Service);
-                    (both[i].clone(), Some(both))
-                }
-                _ => ((LogHistogram::new(), None), None),
-            });
-        }
+    /// Each app's CPU time per pid over the decision interval that ends
+    /// with this tick, and its per-pid operational figures.
+    fn per_pid_cpu(&mut self, dt_s: f64) {
         for a in &mut self.apps {
             a.cpu_span_s += dt_s;
-            if !decide {
-                continue;
-            }
             let by_pid = a.cpu.delta_by_pid(&self.procfs, &a.pids);
-            let used: f64 = by_pid.iter().map(|p| p.1).sum();
-            a.cpu_total_s += used;
-            let nr_cpus = self
-                .act
-                .cpus(&a.cfg.name)
-                .map_or(self.act.nr_online_cpus(), |c| c.len());
             let secs = std::mem::take(&mut a.cpu_span_s);
-            if secs > 0.0 {
-                a.cpu_util = (used / (secs * nr_cpus.max(1) as f64)).clamp(0.0, 1.0);
-                a.cpus_used = Some(used / secs);
-            }
             a.per_pid.update(&by_pid, self.tracer.as_deref(), secs);
         }
-        let mut snap = Snapshot::default();
+    }
+
+    /// Senses the apps and publishes the tick's figures to the API: the
+    /// fed latencies (a window that is not restarted by plans) and, for
+    /// eBPF apps, both eBPF figures; CPU, power and the batch jobs' rates.
+    fn measure(&mut self, tick: &Tick) -> Sensed {
+        let (mut sensed, readings) = self.sensing.sense(tick, &self.act);
+        if tick.decide {
+            self.per_pid_cpu(tick.dt_s);
+        } else {
+            self.apps.iter_mut().for_each(|a| a.cpu_span_s += tick.dt_s);
+        }
         let mut sh = self.shared.lock();
-        for (i, (a, ((hist, latest), both))) in self.apps.iter_mut().zip(ticks).enumerate() {
-            let util = a.cpu_util;
+        if tick.decide {
+            sh.power_error = self.sensing.sensors().error("power").map(str::to_owned);
+            sh.node_power_w = self.sensing.node_power_w();
+            if let Some(u) = self.sensing.node_cpu_util() {
+                sh.node_cpu_util = Some(u);
+            }
+        }
+        for (i, (a, r)) in self.apps.iter().zip(&readings).enumerate() {
             let Some(live) = sh.apps.get_mut(&a.cfg.name) else {
                 continue;
             };
-            let (hist, latest) = match a.feedback {
-                Feedback::Client => live.inbox.take(),
-                Feedback::Ebpf => (hist, latest),
-            };
-            // The policy's window (restarted when a plan is applied) and
-            // the API's (always the last decision interval).
-            a.window.push(hist.clone(), dt_s, latest);
-            live.recent.push(hist, dt_s, latest);
-            if let Some(both) = both {
-                for (r, (h, l)) in live.ebpf.iter_mut().zip(both) {
-                    r.push(h, dt_s, l);
+            let fed = fed_tick(self.sensing.app(i), r);
+            live.recent.push(fed.hist, tick.dt_s, fed.latest_ns);
+            if let (Feedback::Ebpf, Some(both)) = (a.feedback, &r.server) {
+                for (w, t) in live.ebpf.iter_mut().zip(both.clone()) {
+                    w.push(t.hist, tick.dt_s, t.latest_ns);
                 }
             }
-            live.cpu_util = util;
-            live.cpu_seconds_total = a.cpu_total_s;
-            if decide {
+            live.cpu_util = self.sensing.cpu_util(i);
+            live.cpu_seconds_total = self.sensing.cpu_total_s(i);
+            if tick.decide {
                 live.be_ops_per_s = self.jobs.ops_per_s(i);
+                live.power = self.sensing.power(i).cloned();
+                live.power_w = live.power.as_ref().map(|p| p.power_w);
                 // Operational analysis on what it holds (the API's).
                 let share = self.act.current().get(&a.cfg.name);
                 let node = self.act.node();
-                live.oa = Oa::of_interval(live.recent.rps(), a.cpus_used, share, node);
+                let used = self.sensing.cpus_used(i);
+                live.oa = Oa::of_interval(live.recent.rps(), used, share, node);
                 live.pid_oa = a.per_pid.figures(cpus_held(share, node));
             }
-            if self.act.current().contains_key(&a.cfg.name) {
-                let pct = live.target.map_or(99.0, |t| t.percentile);
-                snap.apps.push(AppState {
-                    name: a.cfg.name.clone(),
-                    class: a.cfg.class,
-                    target: live.target,
-                    latency_us: a.window.percentile_us(pct),
-                    rps: a.window.rps(),
-                    nr_samples: a.window.requests(),
-                    cpu_util: util,
-                    cpus_used: a.cpus_used,
-                    power_w: live.power_w,
-                    limits: a.limits,
-                });
-            }
         }
-        snap.node_power_w = sh.node_power_w;
-        // The windows restart when a plan is applied: the oldest tick any
-        // app's figure holds.
-        let span_s = self
-            .apps
-            .iter()
-            .map(|a| a.window.span_s())
-            .fold(0.0, f64::max);
-        snap.since_ms = Some(now_ms.saturating_sub((span_s * 1000.0).round() as u64));
-        snap
+        for (i, row) in sensed.interval.iter_mut().enumerate() {
+            row.be_ops_per_s = self.jobs.ops_per_s(i);
+        }
+        sensed
     }
 
     /// Copies allocations, processes and node figures to the shared state.
     fn publish(&mut self, decided: bool, counters: LoopCounters) {
-        let node = decided.then(|| self.procfs.node_cpu().ok()).flatten();
         let mut sh = self.shared.lock();
-        if let Some(n) = node {
-            if let Some(before) = self.node_cpu.replace(n) {
-                sh.node_cpu_util = Some(n.utilisation_since(&before));
-            }
-        }
         sh.loop_counters = counters;
         sh.monitor_ticks_total += 1;
         if decided {
@@ -450,5 +416,25 @@ impl DaemonNode {
                 live.pods.clone_from(&a.containers);
             }
         }
+    }
+}
+
+/// App `a` as the sensing layer needs it: judged against its target (a
+/// latency-critical app's), on both sides, with `feedback` feeding it.
+fn sense_app(a: &AppConfig, feedback: Feedback) -> SenseApp {
+    let target = a.qos_target().filter(|_| a.class == AppClass::Lc);
+    SenseApp {
+        name: a.name.clone(),
+        class: a.class,
+        feedback,
+        figure: crate::config::figure_of(a.latency),
+        limits: a.limits(),
+        percentile: target.map_or(99.0, |t| t.percentile),
+        client_target_us: target.map(|t| t.value_us),
+        // The daemon has no calibrated gap: both sides share the target.
+        slo: None,
+        ports: a.ports.clone(),
+        driven: false,
+        serves: true,
     }
 }

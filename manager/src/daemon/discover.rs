@@ -13,23 +13,7 @@ use crate::config::Match;
 use crate::kube::select::PodSource;
 use crate::kube::PodRef;
 
-/// The topmost of `pids`: those with no ancestor among them. Tracing these
-/// with their descendants followed (present and forked later) covers them
-/// all, each request counted once under its tree's root: how `qosd trace
-/// --pid/--comm/--cgroup` and the daemon's `match:` both select what to
-/// trace.
-pub fn topmost(pids: &[i32]) -> Vec<i32> {
-    let below: BTreeSet<i32> = pids
-        .iter()
-        .filter_map(|&p| u32::try_from(p).ok())
-        .flat_map(qosd_sensors::ebpf::descendants)
-        .filter_map(|p| i32::try_from(p).ok())
-        .collect();
-    pids.iter()
-        .copied()
-        .filter(|p| !below.contains(p))
-        .collect()
-}
+pub use qosd_sensors::sensor::ebpf::topmost;
 
 /// Reads `/proc` and cgroup files under a root prefix.
 #[derive(Debug, Clone)]

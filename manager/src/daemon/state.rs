@@ -9,7 +9,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use qosd_core::{AppClass, DecisionKind, Feedback, QosTarget, Resource, Share};
 use serde::Serialize;
 
-use crate::node::latency::{Inbox, Recent};
+use qosd_sensors::sensor::client::ClientInbox;
+
+use crate::node::latency::Recent;
 
 /// How many decisions `/v1/decisions` can go back.
 pub const DECISIONS_KEPT: usize = 512;
@@ -36,7 +38,8 @@ pub struct AppLive {
     /// Both eBPF figures over the same ticks as `recent`, `[latency,
     /// service]` (eBPF apps only: what `?figure=` of the app calls reads).
     pub ebpf: [Recent; 2],
-    pub inbox: Inbox,
+    /// Where `POST .../latencies` puts the client's reports.
+    pub inbox: ClientInbox,
     /// Share of its CPUs it used over the last decision interval, 0..=1.
     pub cpu_util: f64,
     /// CPU time its processes used while qosd watched them, seconds.

@@ -6,9 +6,8 @@
 //! requests would instead keep a stopped load's tail for as long as no new
 //! request pushes it out.
 //!
-//! Where the latencies come from: the eBPF request tracer's per-interval
-//! histograms of the app's processes ([`from_tracer`]), or a load
-//! generator's reports pushed to the API ([`Inbox`]).
+//! Where the latencies come from is the sensors' business
+//! ([`qosd_sensors::sensor`]); [`crate::node::sensing`] feeds them in.
 
 use std::collections::VecDeque;
 
@@ -131,138 +130,24 @@ impl Recent {
     }
 }
 
-/// Latencies a load generator reported for one app since the last tick.
-#[derive(Debug, Default)]
-pub struct Inbox {
-    hist: LogHistogram,
-    latest_ns: Option<u64>,
-    /// Reports accepted since the daemon started.
-    pub accepted_total: u64,
-}
-
-/// Most latencies one report may carry.
-pub const MAX_REPORT: usize = 1_000_000;
-
-/// Largest latency a report may carry, µs: one hour. A request slower than
-/// that is a client bug or a unit mistake (ns sent as µs), not a latency a
-/// QoS target can be compared with; refusing it keeps every figure exact
-/// (the histogram holds values up to about 73 minutes at 0.4 %).
-pub const MAX_LATENCY_US: f64 = 3_600_000_000.0;
-
-impl Inbox {
-    /// Adds reported latencies (µs, in the order they completed). Rejects
-    /// the whole report if any value is negative, not a number, or above
-    /// [`MAX_LATENCY_US`].
-    pub fn record_us(&mut self, latencies_us: &[f64]) -> Result<usize, String> {
-        if latencies_us.len() > MAX_REPORT {
-            return Err(format!(
-                "{} latencies in one report: at most {MAX_REPORT}",
-                latencies_us.len()
-            ));
-        }
-        if let Some((i, v)) = latencies_us
-            .iter()
-            .enumerate()
-            .find(|(_, v)| !(v.is_finite() && (0.0..=MAX_LATENCY_US).contains(*v)))
-        {
-            return Err(format!(
-                "latencies_us[{i}] = {v}: a latency is a number of microseconds \
-                 from 0 to {MAX_LATENCY_US:.0} (one hour)"
-            ));
-        }
-        for &v in latencies_us {
-            self.hist.record((v * 1e3).round() as u64);
-        }
-        if let Some(&v) = latencies_us.last() {
-            self.latest_ns = Some((v * 1e3).round() as u64);
-        }
-        self.accepted_total += latencies_us.len() as u64;
-        Ok(latencies_us.len())
-    }
-
-    /// What arrived since the last call, for [`Recent::push`].
-    pub fn take(&mut self) -> (LogHistogram, Option<u64>) {
-        (std::mem::take(&mut self.hist), self.latest_ns.take())
-    }
-}
-
-/// One figure's latencies since the last call, merged over processes,
-/// and the latest request's among them (ns).
-pub type FigureTick = (LogHistogram, Option<u64>);
-
-/// The tracer's latencies of `pids` since the last call, merged, for both
-/// figures: `[latency (from arrival), service (from the first read)]`.
-/// One report is taken per pid, so both come from the same requests.
-pub fn figures_from_tracer(tracer: &RequestTracer, pids: &[i32]) -> [FigureTick; 2] {
-    let mut out: [(Option<LogHistogram>, Option<u64>); 2] = Default::default();
-    for &pid in pids {
-        let Some(r) = tracer.take_report(pid as u32) else {
-            continue;
-        };
-        let parts = [
-            (r.interval.latest_us, r.histogram),
-            (r.service_interval.latest_us, r.service_histogram),
-        ];
-        for ((hist, latest), (l, h)) in out.iter_mut().zip(parts) {
-            if let Some(l) = l {
-                *latest = Some((l * 1e3).round() as u64);
-            }
-            match hist.as_mut() {
-                None => *hist = Some(h),
-                Some(m) => m.merge(&h),
-            }
-        }
-    }
-    out.map(|(h, l)| (h.unwrap_or_default(), l))
-}
-
 /// The tracer's latencies (`fig`: from arrival or service) of `pids` since
-/// the last call, merged, and the latest request's among them.
-pub fn from_tracer(tracer: &RequestTracer, pids: &[i32], fig: Figure) -> FigureTick {
-    let [latency, service] = figures_from_tracer(tracer, pids);
-    match fig {
+/// the last call, merged, and the latest request's among them (ns).
+pub fn from_tracer(
+    tracer: &RequestTracer,
+    pids: &[i32],
+    fig: Figure,
+) -> (LogHistogram, Option<u64>) {
+    let [latency, service] = qosd_sensors::sensor::ebpf::figures(tracer, pids);
+    let t = match fig {
         Figure::Latency => latency,
         Figure::Service => service,
-    }
+    };
+    (t.hist, t.latest_ns)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proptest::prelude::*;
-
-    proptest! {
-        /// Any report: refused whole (nothing recorded) if a value is out
-        /// of [0, one hour] or not a number, else recorded with the exact
-        /// mean, and never a figure above the largest value reported.
-        #[test]
-        fn inbox_takes_a_report_whole_or_not_at_all(
-            values in prop::collection::vec(
-                prop_oneof![
-                    0.0f64..=MAX_LATENCY_US,
-                    any::<f64>(),
-                    Just(MAX_LATENCY_US),
-                    Just(1e16),
-                ],
-                1..50,
-            ),
-        ) {
-            let mut i = Inbox::default();
-            let ok = values.iter().all(|v| (0.0..=MAX_LATENCY_US).contains(v));
-            prop_assert_eq!(i.record_us(&values).is_ok(), ok);
-            let (h, latest) = i.take();
-            if !ok {
-                prop_assert!(h.is_empty() && latest.is_none());
-                prop_assert_eq!(i.accepted_total, 0);
-                return Ok(());
-            }
-            let ns: Vec<f64> = values.iter().map(|v| (v * 1e3).round()).collect();
-            let mean = ns.iter().sum::<f64>() / ns.len() as f64;
-            prop_assert!((h.mean().unwrap() - mean).abs() <= 1e-9 * mean.max(1.0));
-            let max = ns.iter().cloned().fold(0.0, f64::max);
-            prop_assert!(h.percentile(100.0).unwrap() as f64 <= max * (1.0 + 1.0 / 128.0) + 1.0);
-        }
-    }
 
     fn hist(values_us: &[u64]) -> LogHistogram {
         let mut h = LogHistogram::new();
@@ -304,32 +189,5 @@ mod tests {
         assert!((s.p99_us.unwrap() - 5000.0).abs() < 25.0);
         assert!((s.rps - 500.0).abs() < 1e-6);
         assert_eq!(s.latest_us, Some(5000.0));
-    }
-
-    #[test]
-    fn inbox_validates_and_hands_over() {
-        let mut i = Inbox::default();
-        assert_eq!(i.record_us(&[100.0, 250.5]).unwrap(), 2);
-        let e = i.record_us(&[1.0, -3.0]).unwrap_err();
-        assert!(e.contains("latencies_us[1]"), "{e}");
-        assert!(i.record_us(&[f64::NAN]).is_err());
-        // The issue's reproduction (1e16 µs) and anything above an hour are
-        // refused whole; an hour is fine.
-        let e = i.record_us(&[5.0, 1e16, 1e16]).unwrap_err();
-        assert!(
-            e.contains("latencies_us[1]") && e.contains("one hour"),
-            "{e}"
-        );
-        assert!(i.record_us(&[MAX_LATENCY_US + 1.0]).is_err());
-        assert!(i.record_us(&[f64::INFINITY]).is_err());
-        let (h, latest) = i.take();
-        assert_eq!(h.len(), 2);
-        assert_eq!(latest, Some(250_500));
-        assert_eq!(i.accepted_total, 2);
-        assert_eq!(i.record_us(&[MAX_LATENCY_US, MAX_LATENCY_US]).unwrap(), 2);
-        let (h, _) = i.take();
-        assert_eq!(h.mean(), Some(MAX_LATENCY_US * 1e3));
-        let (h, latest) = i.take();
-        assert!(h.is_empty() && latest.is_none());
     }
 }

@@ -5,14 +5,14 @@
 use std::path::Path;
 
 use qosd_core::PowerSource;
-use qosd_sensors::power::{PowerConfig, PowerSample, PowerSensor};
+use qosd_sensors::power::{PowerConfig, PowerSensor};
 
 /// The power sensor of a real replay: RAPL where the machine has it, else
 /// the model (every figure an estimate, flagged in summary.json). A sample
-/// that fails ends power for the run (`failed`).
+/// that fails makes the run keep no power figure (see
+/// `ReplayNode::power_failed`).
 pub struct RunPower {
     sensor: PowerSensor,
-    pub failed: bool,
 }
 
 impl RunPower {
@@ -32,10 +32,7 @@ impl RunPower {
                     },
                     c.weight
                 );
-                Some(RunPower {
-                    sensor,
-                    failed: false,
-                })
+                Some(RunPower { sensor })
             }
             Err(e) => {
                 eprintln!("power: not available ({e}); no power_w, energy_j null");
@@ -48,19 +45,9 @@ impl RunPower {
         self.sensor.caps().source == PowerSource::Model
     }
 
-    /// Power since the previous sample.
-    pub fn sample(&mut self) -> Option<PowerSample> {
-        if self.failed {
-            return None;
-        }
-        match self.sensor.sample() {
-            Ok(s) => Some(s),
-            Err(e) => {
-                eprintln!("power: sampling failed ({e}); the run keeps no power figure");
-                self.failed = true;
-                None
-            }
-        }
+    /// The sensor, for the node's sensing layer.
+    pub fn into_sensor(self) -> PowerSensor {
+        self.sensor
     }
 }
 

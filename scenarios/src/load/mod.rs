@@ -268,6 +268,20 @@ pub struct IntervalReport {
     pub histogram: qosd_sensors::stats::LogHistogram,
 }
 
+/// A load generator's report as the client sensor takes it.
+impl From<IntervalReport> for qosd_sensors::sensor::client::ClientReport {
+    fn from(r: IntervalReport) -> Self {
+        qosd_sensors::sensor::client::ClientReport {
+            latency: qosd_sensors::sensor::LatencyTick {
+                hist: r.histogram,
+                latest_ns: None,
+            },
+            offered_rps: Some(r.offered_rps),
+            completed: r.completed,
+        }
+    }
+}
+
 /// Failures by kind (each a number of requests).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ErrorCounts {

@@ -172,46 +172,58 @@ fn wakeup_bytes(opts: &TracerOptions) -> u64 {
     u64::from(opts.ringbuf_bytes / 4)
 }
 
+/// Opens a skeleton, sizes its ring buffer, sets its load-time settings,
+/// loads and attaches it. The two generated skeletons share no trait for
+/// their maps and rodata, hence a macro rather than a generic function.
+macro_rules! load_skel {
+    ($builder:ty, $storage:expr, $opts:expr, $obj:literal, $what:literal, $hooks:literal) => {{
+        let opts: &TracerOptions = $opts;
+        let mut open = <$builder>::default()
+            .open($storage)
+            .map_err(bpf_err(concat!("opening ", $obj)))?;
+        open.maps
+            .events
+            .set_max_entries(opts.ringbuf_bytes)
+            .map_err(bpf_err("sizing the ring buffer"))?;
+        if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
+            ro.wakeup_bytes = wakeup_bytes(opts);
+            ro.aggregate = u8::from(opts.aggregate == super::Aggregate::Kernel);
+        }
+        let mut skel = open
+            .load()
+            .map_err(bpf_err(concat!("loading the ", $what)))?;
+        skel.attach()
+            .map_err(bpf_err(concat!("attaching the ", $hooks)))?;
+        Ok(skel)
+    }};
+}
+
 fn load_sockets<'o>(
     storage: &'o mut MaybeUninit<OpenObject>,
     opts: &TracerOptions,
 ) -> Result<SocketsSkel<'o>, TraceError> {
-    let mut open = SocketsSkelBuilder::default()
-        .open(storage)
-        .map_err(bpf_err("opening sockets.bpf.o"))?;
-    open.maps
-        .events
-        .set_max_entries(opts.ringbuf_bytes)
-        .map_err(bpf_err("sizing the ring buffer"))?;
-    if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
-        ro.wakeup_bytes = wakeup_bytes(opts);
-        ro.aggregate = u8::from(opts.aggregate == super::Aggregate::Kernel);
-    }
-    let mut skel = open.load().map_err(bpf_err("loading the socket tracer"))?;
-    skel.attach()
-        .map_err(bpf_err("attaching the socket tracepoints"))?;
-    Ok(skel)
+    load_skel!(
+        SocketsSkelBuilder,
+        storage,
+        opts,
+        "sockets.bpf.o",
+        "socket tracer",
+        "socket tracepoints"
+    )
 }
 
 fn load_syscalls<'o>(
     storage: &'o mut MaybeUninit<OpenObject>,
     opts: &TracerOptions,
 ) -> Result<RequestsSkel<'o>, TraceError> {
-    let mut open = RequestsSkelBuilder::default()
-        .open(storage)
-        .map_err(bpf_err("opening requests.bpf.o"))?;
-    open.maps
-        .events
-        .set_max_entries(opts.ringbuf_bytes)
-        .map_err(bpf_err("sizing the ring buffer"))?;
-    if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
-        ro.wakeup_bytes = wakeup_bytes(opts);
-        ro.aggregate = u8::from(opts.aggregate == super::Aggregate::Kernel);
-    }
-    let mut skel = open.load().map_err(bpf_err("loading the request tracer"))?;
-    skel.attach()
-        .map_err(bpf_err("attaching the syscall tracepoints"))?;
-    Ok(skel)
+    load_skel!(
+        RequestsSkelBuilder,
+        storage,
+        opts,
+        "requests.bpf.o",
+        "request tracer",
+        "syscall tracepoints"
+    )
 }
 
 /// Loads the path asked for; `Auto` tries sockets first and falls back to

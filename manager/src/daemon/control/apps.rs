@@ -32,9 +32,11 @@ impl DaemonNode {
             }
         };
         let nr_slots = self.pods.nr_slots;
-        let live = super::live_entry(cfg, feedback, nr_slots);
+        let mut live = super::live_entry(cfg, feedback, nr_slots);
+        live.inbox = self.client_feeds.inbox(&cfg.name);
         self.shared.lock().apps.insert(cfg.name.clone(), live);
-        let mut a = AppRt::new(cfg, feedback, nr_slots);
+        self.sensing.add_app(super::sense_app(cfg, feedback));
+        let mut a = AppRt::new(cfg, feedback);
         a.lock = lock;
         a.from_pod = from_pod;
         self.apps.push(a);
@@ -47,7 +49,11 @@ impl DaemonNode {
     pub(super) fn remove_app(&mut self, i: usize, why: &str) -> String {
         let pids = self.apps[i].pids.clone();
         let name = self.apps[i].cfg.name.clone();
-        self.untrace(i, &pids);
+        // The sensors stop following it (the eBPF tracer its pids).
+        for line in self.sensing.remove_app(i) {
+            tracing::info!("{line}");
+        }
+        self.client_feeds.disconnect(&name);
         self.unclaim(&pids);
         let msg = match self.act.release(&name, &pids) {
             Ok(c) if c.is_empty() => String::new(),

@@ -1,12 +1,9 @@
 //! Finding each app's processes on every tick (a `/proc` scan on decision
 //! ticks, a liveness check otherwise; a job app's process is its job's),
-//! following them in the eBPF tracer, admitting apps that appear with
+//! handing them to the sensors (the eBPF tracer follows them), admitting apps that appear with
 //! their starting share and releasing those whose processes all exited.
 
-use std::collections::BTreeSet;
-
 use qosd_core::admit::Peers;
-use qosd_sensors::ebpf::TargetOptions;
 
 use super::{DaemonNode, Events};
 
@@ -51,7 +48,8 @@ impl DaemonNode {
             changed = true;
             let old = std::mem::replace(&mut self.apps[i].pids, pids.clone());
             let name = self.apps[i].cfg.name.clone();
-            self.follow(i, &old, &pids);
+            // The sensors follow them (the eBPF tracer its topmost pids).
+            ev.extend(self.sensing.set_pids(i, pids.clone()));
             let managed = self.act.current().contains_key(&name);
             if pids.is_empty() {
                 self.apps[i].note = None;
@@ -99,61 +97,6 @@ impl DaemonNode {
             }
         }
         ev
-    }
-
-    /// Adds and removes the app's pids in the eBPF tracer: the topmost of
-    /// its processes, each with its descendants followed under it (the
-    /// selection `qosd trace` makes, [`crate::daemon::discover::topmost`]),
-    /// so a matched pre-fork master and its matched workers count each
-    /// request once, under the master.
-    /// Stops tracing an app that is going away.
-    pub(super) fn untrace(&mut self, i: usize, pids: &[i32]) {
-        let Some(t) = &self.tracer else { return };
-        if self.jobs.is_job(i) {
-            return;
-        }
-        // Not every pid is a traced root; the others are no target.
-        for &p in pids {
-            let _ = t.remove_target(p as u32);
-        }
-    }
-
-    fn follow(&mut self, i: usize, old: &[i32], new: &[i32]) {
-        let Some(t) = &self.tracer else { return };
-        // A batch job serves no requests.
-        if self.jobs.is_job(i) {
-            return;
-        }
-        let a = &self.apps[i];
-        let traced = t.pids();
-        let old: BTreeSet<i32> = old
-            .iter()
-            .copied()
-            .filter(|&p| traced.contains(&(p as u32)))
-            .collect();
-        let roots: BTreeSet<i32> = crate::daemon::discover::topmost(new).into_iter().collect();
-        for p in old.difference(&roots) {
-            // Gone, not merely followed under a newly matched ancestor.
-            if !new.contains(p) && t.connections(*p as u32) == Some(0) {
-                tracing::warn!(
-                    "app {}: pid {p} left having served no connection while traced \
-                     (check its match: and ports:)",
-                    a.cfg.name
-                );
-            }
-            let _ = t.remove_target(*p as u32);
-        }
-        for p in roots.difference(&old) {
-            let opts = TargetOptions {
-                ports: a.cfg.ports.clone(),
-                // A matched pre-fork master brings its workers.
-                follow_children: true,
-                ..Default::default()
-            };
-            if let Err(e) = t.add_target(*p as u32, opts) {
-                tracing::warn!("app {}: tracing pid {p}: {e}", a.cfg.name);
-            }
-        }
     }
 
     /// Claims the app's processes and warns of those another running

@@ -1,6 +1,6 @@
-//! The controller's bookkeeping: power samples into the shared state,
-//! decisions and apply outcomes recorded for the API (and their log
-//! lines), descriptions for the banner, and each app's starting entry.
+//! The controller's bookkeeping: decisions and apply outcomes recorded
+//! for the API (and their log lines), descriptions for the banner, and
+//! each app's starting entry.
 
 use qosd_core::{AppClass, Decision, Feedback, QosTarget, Share};
 
@@ -10,39 +10,6 @@ use crate::config::AppConfig;
 use crate::node::actuate::Applied;
 
 impl DaemonNode {
-    /// Power of every app and the node over the last decision interval.
-    pub(super) fn sample_power(&mut self) {
-        let Some(p) = self.power.as_mut() else { return };
-        let sample = p.sample();
-        let mut sh = self.shared.lock();
-        match sample {
-            Ok(s) => {
-                sh.power_error = None;
-                sh.node_power_w = Some(s.node.total_w);
-                for a in &self.apps {
-                    let Some(live) = sh.apps.get_mut(&a.cfg.name) else {
-                        continue;
-                    };
-                    if a.pids.is_empty() {
-                        live.power = None;
-                        live.power_w = None;
-                        continue;
-                    }
-                    let tgids: Vec<u32> = a.pids.iter().map(|&p| p as u32).collect();
-                    let ap = s.app(&tgids, Some(live.recent.rps()));
-                    live.power_w = Some(ap.power_w);
-                    live.power = Some(ap);
-                }
-            }
-            Err(e) => {
-                if sh.power_error.is_none() {
-                    tracing::warn!("power sample: {e}");
-                }
-                sh.power_error = Some(e.to_string());
-            }
-        }
-    }
-
     /// "1 core (CPU 0)", "2 cores (CPUs 0-1), 4 ways", or "as found".
     pub fn describe(&self, app: &str) -> String {
         let Some(s) = self.act.current().get(app) else {
@@ -146,38 +113,6 @@ impl DaemonNode {
 }
 
 impl DaemonNode {
-    /// Every app's figures over the decision interval that just ended, as
-    /// a timeline row holds them (the daemon drives no load: no offered
-    /// rate; the latency is its feedback source's).
-    pub(super) fn interval_rows(&self) -> Vec<qosd_core::control::AppInterval> {
-        let sh = self.shared.lock();
-        self.apps
-            .iter()
-            .filter_map(|a| {
-                let live = sh.apps.get(&a.cfg.name)?;
-                let lat = live.target_latency_us();
-                let target = live.target.map(|t| t.value_us);
-                let (client_us, ebpf_us) = match a.feedback {
-                    Feedback::Client => (lat, None),
-                    Feedback::Ebpf => (None, lat),
-                };
-                Some(qosd_core::control::AppInterval {
-                    app: a.cfg.name.clone(),
-                    offered_rps: None,
-                    achieved_rps: live.recent.rps(),
-                    client_us,
-                    ebpf_us,
-                    client_target_us: target,
-                    ebpf_target_us: target,
-                    ebpf_target_from: target.map(|_| qosd_core::slo::TargetFrom::Client),
-                    power_w: live.power_w,
-                    be_ops_per_s: live.be_ops_per_s,
-                    cpus_used: a.cpus_used,
-                })
-            })
-            .collect()
-    }
-
     /// The plan's "cannot meet QoS" events: each app's state for the API,
     /// its counter, a record in the decision log and a log line when the
     /// app enters that state.

@@ -1,0 +1,152 @@
+//! The sensing layer against test plugins: the policy's snapshot, the
+//! interval rows, and apps added and removed at run time.
+
+use super::*;
+use qosd_sensors::sensor::{ClientTick, NullSensor, Sensor};
+
+/// Every tick, 10 client replies of 2 ms per target; on decision
+/// ticks, 0.5 s of CPU time per target.
+struct Steady;
+
+impl Sensor for Steady {
+    fn name(&self) -> &str {
+        "steady"
+    }
+    fn measures(&self) -> &'static [Quantity] {
+        &[Quantity::ClientLatency, Quantity::CpuTime]
+    }
+    fn sample(&mut self, tick: &Tick, targets: &[Target<'_>]) -> anyhow::Result<Measurements> {
+        let mut m = Measurements::empty(targets.len());
+        for r in &mut m.apps {
+            let mut c = ClientTick {
+                completed: 10,
+                ..Default::default()
+            };
+            for _ in 0..10 {
+                c.latency.hist.record(2_000_000);
+            }
+            r.client = Some(c);
+            r.cpu_s = tick.decide.then_some(0.5);
+        }
+        Ok(m)
+    }
+}
+
+/// Manages every app but `c`, two CPUs each.
+struct TwoCpus;
+
+impl Holdings for TwoCpus {
+    fn managed(&self, app: &str) -> bool {
+        app != "c"
+    }
+    fn nr_cpus(&self, _: &str) -> usize {
+        2
+    }
+}
+
+fn app(name: &str, feedback: Feedback) -> SenseApp {
+    SenseApp {
+        name: name.into(),
+        class: AppClass::Lc,
+        feedback,
+        figure: Figure::Latency,
+        limits: Limits::default(),
+        percentile: 99.0,
+        client_target_us: Some(1000.0),
+        // A calibrated gap of 500 µs at any load.
+        slo: Some(SloSide::new(
+            1000.0,
+            qosd_core::slo::GapModel::fit(vec![qosd_core::slo::GapPoint {
+                rps: 0.0,
+                gap_us: 500.0,
+            }]),
+        )),
+        ports: Vec::new(),
+        driven: false,
+        serves: true,
+    }
+}
+
+fn tick(k: u64) -> Tick {
+    Tick {
+        now_ms: k * 100,
+        dt_s: 0.1,
+        decide: k.is_multiple_of(5),
+    }
+}
+
+#[test]
+fn builds_the_policy_snapshot_from_the_plugins() {
+    let sensors = Sensors::new(vec![Box::new(NullSensor), Box::new(Steady)]);
+    let apps = vec![
+        app("c", Feedback::Client),
+        app("b", Feedback::Ebpf),
+        app("a", Feedback::Client),
+    ];
+    let mut s = Sensing::new(sensors, apps, 5);
+    let mut last = None;
+    for k in 1..=5 {
+        last = Some(s.sense(&tick(k), &TwoCpus));
+    }
+    let (sensed, readings) = last.unwrap();
+    assert_eq!(readings.len(), 3);
+    let names: Vec<&str> = sensed
+        .snapshot
+        .apps
+        .iter()
+        .map(|a| a.name.as_str())
+        .collect();
+    assert_eq!(names, ["a", "b"], "managed apps only, by name");
+    let a = &sensed.snapshot.apps[0];
+    assert!((a.latency_us.unwrap() - 2000.0).abs() < 10.0, "{a:?}");
+    assert!((a.rps - 100.0).abs() < 1e-6, "{a:?}");
+    assert_eq!(a.target.unwrap().value_us, 1000.0);
+    // 0.5 CPU-s over 0.5 s on 2 CPUs.
+    assert!((a.cpu_util - 0.5).abs() < 1e-9, "{a:?}");
+    // b is fed by eBPF, which no plugin measures: idle, its eBPF target.
+    let b = &sensed.snapshot.apps[1];
+    assert_eq!((b.latency_us, b.rps), (None, 0.0));
+    assert_eq!(b.target.unwrap().value_us, 500.0);
+    // The interval's rows: every app, its client latency whatever fed it.
+    assert_eq!(sensed.interval.len(), 3);
+    let row_a = &sensed.interval[2];
+    assert!((row_a.achieved_rps - 100.0).abs() < 1e-6, "{row_a:?}");
+    assert!(row_a.client_us.is_some() && row_a.ebpf_us.is_none());
+    assert_eq!(sensed.interval[1].client_us, row_a.client_us);
+    assert_eq!(sensed.snapshot.since_ms, Some(0));
+    // After a plan: only what was measured under it.
+    s.restart(500);
+    let (sensed, _) = s.sense(&tick(6), &TwoCpus);
+    assert_eq!(sensed.snapshot.since_ms, Some(500));
+    assert!((sensed.snapshot.apps[0].rps - 100.0).abs() < 1e-6);
+}
+
+#[test]
+fn apps_added_and_removed_at_run_time_keep_their_own_figures() {
+    use qosd_sensors::sensor::client::ClientSensor;
+    let client = ClientSensor::new([]);
+    let feeds = client.feeds();
+    let sensors = Sensors::new(vec![Box::new(client)]);
+    let mut s = Sensing::new(sensors, vec![app("a", Feedback::Client)], 5);
+    let mut inbox_a = feeds.inbox("a");
+    s.add_app(app("b", Feedback::Client));
+    let mut inbox_b = feeds.inbox("b");
+    inbox_a.record_us(&[100.0; 10]).unwrap();
+    inbox_b.record_us(&[300.0; 10]).unwrap();
+    let (sensed, _) = s.sense(&tick(1), &TwoCpus);
+    let lat: Vec<_> = sensed.snapshot.apps.iter().map(|a| a.latency_us).collect();
+    assert!((lat[0].unwrap() - 100.0).abs() < 1.0, "{lat:?}");
+    assert!((lat[1].unwrap() - 300.0).abs() < 2.0, "{lat:?}");
+    // a goes: b keeps its figures, now at index 0.
+    s.remove_app(0);
+    feeds.disconnect("a");
+    inbox_b.record_us(&[300.0; 10]).unwrap();
+    let (sensed, _) = s.sense(&tick(2), &TwoCpus);
+    assert_eq!(sensed.snapshot.apps.len(), 1);
+    let b = &sensed.snapshot.apps[0];
+    assert_eq!((b.name.as_str(), b.nr_samples), ("b", 20), "{b:?}");
+    // A report to the removed app reaches nobody.
+    assert!(inbox_a.record_us(&[1.0]).is_ok());
+    let (sensed, _) = s.sense(&tick(3), &TwoCpus);
+    assert_eq!(sensed.snapshot.apps[0].nr_samples, 20);
+}
