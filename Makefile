@@ -7,7 +7,7 @@ CARGO ?= cargo
 APT_PKGS := clang llvm libelf-dev zlib1g-dev pkg-config make bpftool \
             memcached nginx-light redis-server redis-tools wrk stress-ng linux-cpupower \
             prometheus libfontconfig-dev curl procps iproute2 \
-            systemd util-linux man-db ruby-grpc etcd-server openssl
+            systemd util-linux man-db ruby-grpc etcd-server openssl iperf3
 QOSD := target/release/qosd
 
 # `make install` layout; `make install PREFIX=/usr DESTDIR=pkgroot` for a

@@ -5,6 +5,13 @@
 //! on `/run/qosd/groups/<group>.lock` (under the root prefix), held for the
 //! daemon's life and released by the kernel when it exits, even on SIGKILL.
 //! Replays name their groups `qosd-replay<PID>-<app>`, so they never clash.
+//!
+//! Two daemons with *different* app names can still match the same process.
+//! Group names cannot tell then (a daemon using only the affinity backend
+//! puts the process in no group at all), so each daemon also claims every
+//! process it manages: a `flock` on `/run/qosd/pids/<pid>.lock` holding
+//! `<daemon pid> <app>`, taken when it starts managing the process and
+//! dropped when it stops. A second claim of a held pid names the holder.
 
 use std::fs::File;
 use std::io::{Seek, Write};
@@ -92,6 +99,97 @@ pub fn foreign_group(root: &Root, pid: i32, own: &str) -> Option<(String, String
         .find_map(|g| holder(root, g).map(|h| (g.to_owned(), h)))
 }
 
+/// Where the per-process claims live (under the root prefix).
+pub const PID_DIR: &str = "/run/qosd/pids";
+
+/// Another running qosd that manages a process this one wants to manage.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claimed {
+    pub pid: i32,
+    /// The other daemon's pid and its app's name, as it wrote them.
+    pub holder: String,
+}
+
+/// The processes this daemon manages, each claimed by a held lock.
+#[derive(Debug)]
+pub struct PidClaims {
+    root: Root,
+    /// The process's start time with the lock, so a reused pid is a new claim.
+    held: std::collections::HashMap<i32, (u64, Flock<File>)>,
+}
+
+impl PidClaims {
+    pub fn new(root: Root) -> PidClaims {
+        PidClaims {
+            root,
+            held: Default::default(),
+        }
+    }
+
+    fn path(&self, pid: i32) -> PathBuf {
+        self.root.path(PID_DIR).join(format!("{pid}.lock"))
+    }
+
+    /// Claims `pids` for `app`; the ones another running qosd holds (it
+    /// keeps them: both would undo each other's changes, so the caller
+    /// says so). A claim that cannot be made (no `/run`) is skipped: this
+    /// is a warning, never a reason not to manage.
+    pub fn claim(&mut self, app: &str, pids: &[i32]) -> Vec<Claimed> {
+        let mut others = Vec::new();
+        for &pid in pids {
+            let start = crate::proc::start_time(&self.root, pid).unwrap_or(0);
+            if self.held.get(&pid).is_some_and(|(t, _)| *t == start) {
+                continue;
+            }
+            let path = self.path(pid);
+            let Ok(f) = statefile::check_dir(&path).and_then(|()| statefile::open_lock(&path))
+            else {
+                continue;
+            };
+            match Flock::lock(f, FlockArg::LockExclusiveNonblock) {
+                Ok(mut lock) => {
+                    let me = std::process::id();
+                    let _ = lock
+                        .set_len(0)
+                        .and_then(|()| lock.rewind())
+                        .and_then(|()| writeln!(lock, "{me} {app}"));
+                    self.held.insert(pid, (start, lock));
+                }
+                Err((_, nix::Error::EWOULDBLOCK)) => others.push(Claimed {
+                    pid,
+                    holder: std::fs::read_to_string(&path)
+                        .unwrap_or_default()
+                        .trim()
+                        .to_owned(),
+                }),
+                Err(_) => {}
+            }
+        }
+        others
+    }
+
+    /// Drops the claims of `pids` (released or exited): the file goes
+    /// first, then the lock, so a claim file left behind is never held.
+    pub fn release(&mut self, pids: &[i32]) {
+        for pid in pids {
+            if let Some((_, lock)) = self.held.remove(pid) {
+                let _ = std::fs::remove_file(self.path(*pid));
+                drop(lock);
+            }
+        }
+    }
+}
+
+impl Drop for PidClaims {
+    /// A daemon that stops leaves no claim file (one per process would
+    /// pile up in `/run` otherwise); after a SIGKILL the kernel drops the
+    /// locks and a file nobody holds counts for nothing.
+    fn drop(&mut self) {
+        let pids: Vec<i32> = self.held.keys().copied().collect();
+        self.release(&pids);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -123,5 +221,26 @@ mod tests {
         drop(first);
         assert_eq!(holder(&root, "qosd-a"), None);
         lock_groups(&root, &names).unwrap();
+    }
+
+    #[test]
+    fn a_process_is_claimed_by_one_daemon_at_a_time() {
+        let d = tempfile::tempdir().unwrap();
+        let root = Root::new(d.path());
+        let me = std::process::id() as i32;
+        let (mut first, mut second) = (PidClaims::new(root.clone()), PidClaims::new(root));
+        assert!(first.claim("web", &[me]).is_empty());
+        // Claiming again what one holds is no conflict.
+        assert!(first.claim("web", &[me]).is_empty());
+        let others = second.claim("api", &[me]);
+        assert_eq!(
+            others,
+            vec![Claimed {
+                pid: me,
+                holder: format!("{me} web")
+            }]
+        );
+        first.release(&[me]);
+        assert!(second.claim("api", &[me]).is_empty());
     }
 }

@@ -318,43 +318,15 @@ fn real_sigkill_then_restore_puts_the_affinity_back() {
     let _ = sleeper.wait();
 }
 
-/// Where the cpu controller is: the v1 `cpu` hierarchy (this machine kind),
-/// else the cgroup2 mount that lists `cpu` in cgroup.controllers (a unified
-/// layout: the kernel matrix's guests). `None`: neither.
-fn cpu_mount() -> Option<(String, bool)> {
-    if Path::new("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").exists() {
-        return Some(("/sys/fs/cgroup/cpu".into(), false));
-    }
-    ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
-        .into_iter()
-        .find(|m| {
-            std::fs::read_to_string(format!("{m}/cgroup.controllers"))
-                .is_ok_and(|s| s.split_whitespace().any(|c| c == "cpu"))
-        })
-        .map(|m| (m.to_owned(), true))
-}
-
 /// The quota of the cgroup `pid` is in, as `qosd` reads it: (cgroup path,
 /// quota in µs: v1 `cpu.cfs_quota_us`, or the first field of v2 `cpu.max`).
 fn cpu_group(pid: &str) -> (String, String) {
-    let (mount, v2) = cpu_mount().expect("a cpu controller");
-    let path = cgroups(pid.parse().unwrap())
-        .lines()
-        .find_map(|l| {
-            let mut f = l.splitn(3, ':');
-            let (_, c, p) = (f.next()?, f.next()?, f.next()?);
-            let cpu = if v2 {
-                c.is_empty()
-            } else {
-                c.split(',').any(|x| x == "cpu")
-            };
-            cpu.then(|| p.to_owned())
-        })
-        .expect("in the cpu hierarchy");
-    let file = if v2 { "cpu.max" } else { "cpu.cfs_quota_us" };
-    let q = std::fs::read_to_string(format!("{mount}{path}/{file}")).unwrap_or_default();
-    let q = q.split_whitespace().next().unwrap_or_default();
-    (path, q.to_owned())
+    let v2 = cpu_mount().expect("a cpu controller").1;
+    let (path, q) = cpu_file_of(pid, if v2 { "cpu.max" } else { "cpu.cfs_quota_us" });
+    (
+        path,
+        q.split_whitespace().next().unwrap_or_default().to_owned(),
+    )
 }
 
 #[test]

@@ -175,36 +175,55 @@ fn hardening2_a_removed_group_is_logged_and_a_changed_token_file_is_read_again()
 
 #[test]
 fn hardening2_a_second_daemon_on_the_same_process_warns() {
-    let sleeper = Killed::sleeper(120);
-    let pid = sleeper.pid();
-    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let (p1, p2) = (free_port(), free_port());
-    let first = Daemon::start(
-        &config(d1.path(), p1, &format!("hone-{pid}"), pid, ""),
-        p1,
-        &[],
-    );
-    assert!(wait_for(Duration::from_secs(10), || cgroups(pid)
-        .contains(&format!("qosd-hone-{pid}"))));
-    let second = Daemon::start(
-        &config(d2.path(), p2, &format!("htwo-{pid}"), pid, ""),
-        p2,
-        &[],
-    );
-    let warned = || {
-        second
-            .output()
-            .iter()
-            .any(|l| l.contains("WARNING") && l.contains(&format!("qosd-hone-{pid}")))
-    };
-    assert!(
-        wait_for(Duration::from_secs(10), warned),
-        "{:?}",
-        second.output()
-    );
-    let (s2, _) = second.stop();
-    let (s1, _) = first.stop();
-    assert!(s1.success() && s2.success());
+    // The first daemon puts the process in a cgroup, or only sets its
+    // affinity (no group to tell by): the second sees it either way.
+    for backend in ["cgroup1", "affinity"] {
+        let sleeper = Killed::sleeper(120);
+        let pid = sleeper.pid();
+        let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (p1, p2) = (free_port(), free_port());
+        let cfg1 = config(d1.path(), p1, &format!("hone-{pid}"), pid, "");
+        let text = std::fs::read_to_string(&cfg1).unwrap();
+        std::fs::write(
+            &cfg1,
+            text.replace(
+                "cores_backend: cgroup1",
+                &format!("cores_backend: {backend}"),
+            ),
+        )
+        .unwrap();
+        let first = Daemon::start(&cfg1, p1, &[]);
+        assert!(
+            wait_for(Duration::from_secs(10), || first
+                .output()
+                .iter()
+                .any(|l| l.contains(&format!("pids [{pid}]")))),
+            "{backend}: {:?}",
+            first.output()
+        );
+        let second = Daemon::start(
+            &config(d2.path(), p2, &format!("htwo-{pid}"), pid, ""),
+            p2,
+            &[],
+        );
+        let warned = || {
+            second.output().iter().any(|l| {
+                l.contains("WARNING")
+                    && l.contains(&format!("pid {pid} is managed by another running qosd"))
+                    && l.contains(&format!("app hone-{pid}"))
+            })
+        };
+        assert!(
+            wait_for(Duration::from_secs(10), warned),
+            "{backend}: {:?}",
+            second.output()
+        );
+        let (s2, _) = second.stop();
+        let (s1, _) = first.stop();
+        assert!(s1.success() && s2.success());
+        // Each claim went with its daemon.
+        assert!(!Path::new(&format!("/run/qosd/pids/{pid}.lock")).exists());
+    }
 }
 
 #[test]

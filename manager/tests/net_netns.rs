@@ -421,3 +421,29 @@ fn lru_evictions_are_counted_and_sigkill_then_restore_removes_only_qosds_filters
         "the clsact qdisc that was there before is gone: {tc}"
     );
 }
+
+#[test]
+fn usage_errors_exit_2_and_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state.json");
+    for (args, says) in [
+        (&["--bin-ms", "3"][..], "--bin-ms 3"),
+        (&["--iface", "qosd-no-such-net26"][..], "no such interface"),
+        (&["--iface", "lo"][..], "Ethernet"),
+        (&["--peers-max", "0"][..], "--peers-max"),
+        (&["--top", "0"][..], "--top"),
+        (&["--duration", "0"][..], "--duration"),
+    ] {
+        let out = Command::new(QOSD)
+            .arg("net")
+            .args(args)
+            .arg("--state-file")
+            .arg(&state)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert!(!state.exists(), "{args:?} journalled something");
+    }
+}

@@ -120,19 +120,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let root = Root::new(&cfg.root);
     let journal = Journal::open(root.clone(), Some(cfg.state_path()), false).map_err(to_anyhow)?;
-    let mut ctx = Ctx::new(root, false, journal);
+    let mut guard = Guard(Ctx::new(root, false, journal));
     // Loaded before anything is made: a kernel that refuses the programs
     // leaves the interfaces untouched.
     let sensor = NetSensor::load(opts).map_err(|e| anyhow::anyhow!("{e}"))?;
     let ns = NetnsRef::of_pid(std::process::id() as i32).map_err(to_anyhow)?;
-    let attached = attach_all(&mut ctx, &sensor, &ns, &ifaces);
+    let attached = attach_all(&mut guard.0, &sensor, &ns, &ifaces);
     let result = attached.and_then(|()| watch(&args, &sensor, &ifaces, &sigs));
-    let (restored, errs) =
-        ctx.restore_where(|e| matches!(e, Entry::Net { key, .. } if key.starts_with(KEY_PREFIX)));
-    for c in &restored {
-        tracing::info!("restored {c}");
-    }
-    if let Some(e) = errs.into_iter().next() {
+    if let Some(e) = guard.restore().into_iter().next() {
         return Err(to_anyhow(e));
     }
     let sig = result?;
@@ -140,6 +135,30 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         note(&format!("TC programs removed on {}", signals::name(sig)));
     }
     Ok(())
+}
+
+/// Removes what `qosd net` made, also when a panic unwinds past it.
+struct Guard(Ctx);
+
+impl Guard {
+    fn restore(&mut self) -> Vec<qosd_actuators::Error> {
+        let (restored, errs) = self
+            .0
+            .restore_where(|e| matches!(e, Entry::Net { key, .. } if key.starts_with(KEY_PREFIX)));
+        for c in &restored {
+            tracing::info!("restored {c}");
+        }
+        errs
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        // Nothing left after a normal restore; after a panic, everything.
+        for e in self.restore() {
+            tracing::error!("qosd net: restoring: {e}");
+        }
+    }
 }
 
 /// A line on stderr; a closed stderr is no reason to skip the restore.

@@ -17,7 +17,7 @@ use qosd_sensors::power::PowerSensor;
 use qosd_sensors::procfs::{CpuMeter, NodeCpu, Procfs};
 use qosd_sensors::stats::LogHistogram;
 
-use qosd_actuators::grouplock::GroupLocks;
+use qosd_actuators::grouplock::{GroupLocks, PidClaims};
 
 use super::discover::Finder;
 use super::jobs::Jobs;
@@ -77,6 +77,9 @@ pub struct DaemonNode {
     procfs: Procfs,
     /// The root prefix (for the group locks of other daemons).
     root: qosd_actuators::Root,
+    /// The processes this daemon manages, claimed so that another daemon
+    /// matching them sees it (none in a dry run: it manages nothing).
+    claims: Option<PidClaims>,
     node_cpu: Option<NodeCpu>,
     dry_run: bool,
     /// The batch jobs of best-effort apps that run one.
@@ -125,6 +128,7 @@ impl Controller {
             finder: Finder::new(root),
             procfs: Procfs::new(root),
             root: qosd_actuators::Root::new(root),
+            claims: (!dry_run).then(|| PidClaims::new(qosd_actuators::Root::new(root))),
             node_cpu: None,
             dry_run,
             jobs: Jobs::none(nr_apps),

@@ -401,3 +401,41 @@ pub fn hold(args: &[&str]) -> (Child, BufReader<std::process::ChildStdout>) {
 pub fn kill(child: &Child, sig: nix::sys::signal::Signal) {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), sig).unwrap();
 }
+
+/// Where the cpu controller is: the v1 `cpu` hierarchy (this machine kind),
+/// else the cgroup2 mount that lists `cpu` in cgroup.controllers (a unified
+/// layout: the kernel matrix's guests), with `true` for cgroup2. `None`:
+/// neither.
+pub fn cpu_mount() -> Option<(String, bool)> {
+    if Path::new("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").exists() {
+        return Some(("/sys/fs/cgroup/cpu".into(), false));
+    }
+    ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
+        .into_iter()
+        .find(|m| {
+            std::fs::read_to_string(format!("{m}/cgroup.controllers"))
+                .is_ok_and(|s| s.split_whitespace().any(|c| c == "cpu"))
+        })
+        .map(|m| (m.to_owned(), true))
+}
+
+/// The cgroup `pid` is in where the cpu controller is ([`cpu_mount`]), and
+/// that group's `file` (trimmed; empty if it has none).
+pub fn cpu_file_of(pid: &str, file: &str) -> (String, String) {
+    let (mount, v2) = cpu_mount().expect("a cpu controller");
+    let path = cgroups(pid.parse().unwrap())
+        .lines()
+        .find_map(|l| {
+            let mut f = l.splitn(3, ':');
+            let (_, c, p) = (f.next()?, f.next()?, f.next()?);
+            let cpu = if v2 {
+                c.is_empty()
+            } else {
+                c.split(',').any(|x| x == "cpu")
+            };
+            cpu.then(|| p.to_owned())
+        })
+        .expect("in the cpu hierarchy");
+    let v = std::fs::read_to_string(format!("{mount}{path}/{file}")).unwrap_or_default();
+    (path, v.trim().to_owned())
+}

@@ -86,14 +86,14 @@ impl NetOptions {
     pub fn validate(&self) -> Result<(), NetError> {
         if self.bin_ms == 0 || 1000 % self.bin_ms != 0 {
             return Err(NetError::Invalid(format!(
-                "bin-ms {}: must divide 1000 (1, 2, 4, 5, 10, ..., 1000) so bins tile the 1 s window",
+                "--bin-ms {}: must divide 1000 (1, 2, 4, 5, 10, ..., 1000) so bins tile the 1 s window",
                 self.bin_ms
             )));
         }
         for (name, v) in [("peers-max", self.peers_max), ("ports-max", self.ports_max)] {
             if !(1..=1 << 20).contains(&v) {
                 return Err(NetError::Invalid(format!(
-                    "{name} {v}: must be 1..=1048576 entries"
+                    "--{name} {v}: must be 1..=1048576 entries"
                 )));
             }
         }

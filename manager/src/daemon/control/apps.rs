@@ -48,6 +48,7 @@ impl DaemonNode {
         let pids = self.apps[i].pids.clone();
         let name = self.apps[i].cfg.name.clone();
         self.untrace(i, &pids);
+        self.unclaim(&pids);
         let msg = match self.act.release(&name, &pids) {
             Ok(c) if c.is_empty() => String::new(),
             Ok(c) => format!(", {} settings put back", c.len()),

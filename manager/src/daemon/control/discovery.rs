@@ -66,11 +66,15 @@ impl DaemonNode {
                     "exited"
                 };
                 ev.push(format!("app {name}: {gone} (pids {old:?}): released{msg}"));
+                self.unclaim(&old);
             } else if !managed {
                 ev.extend(self.foreign(i, &pids));
                 ev.extend(self.admit(now_ms, i));
             } else {
                 ev.push(format!("app {name}: processes now {pids:?}"));
+                let left: Vec<i32> = old.iter().copied().filter(|p| !pids.contains(p)).collect();
+                self.unclaim(&left);
+                ev.extend(self.foreign(i, &pids));
             }
         }
         if scan {
@@ -152,22 +156,47 @@ impl DaemonNode {
         }
     }
 
-    /// Warnings for processes another running qosd manages too (found by
-    /// the group it put them in): both would undo each other's changes.
-    fn foreign(&self, i: usize, pids: &[i32]) -> Events {
-        let a = &self.apps[i];
-        let own = qosd_actuators::AppTarget::new(a.cfg.name.clone(), Vec::new()).group_name();
+    /// Claims the app's processes and warns of those another running
+    /// qosd manages too: by its claim on the process, else by the group it
+    /// put them in (a qosd that predates claims). Both would undo each
+    /// other's changes.
+    fn foreign(&mut self, i: usize, pids: &[i32]) -> Events {
+        let name = self.apps[i].cfg.name.clone();
+        let mut ev = Events::new();
+        let mut claimed = Vec::new();
+        if let Some(c) = &mut self.claims {
+            for o in c.claim(&name, pids) {
+                let (by, app) = o.holder.split_once(' ').unwrap_or((&o.holder, "?"));
+                ev.push(format!(
+                    "WARNING: app {name}: pid {} is managed by another running qosd \
+                     (pid {by}, app {app}): both manage it and the last change wins; \
+                     match it in one only",
+                    o.pid
+                ));
+                claimed.push(o.pid);
+            }
+        }
+        let own = qosd_actuators::AppTarget::new(name.clone(), Vec::new()).group_name();
         let root = &self.root;
-        pids.iter()
-            .filter_map(|&p| {
-                let (g, by) = qosd_actuators::grouplock::foreign_group(root, p, &own)?;
-                Some(format!(
-                    "WARNING: app {}: pid {p} is in {g}, a group of another running qosd \
-                     (pid {by}): both manage it and the last change wins; match it in one only",
-                    a.cfg.name
-                ))
-            })
-            .collect()
+        ev.extend(
+            pids.iter()
+                .filter(|p| !claimed.contains(p))
+                .filter_map(|&p| {
+                    let (g, by) = qosd_actuators::grouplock::foreign_group(root, p, &own)?;
+                    Some(format!(
+                        "WARNING: app {name}: pid {p} is in {g}, a group of another running qosd \
+                 (pid {by}): both manage it and the last change wins; match it in one only"
+                    ))
+                }),
+        );
+        ev
+    }
+
+    /// Drops this daemon's claims on processes it no longer manages.
+    pub(super) fn unclaim(&mut self, pids: &[i32]) {
+        if let Some(c) = &mut self.claims {
+            c.release(pids);
+        }
     }
 
     /// An app whose processes appeared: its starting share, applied.

@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# `qosd net` (paper 004, issue 26): iperf3 TCP and UDP throughput across a
+# veth pair between two network namespaces this script makes
+# (qosd-bench-net26-*), with and without qosd's TC programs on the client's
+# veth (ingress + egress, 1 ms bins), interleaved (off/on, then on/off, ...):
+# median and quartiles of on/off ratios over ROUNDS (default 10) rounds of
+# SECS (default 3) s. Also checks the counters against the kernel's: the
+# UDP runs' bytes qosd counted on the veth's egress vs the veth's own
+# tx_bytes (/proc/net/dev) over the same run, and bytes per packet vs
+# iperf3's 1400-byte payload (1442 = + Ethernet 14, IPv4 20, UDP 8).
+# BPF cost per packet from the kernel's bpf_stats (on for the run, then
+# put back). IPv6 is off on the veths so no router solicitation or MLD
+# frame muddles the byte check. Needs root, iperf3, bpftool, python3.
+set -euo pipefail
+trap 'echo "net.sh: failed at line $LINENO" >&2' ERR
+cd "$(dirname "$0")/../.."
+QOSD=${QOSD:-target/release/qosd}
+ROUNDS=${ROUNDS:-10}
+SECS=${SECS:-3}
+A=qosd-bench-net26-a B=qosd-bench-net26-b VA=qb26a VB=qb26b
+PORT=5226
+tmp=$(mktemp -d)
+knob=$(cat /proc/sys/kernel/bpf_stats_enabled)
+cleanup() {
+  echo "$knob" >/proc/sys/kernel/bpf_stats_enabled
+  ip netns pids "$A" 2>/dev/null | xargs -r kill 2>/dev/null || true
+  ip netns pids "$B" 2>/dev/null | xargs -r kill 2>/dev/null || true
+  ip netns del "$A" 2>/dev/null || true
+  ip netns del "$B" 2>/dev/null || true
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+cleanup
+tmp=$(mktemp -d)
+echo 1 >/proc/sys/kernel/bpf_stats_enabled
+ip netns add "$A"
+ip netns add "$B"
+ip link add "$VA" netns "$A" type veth peer name "$VB" netns "$B"
+ip -n "$A" addr add 10.227.0.1/24 dev "$VA"
+ip -n "$B" addr add 10.227.0.2/24 dev "$VB"
+ip netns exec "$A" sysctl -qw "net.ipv6.conf.$VA.disable_ipv6=1"
+ip netns exec "$B" sysctl -qw "net.ipv6.conf.$VB.disable_ipv6=1"
+ip -n "$A" link set "$VA" up
+ip -n "$B" link set "$VB" up
+ip -n "$A" route get 10.227.0.2 | grep -q "dev $VA" || { echo "route does not lead into $VA" >&2; exit 1; }
+ip netns exec "$B" iperf3 -s -B 10.227.0.2 -p "$PORT" >"$tmp/iperf3-s.log" 2>&1 &
+for _ in $(seq 50); do ip netns exec "$B" ss -ltn | grep -q ":$PORT " && break; sleep 0.1; done
+ip netns exec "$B" ss -ltn | grep -q ":$PORT " || { cat "$tmp/iperf3-s.log" >&2; exit 1; }
+
+tx_bytes() { ip netns exec "$A" cat "/sys/class/net/$VA/statistics/tx_bytes"; }
+
+# run PROTO MODE ROUND: one iperf3 run; MODE on starts qosd net first.
+run() {
+  local proto=$1 mode=$2 r=$3 extra=() qpid=
+  [ "$proto" = udp ] && extra=(-u -b 0 -l 1400)
+  local before; before=$(tx_bytes)
+  if [ "$mode" = on ]; then
+    ip netns exec "$A" "$QOSD" net --iface "$VA" --json --top 5 --state-file "$tmp/state.json" \
+      >"$tmp/q-$proto-$r.json" 2>"$tmp/q.log" &
+    qpid=$!
+    for _ in $(seq 50); do grep -q "counting on" "$tmp/q.log" && break; sleep 0.1; done
+    grep -q "counting on" "$tmp/q.log" || { cat "$tmp/q.log" >&2; exit 1; }
+  fi
+  ip netns exec "$A" timeout $((SECS + 20)) iperf3 -c 10.227.0.2 -p "$PORT" -t "$SECS" -J "${extra[@]}" \
+    >"$tmp/i-$proto-$mode-$r.json"
+  if [ -n "$qpid" ]; then
+    sleep 1.1 # the last window completes
+    bpftool -j prog show >"$tmp/p-$proto-$r.json"
+    kill -TERM "$qpid"
+    wait "$qpid"
+  fi
+  echo $(($(tx_bytes) - before)) >"$tmp/tx-$proto-$mode-$r"
+}
+
+for r in $(seq "$ROUNDS"); do
+  for proto in tcp udp; do
+    if [ $((r % 2)) = 1 ]; then run "$proto" off "$r"; run "$proto" on "$r"; else run "$proto" on "$r"; run "$proto" off "$r"; fi
+  done
+done
+if ip netns exec "$A" tc filter show dev "$VA" egress | grep -q net_; then
+  echo "qosd net left a filter behind" >&2
+  exit 1
+fi
+
+python3 - "$tmp" "$ROUNDS" "$SECS" <<'PY'
+import json, statistics, sys
+tmp, rounds, secs = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+
+def gbps(proto, mode, r):
+    j = json.load(open(f"{tmp}/i-{proto}-{mode}-{r}.json"))
+    e = j["end"]
+    s = e["sum_received"] if proto == "tcp" else e["sum"]
+    return s["bits_per_second"] / 1e9
+
+def q(v):
+    v = sorted(v)
+    qs = statistics.quantiles(v, n=4, method="inclusive") if len(v) > 1 else [v[0]] * 3
+    return qs
+
+print("## Network counters: `qosd net` (`scenarios/bench/net.sh`, issue 26)")
+print()
+print(f"iperf3 (Debian) across a veth pair between two network namespaces, {secs} s per run, with and")
+print("without `qosd net`'s TC programs (ingress + egress of the client's veth, 1 ms bins),")
+print(f"interleaved over {rounds} rounds (off/on, then on/off). Loaded machine: other jobs share")
+print("the 2 CPUs, so single runs vary; the ratio is of the runs of one round. Goal: median ≥ 0.99×.")
+print()
+print("| traffic | off Gbit/s (median) | on Gbit/s (median) | on/off ratio: median | lower quartile | upper quartile |")
+print("| --- | --- | --- | --- | --- | --- |")
+for proto, label in [("tcp", "TCP"), ("udp", "UDP, 1400-byte payload, -b 0")]:
+    off = [gbps(proto, "off", r) for r in range(1, rounds + 1)]
+    on = [gbps(proto, "on", r) for r in range(1, rounds + 1)]
+    ratio = [b / a for a, b in zip(off, on)]
+    lo, med, hi = q(ratio)
+    print(f"| {label} | {statistics.median(off):.2f} | {statistics.median(on):.2f} | "
+          f"{med:.3f}× | {lo:.3f}× | {hi:.3f}× |")
+print()
+# Counter check on the UDP runs with qosd on.
+rows = []
+for r in range(1, rounds + 1):
+    pk = by = 0
+    for line in open(f"{tmp}/q-udp-{r}.json"):
+        w = json.loads(line)
+        for k, f in w["peers"]:
+            if k["dir"] == "egress":
+                pk += f["packets"]; by += f["bytes"]
+    tx = int(open(f"{tmp}/tx-udp-on-{r}").read())
+    udp = [(f["bytes"], f["packets"]) for line in open(f"{tmp}/q-udp-{r}.json")
+           for k, f in json.loads(line)["peers"] if k["dir"] == "egress" and k["proto"] == 17]
+    ub = sum(b for b, _ in udp); up = sum(p for _, p in udp)
+    rows.append((by, tx, ub / up if up else 0, max(
+        (f["peak_bytes"] * 8 * 1000 / 1e9 for line in open(f"{tmp}/q-udp-{r}.json")
+         for k, f in json.loads(line)["peers"] if k["dir"] == "egress" and k["proto"] == 17), default=0)))
+exact = sum(1 for by, tx, _, _ in rows if by == tx)
+print(f"Counters vs the kernel's: in {exact} of {rounds} UDP runs the egress bytes `qosd net` counted "
+      f"equal the veth's tx_bytes over the run exactly"
+      + ("" if exact == rounds else " (the others: " + ", ".join(
+          f"{by} vs {tx}" for by, tx, _, _ in rows if by != tx) + ")") + ".")
+bpp = sorted(set(round(x, 1) for _, _, x, _ in rows))
+print(f"UDP bytes per packet counted: {', '.join(str(b) for b in bpp)} (1400-byte payload + 42 bytes of "
+      "Ethernet, IPv4 and UDP headers = 1442; paper 004 reports 8.16 Gbit/s for 8 Gbit/s of payload).")
+peak = statistics.median(p for *_, p in rows)
+print(f"Median of the runs' peak 1 ms bin on UDP egress: {peak:.2f} Gbit/s.")
+print()
+print("BPF cost (bpf_stats, all on-runs): ", end="")
+cost = []
+for proto in ["tcp", "udp"]:
+    for name in ["net_ingress", "net_egress"]:
+        t = n = 0
+        for r in range(1, rounds + 1):
+            for p in json.load(open(f"{tmp}/p-{proto}-{r}.json")):
+                if p.get("name") == name:
+                    t += p.get("run_time_ns", 0); n += p.get("run_cnt", 0)
+        cost.append(f"{proto.upper()} {name} {t / n:.0f} ns per run over {n} runs" if n else
+                    f"{proto.upper()} {name}: no runs")
+print("; ".join(cost) + ". A run is one skb: a TCP GSO skb carries many segments.")
+PY
