@@ -3,7 +3,8 @@
 //! `cpuset` and `cpu` hierarchies, with its own settings there (1.5 CPU of
 //! quota, `cpu.shares` 512, its own affinity inside its cpuset); `qosd run`
 //! manages it with every knob combination this machine has (cores through
-//! a cpuset group or through affinity, CPU quota, both) and is stopped by
+//! a cpuset group or through affinity, CPU quota, both; the CPU priority
+//! knob, alone and with quota, on a best-effort app) and is stopped by
 //! SIGTERM, SIGINT, SIGUSR1, SIGKILL then `qosd restore`, and SIGKILL then
 //! the next start (SIGHUP reloads the daemon's config: daemon_reload.rs). After each, every file of the process's groups and of
 //! the hierarchies' top groups, its groups and every thread's affinity are
@@ -118,11 +119,16 @@ enum Stop {
 
 fn config(dir: &Path, port: u16, app: &str, matcher: &str, knobs: &str, backend: &str) -> PathBuf {
     let p = dir.join("config.yaml");
+    // The priority knob acts on best-effort apps (the idle class).
+    let class = if knobs.contains("cpu_priority") {
+        "class: be"
+    } else {
+        "class: lc\n    target: { p99: 2ms }\n    feedback: client"
+    };
     std::fs::write(
         &p,
         format!(
-            "apps:\n  - name: {app}\n    match: {matcher}\n    class: lc\n    \
-             target: {{ p99: 2ms }}\n    feedback: client\n    \
+            "apps:\n  - name: {app}\n    match: {matcher}\n    {class}\n    \
              resources: {{ initial: {{ nr_cores: 1, cpu_quota_milli: 500 }} }}\n\
              policy: {}\nstate_file: {}\n\
              actuators:\n  enabled: [{knobs}]\n  cores_backend: {backend}\n\
@@ -267,6 +273,8 @@ fn hardening2_every_knob_combination_and_stop_restores_exactly() {
         ("cpu_quota", "auto"),
         ("cores, cpu_quota", "cgroup1"),
         ("cores, cpu_quota", "affinity"),
+        ("cpu_priority", "auto"),
+        ("cpu_quota, cpu_priority", "auto"),
     ];
     let stops = [
         Stop::Signal(Signal::SIGTERM),
