@@ -16,6 +16,7 @@
 
 mod agg;
 mod bpf;
+pub(crate) use bpf::read_pod;
 mod grpc;
 pub mod hooks;
 mod probe;

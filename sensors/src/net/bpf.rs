@@ -18,6 +18,7 @@ use super::{Direction, NetError, NetOptions};
 mod skel {
     include!(concat!(env!("OUT_DIR"), "/net.skel.rs"));
 }
+use crate::ebpf::read_pod;
 use skel::types::{qn_key, qn_port_key, qn_val, qn_win};
 use skel::{NetSkel, NetSkelBuilder};
 
@@ -36,24 +37,6 @@ pub(crate) const COUNTERS: [&str; 4] = ["peer_inserts", "port_inserts", "not_ip"
 
 fn bpf_err(what: &'static str) -> impl Fn(libbpf_rs::Error) -> NetError {
     move |e| NetError::Bpf(format!("{what}: {e}"))
-}
-
-/// Reads a plain-old-data skeleton type from bytes (unaligned).
-fn read_pod<T: Copy + Default>(data: &[u8]) -> Option<T> {
-    if data.len() < size_of::<T>() {
-        return None;
-    }
-    let mut v = T::default();
-    // SAFETY: T is a #[repr(C)] skeleton type made of integers (any bit
-    // pattern is valid) and data holds at least size_of::<T>() bytes.
-    unsafe {
-        std::ptr::copy_nonoverlapping(
-            data.as_ptr(),
-            (&mut v as *mut T).cast::<u8>(),
-            size_of::<T>(),
-        )
-    };
-    Some(v)
 }
 
 fn win(w: &qn_win) -> super::window::RawWin {
