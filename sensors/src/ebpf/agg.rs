@@ -148,6 +148,27 @@ pub(crate) struct AggReader {
     last: Instant,
 }
 
+/// How often, and how far apart, making a histogram entry is tried again.
+/// The map is not preallocated (an entry is ~18 KB per CPU), and the
+/// kernel's BPF allocator hands out the large per-CPU values from a cache
+/// it refills asynchronously (irq work): a few entries made back to back
+/// can meet an empty cache and ENOMEM while memory is plentiful.
+const ENOMEM_TRIES: u32 = 100;
+const ENOMEM_PAUSE: Duration = Duration::from_millis(2);
+
+fn update_retrying(maps: &Maps<'_>, k: &[u8], zero: &[Vec<u8>]) -> libbpf_rs::Result<()> {
+    let mut tries = 0;
+    loop {
+        match maps.agg.update_percpu(k, zero, MapFlags::ANY) {
+            Err(e) if e.kind() == libbpf_rs::ErrorKind::OutOfMemory && tries < ENOMEM_TRIES => {
+                tries += 1;
+                std::thread::sleep(ENOMEM_PAUSE);
+            }
+            r => return r,
+        }
+    }
+}
+
 impl AggReader {
     pub fn new(mode: Aggregate) -> Self {
         Self {
@@ -179,7 +200,13 @@ impl AggReader {
         let ncpu = libbpf_rs::num_possible_cpus()?;
         let zero = vec![vec![0u8; VALUE_BYTES]; ncpu];
         for k in Self::keys(root) {
-            maps.agg.update_percpu(&k, &zero, MapFlags::ANY)?;
+            if let Err(e) = update_retrying(maps, &k, &zero) {
+                for k in Self::keys(root) {
+                    let _ = maps.agg.delete(&k);
+                    self.seen.remove(&k);
+                }
+                return Err(e);
+            }
             self.seen.insert(k, Seen::default());
         }
         Ok(())
