@@ -111,7 +111,9 @@ pub fn check_undo(argv: &[String]) -> Result<()> {
     let ok = match a.as_slice() {
         ["ip", "link", "del", dev] => dev.starts_with(DELAY_PREFIX),
         ["tc", "filter", "del", "dev", _, "ingress" | "egress", "pref", p] => {
-            [TC_PREF, NET_TC_PREF].iter().any(|q| *p == q.to_string())
+            [TC_PREF, NET_TC_PREF, NETD_TC_PREF]
+                .iter()
+                .any(|q| *p == q.to_string())
         }
         ["tc", "qdisc", "del", "dev", _, "clsact"] => true,
         _ => false,
@@ -134,6 +136,9 @@ pub const TC_PREF: u32 = 0x4851;
 /// TC filter priority of `qosd net`'s counting programs: its own, so that
 /// removing them leaves a hedge's filters on the same interface alone.
 pub const NET_TC_PREF: u32 = 0x4e54;
+/// TC filter priority of the daemon's net sensor (`sensors.net`): not
+/// `qosd net`'s, so that either can run and stop without the other's.
+pub const NETD_TC_PREF: u32 = 0x4e44;
 
 #[cfg(test)]
 mod tests {

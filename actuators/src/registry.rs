@@ -197,6 +197,12 @@ impl Actuators {
         one_error(errors, &format!("releasing app {}: ", app.name)).map(|()| changes)
     }
 
+    /// The journalled context, for objects made beside the knobs (the net
+    /// sensor's TC filters): the journal restores them with the rest.
+    pub fn ctx_mut(&mut self) -> &mut Ctx {
+        &mut self.ctx
+    }
+
     /// Puts back every original recorded (this run's and a killed run's),
     /// newest first, and empties the state file. Keeps going past
     /// failures; what failed stays in the state file and is returned.

@@ -274,8 +274,8 @@ impl Default for ActuatorsConfig {
     }
 }
 
-/// The eBPF request sensor.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// The sensors' settings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SensorsConfig {
     /// BPF ring buffer size, KiB: a power of two, at least 4.
@@ -293,7 +293,38 @@ pub struct SensorsConfig {
     /// Unset: $QOSD_AGGREGATE, else `records`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub aggregate: Option<qosd_sensors::ebpf::Aggregate>,
+    /// The net sensor (TC packet counters per app port and per peer,
+    /// docs/network.md); absent: off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub net: Option<NetConfig>,
 }
+
+/// `sensors.net`: where and how finely traffic is counted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetConfig {
+    /// Interfaces to count on; empty: every up, non-loopback Ethernet
+    /// interface of the daemon's network namespace.
+    #[serde(default)]
+    pub ifaces: Vec<String>,
+    /// Bin width, ms (divides 1000): the peak rate's resolution.
+    #[serde(default = "default_net_bin_ms")]
+    pub bin_ms: u32,
+    /// Peers exported per direction, most bytes first; the rest are one
+    /// `peer="other"` series.
+    #[serde(default = "default_net_top_n")]
+    pub top_n: u32,
+}
+
+fn default_net_bin_ms() -> u32 {
+    1
+}
+fn default_net_top_n() -> u32 {
+    10
+}
+
+/// Most peers exported per direction: Prometheus series stay bounded.
+pub const NET_TOP_N_MAX: u32 = 100;
 
 fn default_true() -> bool {
     true
@@ -313,6 +344,7 @@ impl Default for SensorsConfig {
             window_requests: default_window(),
             power: true,
             aggregate: None,
+            net: None,
         }
     }
 }

@@ -294,6 +294,17 @@ fn semantic_errors_point_at_their_key() {
         (13, "sensors.ring_buffer_kib"),
         "{e}"
     );
+    for (net, key) in [
+        ("{ bin_ms: 3 }", "sensors.net.bin_ms"),
+        ("{ top_n: 0 }", "sensors.net.top_n"),
+        ("{ ifaces: [eth0, \"a b\"] }", "sensors.net.ifaces[1]"),
+    ] {
+        let e = parse(&format!("{GOOD}sensors: {{ net: {net} }}\n")).unwrap_err();
+        assert_eq!((e.line, e.key.as_str()), (13, key), "{e}");
+    }
+    let c = parse(&format!("{GOOD}sensors: {{ net: {{}} }}\n")).unwrap();
+    let n = c.sensors.net.unwrap();
+    assert_eq!((n.bin_ms, n.top_n, n.ifaces.len()), (1, 10, 0));
     let e = parse(&format!("{GOOD}state_file: run/state.json\n")).unwrap_err();
     assert_eq!((e.line, e.key.as_str()), (13, "state_file"), "{e}");
     let e = parse("apps: []\n").unwrap_err();

@@ -96,7 +96,7 @@ impl Config {
         if !self.actuators.root.is_absolute() {
             return Err(Invalid::new(act.key("root"), "must be an absolute path"));
         }
-        let s = self.sensors;
+        let s = &self.sensors;
         let max_kib = qosd_sensors::ebpf::MAX_RINGBUF_BYTES / 1024;
         if !(4..=max_kib).contains(&s.ring_buffer_kib) || !s.ring_buffer_kib.is_power_of_two() {
             return Err(Invalid::new(
@@ -109,6 +109,9 @@ impl Config {
                 root.key("sensors").key("window_requests"),
                 "must be at least 1",
             ));
+        }
+        if let Some(n) = &s.net {
+            n.validate(&root.key("sensors").key("net"))?;
         }
         if let Err(qosd_sensors::power::PowerError::Config { key, reason }) = self.power.validate()
         {
@@ -372,4 +375,38 @@ fn truncate(s: &str, n: usize) -> &str {
         end -= 1;
     }
     &s[..end]
+}
+
+impl super::NetConfig {
+    fn validate(&self, at: &KeyPath) -> Result<(), Invalid> {
+        let opts = qosd_sensors::net::NetOptions {
+            bin_ms: self.bin_ms,
+            ..Default::default()
+        };
+        if opts.validate().is_err() {
+            return Err(Invalid::new(
+                at.key("bin_ms"),
+                "must divide 1000 (1, 2, 4, 5, 10, ..., 1000) so bins tile the 1 s window",
+            ));
+        }
+        if !(1..=super::NET_TOP_N_MAX).contains(&self.top_n) {
+            return Err(Invalid::new(
+                at.key("top_n"),
+                format!("must be from 1 to {} peers", super::NET_TOP_N_MAX),
+            ));
+        }
+        for (i, name) in self.ifaces.iter().enumerate() {
+            // IFNAMSIZ − 1, no '/' or whitespace: what the kernel accepts.
+            let bad = name.is_empty()
+                || name.len() > 15
+                || name.chars().any(|c| c == '/' || c.is_whitespace());
+            if bad {
+                return Err(Invalid::new(
+                    at.key("ifaces").index(i),
+                    format!("`{name}` is not an interface name (1-15 characters, no `/` or space)"),
+                ));
+            }
+        }
+        Ok(())
+    }
 }

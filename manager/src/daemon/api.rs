@@ -32,6 +32,7 @@ use super::auth::Credential;
 use super::metrics;
 use super::state::{AppLive, SharedState};
 
+mod net;
 mod pids;
 use pids::{pid, pid_call};
 
@@ -64,6 +65,7 @@ pub fn router(api: Api) -> Router {
         .route("/v1/pids/{pid}", get(pid))
         .route("/v1/pids/{pid}/{call}", get(pid_call))
         .route("/v1/decisions", get(decisions))
+        .route("/v1/net", get(net::net))
         .route("/metrics", get(prometheus))
         .merge(writes)
         .fallback(|| async {
@@ -159,6 +161,7 @@ const ENDPOINTS: &[&str] = &[
     "GET /v1/pids/{pid}",
     "GET /v1/pids/{pid}/rps | latest_latency | average_latency | latency_percentile?p=99",
     "GET /v1/decisions?limit=N&app=NAME",
+    "GET /v1/net",
     "GET /metrics",
 ];
 

@@ -192,6 +192,12 @@ impl Controller {
         self.node.sensing.add_sensor(Box::new(power));
     }
 
+    /// Adds a sensor that starts after the node (e.g. the net sensor,
+    /// whose TC objects are journalled with the knobs).
+    pub fn add_sensor(&mut self, s: qosd_sensors::sensor::BoxedSensor) {
+        self.node.sensing.add_sensor(s);
+    }
+
     pub fn actuation(&self) -> &Actuation {
         &self.node.act
     }
@@ -358,6 +364,9 @@ impl DaemonNode {
                 sh.node_cpu_util = Some(u);
             }
         }
+        if let Some(n) = self.sensing.net() {
+            sh.net = Some(n.clone());
+        }
         for (i, (a, r)) in self.apps.iter().zip(&readings).enumerate() {
             let Some(live) = sh.apps.get_mut(&a.cfg.name) else {
                 continue;
@@ -368,6 +377,9 @@ impl DaemonNode {
                 for (w, t) in live.ebpf.iter_mut().zip(both.clone()) {
                     w.push(t.hist, tick.dt_s, t.latest_ns);
                 }
+            }
+            if let Some(t) = &r.net {
+                live.net.get_or_insert_with(Default::default).add(t);
             }
             live.cpu_util = self.sensing.cpu_util(i);
             live.cpu_seconds_total = self.sensing.cpu_total_s(i);

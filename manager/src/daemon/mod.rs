@@ -14,6 +14,7 @@ pub mod control;
 pub mod discover;
 pub mod jobs;
 pub mod metrics;
+mod net;
 pub mod reload;
 pub mod server;
 pub mod state;
@@ -323,6 +324,17 @@ async fn serve(
     );
     if let Some(p) = power {
         ctl.set_power(p);
+    }
+    if let Some(n) = &cfg.sensors.net {
+        match net::start(&mut ctl, n, cfg.actuators.dry_run) {
+            Ok(on) => println!(
+                "net: counting on {} ({} ms bins, top {} peers); TC filters journalled",
+                on.join(", "),
+                n.bin_ms,
+                n.top_n
+            ),
+            Err(e) => println!("net: not started ({e:#}); no traffic figures"),
+        }
     }
     if let Some(pods) = pods {
         let annotations = cfg.kubernetes.as_ref().is_none_or(|k| k.annotations);

@@ -65,6 +65,8 @@ pub struct AppLive {
     pub pid_oa: BTreeMap<i32, qosd_core::oa::Oa>,
     /// Its SLO's eBPF side as of the last decision (apps with a target).
     pub slo: Option<SloView>,
+    /// Its ports' traffic (the net sensor, `sensors.net`).
+    pub net: Option<AppNet>,
 }
 
 /// An app's SLO as the API shows it: the eBPF-side target the policy
@@ -94,6 +96,31 @@ impl SloView {
             gap_us: slo.gap_us(rps),
             nr_refreshes: slo.nr_refreshes,
         }
+    }
+}
+
+/// An app's traffic, `[ingress, egress]`: totals since the net sensor
+/// started, and the fullest bin of the last complete 1 s window.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct AppNet {
+    pub packets_total: [u64; 2],
+    pub bytes_total: [u64; 2],
+    pub peak_packets: [u32; 2],
+    pub peak_bytes_per_second: [f64; 2],
+    /// Bin width of the peaks, ms.
+    pub bin_ms: u32,
+}
+
+impl AppNet {
+    /// Adds one tick's windows.
+    pub fn add(&mut self, t: &qosd_sensors::sensor::net::NetTick) {
+        for (d, f) in t.dirs.iter().enumerate() {
+            self.packets_total[d] += f.packets;
+            self.bytes_total[d] += f.bytes;
+            self.peak_packets[d] = f.peak_packets;
+            self.peak_bytes_per_second[d] = f.peak_bps(t.bin_ms) / 8.0;
+        }
+        self.bin_ms = t.bin_ms;
     }
 }
 
@@ -189,6 +216,8 @@ pub struct Shared {
     pub node_power_w: Option<f64>,
     /// Why the last power sample failed, if it did.
     pub power_error: Option<String>,
+    /// The node's last complete traffic window (`sensors.net`).
+    pub net: Option<qosd_sensors::sensor::net::NetNode>,
 }
 
 impl Shared {
@@ -205,6 +234,7 @@ impl Shared {
             node_cpu_util: None,
             node_power_w: None,
             power_error: None,
+            net: None,
         }
     }
 

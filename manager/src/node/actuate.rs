@@ -209,6 +209,11 @@ impl Actuation {
     }
 
     /// Puts every knob back as it was found.
+    /// The actuators' journalled context (see [`Actuators::ctx_mut`]).
+    pub fn ctx_mut(&mut self) -> &mut qosd_actuators::Ctx {
+        self.act.ctx_mut()
+    }
+
     pub fn restore_all(&mut self) -> Result<Vec<Change>, Error> {
         self.current.clear();
         self.last.clear();

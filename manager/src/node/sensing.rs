@@ -154,6 +154,8 @@ pub struct Sensing {
     nr_slots: usize,
     node_power_w: Option<f64>,
     node_cpu_util: Option<f64>,
+    /// The node's last complete traffic window (the net sensor's).
+    net: Option<qosd_sensors::sensor::net::NetNode>,
     interval_start_ms: u64,
     restart_ms: u64,
     /// A load generator ended (its channel closed): a replay is over.
@@ -174,6 +176,7 @@ impl Sensing {
             nr_slots,
             node_power_w: None,
             node_cpu_util: None,
+            net: None,
             interval_start_ms: 0,
             restart_ms: 0,
             ended: false,
@@ -182,6 +185,11 @@ impl Sensing {
 
     pub fn sensors(&self) -> &Sensors {
         &self.sensors
+    }
+
+    /// The node's last complete traffic window, if the net sensor runs.
+    pub fn net(&self) -> Option<&qosd_sensors::sensor::net::NetNode> {
+        self.net.as_ref()
     }
 
     pub fn app(&self, i: usize) -> &SenseApp {
@@ -283,6 +291,9 @@ impl Sensing {
         }
         if m.node_cpu_util.is_some() {
             self.node_cpu_util = m.node_cpu_util;
+        }
+        if m.net.is_some() {
+            self.net.clone_from(&m.net);
         }
         if self.sensors.measures(Quantity::Power) && self.sensors.error("power").is_some() {
             // A failed sample: no figure rather than a stale one.

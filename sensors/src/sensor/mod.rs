@@ -5,10 +5,12 @@
 //! that fails is logged and skipped for that tick, never fatal, and its
 //! last error is kept for the API. Plugins: [`ebpf`] (server-side request
 //! latency), [`client`] (latency reported by a load generator), [`procfs`]
-//! (CPU time), [`power`] (RAPL or the model) and [`NullSensor`] for tests.
+//! (CPU time), [`power`] (RAPL or the model), [`net`] (TC packet counters
+//! per port and peer) and [`NullSensor`] for tests.
 
 pub mod client;
 pub mod ebpf;
+pub mod net;
 pub mod power;
 pub mod procfs;
 
@@ -28,6 +30,8 @@ pub enum Quantity {
     CpuTime,
     /// Power of the node and of the apps.
     Power,
+    /// Packets and bytes per app (its ports) and per peer.
+    Network,
 }
 
 impl Quantity {
@@ -37,6 +41,7 @@ impl Quantity {
             Quantity::ServerLatency => "server latency",
             Quantity::CpuTime => "cpu time",
             Quantity::Power => "power",
+            Quantity::Network => "network",
         }
     }
 }
@@ -86,6 +91,8 @@ pub struct AppReading {
     /// Its power since the previous reading (`energy_per_request_j` is
     /// left to the caller, who knows its throughput).
     pub power: Option<AppPower>,
+    /// Its ports' traffic over the windows completed in the tick.
+    pub net: Option<net::NetTick>,
 }
 
 /// One sample of every target (in the order of the targets given) and of
@@ -99,6 +106,8 @@ pub struct Measurements {
     pub node_cpu_util: Option<f64>,
     /// A source of load ended (a replay's load generator): the run is over.
     pub ended: bool,
+    /// The node's last complete traffic window, when one completed.
+    pub net: Option<net::NetNode>,
 }
 
 impl Measurements {
@@ -118,7 +127,9 @@ impl Measurements {
             a.server = b.server.or(a.server.take());
             a.cpu_s = b.cpu_s.or(a.cpu_s);
             a.power = b.power.or(a.power.take());
+            a.net = b.net.or(a.net);
         }
+        self.net = other.net.or(self.net.take());
         self.node_power_w = other.node_power_w.or(self.node_power_w);
         self.node_cpu_util = other.node_cpu_util.or(self.node_cpu_util);
         self.ended |= other.ended;

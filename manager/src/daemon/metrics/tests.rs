@@ -89,6 +89,24 @@ fn state() -> Shared {
     }];
     sh.decisions_total
         .insert(("web".into(), Resource::Cores, DecisionKind::Upsize), 3);
+    sh.apps.get_mut("web").unwrap().net = Some(crate::daemon::state::AppNet {
+        packets_total: [10, 4],
+        bytes_total: [1420, 568],
+        peak_packets: [2, 1],
+        peak_bytes_per_second: [284_000.0, 142_000.0],
+        bin_ms: 1,
+    });
+    sh.net = Some(qosd_sensors::sensor::net::NetNode {
+        window: 9,
+        bin_ms: 1,
+        peers: vec![qosd_sensors::sensor::net::PeerRow {
+            peer: None,
+            dir: qosd_sensors::net::Direction::Ingress,
+            figures: Default::default(),
+        }],
+        evicted_peers: 2,
+        map_full: 0,
+    });
     sh.node_cpu_util = Some(0.25);
     sh.node_power_w = Some(20.0);
     sh.decide_ticks_total = 4;
@@ -106,6 +124,8 @@ fn exposition_parses_escapes_and_matches_the_manual() {
         "qosd_app_frequency_hertz{app=\"batch\"} 2100000000\n",
         "qosd_app_memory_bandwidth_ratio{app=\"batch\"} 0.5\n",
         "qosd_ticks_total{kind=\"decide\"} 4\n",
+        "qosd_net_peer_bytes_per_second{peer=\"other\",proto=\"any\",direction=\"ingress\"} 0\n",
+        "qosd_net_evicted_peers_total 2\n",
         "qosd_app_latency_target_seconds{app=\"web\",quantile=\"0.99\",",
         "# TYPE qosd_decisions_total counter\n",
     ] {
