@@ -28,9 +28,25 @@
 #define NR_recvmsg 47
 #define NR_accept4 288
 
-/* The user address where the first inbound bytes landed (0: unknown or
- * too small a first piece to hold the preface). */
-static __always_inline __u64 first_buf(__u64 arg, int kind)
+/* How the syscall `nr` passes an inbound buffer. */
+static __always_inline int read_kind(__u64 nr)
+{
+	switch (nr) {
+	case NR_read:
+	case NR_recvfrom:
+		return BUF_FLAT;
+	case NR_readv:
+		return BUF_IOV;
+	case NR_recvmsg:
+		return BUF_MSG;
+	}
+	return BUF_NONE;
+}
+
+/* The user address where an inbound syscall's bytes landed, given its
+ * args[1] (0: unknown, or its first piece holds fewer than `need` bytes:
+ * they did not all land in one place). */
+static __always_inline __u64 user_buf(__u64 arg, int kind, __u64 need)
 {
 	struct iovec iov = {};
 	if (kind == BUF_FLAT)
@@ -43,7 +59,21 @@ static __always_inline __u64 first_buf(__u64 arg, int kind)
 	}
 	if (kind == BUF_NONE || bpf_probe_read_user(&iov, sizeof(iov), (void *)arg))
 		return 0;
-	return iov.iov_len < QOSD_H2_PREFACE_LEN ? 0 : (__u64)iov.iov_base;
+	return iov.iov_len < need ? 0 : (__u64)iov.iov_base;
+}
+
+/* Where the first inbound bytes landed, if the preface fits there. */
+static __always_inline __u64 first_buf(__u64 arg, int kind)
+{
+	return user_buf(arg, kind, QOSD_H2_PREFACE_LEN);
+}
+
+/* The saved user registers of the current task's syscall (NULL: none),
+ * for hooks that fire inside a syscall but are not handed its arguments. */
+static __always_inline struct pt_regs *syscall_regs(void)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+	return (struct pt_regs *)bpf_task_pt_regs(task);
 }
 
 /* Whether the bytes at buf open with the HTTP/2 client preface. */

@@ -7,6 +7,9 @@
  *   - TURN records: a request starts at the first inbound bytes after the
  *     server last wrote, and ends at the last outbound bytes before the next
  *     inbound bytes or the close (keep-alive HTTP/1.1, memcached, redis);
+ *     each carries the requests its inbound bytes completed, counted from
+ *     the read's buffer as on the socket path (count.h: pipelined requests
+ *     count as several, a TLS handshake's turns as none);
  *   - CONN records: accept -> close of the accepted fd (one request per
  *     connection, e.g. HTTP with "Connection: close");
  *   - H2 records: the connection's first inbound bytes are the HTTP/2 client
@@ -51,6 +54,7 @@
 #include "preface.h"
 #include "targets.h"
 #include "follow.h"
+#include "count.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -88,6 +92,19 @@ static __always_inline void emit(__u32 tgid, __u32 fd, struct conn_state *cs,
 	/* No arrival time on this path: latency == service. */
 	emit_record(kind, root, fd, cs->conn_id, cs->turns, start, start, end,
 		    wakeup_bytes);
+}
+
+/* The TURN record of the turn in flight, with the requests it carries. */
+static __always_inline void emit_turn(__u32 tgid, __u32 fd,
+				      struct conn_state *cs)
+{
+	if (!(cs->emit & QOSD_EMIT_TURN))
+		return;
+	struct target_cfg *cfg = bpf_map_lookup_elem(&targets, &tgid);
+	__u32 root = cfg ? cfg->root : tgid;
+	emit_record_n(QOSD_REC_TURN, root, fd, cs->conn_id, cs->turns,
+		      cs->nreq, cs->req_start_ns, cs->req_start_ns,
+		      cs->last_out_ns, wakeup_bytes);
 }
 
 /* Local port of the socket behind fd in the current task (host order). */
@@ -153,16 +170,24 @@ static __always_inline void on_io_exit(__u32 tgid, long fd, long ret,
 	}
 	if (dir == 0) {
 		if (cs->state == QOSD_ST_RESPONDING) {
-			if (cs->emit & QOSD_EMIT_TURN)
-				emit(key.tgid, key.fd, cs, QOSD_REC_TURN,
-				     cs->req_start_ns, cs->last_out_ns);
+			emit_turn(key.tgid, key.fd, cs);
 			cs->state = QOSD_ST_IDLE;
 		}
 		if (cs->state == QOSD_ST_IDLE) {
 			cs->turns += 1;
 			cs->req_start_ns = now;
 			cs->state = QOSD_ST_IN_REQ;
+			cs->nreq = 0;
 		}
+		/* Only TURN records carry counts. */
+		__u32 done = 0;
+		if (cs->emit & QOSD_EMIT_TURN) {
+			long n = count_skipped(&cs->parse, ret);
+			done = n >= 0 ? n :
+					count_in(&cs->parse, ret,
+						 user_buf(arg1, kind, ret));
+		}
+		cs->nreq = turn_requests(&cs->parse, cs->nreq, done);
 	} else if (cs->state != QOSD_ST_IDLE) {
 		/* Outbound bytes before any request (a greeting) are not a reply. */
 		cs->state = QOSD_ST_RESPONDING;
@@ -183,18 +208,14 @@ int BPF_PROG(qosd_sys_exit, struct pt_regs *regs, long ret)
 	if (task->thread_info.status & TS_COMPAT)
 		return 0;
 	long fd = regs->di;
-	__u64 arg1 = regs->si;
-	switch (regs->orig_ax) {
-	case NR_read:
-	case NR_recvfrom:
-		on_io_exit(tgid, fd, ret, 0, arg1, BUF_FLAT);
-		break;
-	case NR_readv:
-		on_io_exit(tgid, fd, ret, 0, arg1, BUF_IOV);
-		break;
-	case NR_recvmsg:
-		on_io_exit(tgid, fd, ret, 0, arg1, BUF_MSG);
-		break;
+	__u64 nr = regs->orig_ax;
+	/* One call site per direction: the request counter is inlined. */
+	int kind = read_kind(nr);
+	if (kind != BUF_NONE) {
+		on_io_exit(tgid, fd, ret, 0, regs->si, kind);
+		return 0;
+	}
+	switch (nr) {
 	case NR_write:
 	case NR_writev:
 	case NR_sendto:
@@ -222,9 +243,8 @@ int enter_close(struct trace_event_raw_sys_enter *ctx)
 	if (!cs)
 		return 0;
 	__u64 now = bpf_ktime_get_ns();
-	if (cs->state == QOSD_ST_RESPONDING && (cs->emit & QOSD_EMIT_TURN))
-		emit(key.tgid, key.fd, cs, QOSD_REC_TURN, cs->req_start_ns,
-		     cs->last_out_ns);
+	if (cs->state == QOSD_ST_RESPONDING)
+		emit_turn(key.tgid, key.fd, cs);
 	/* accept_ns == 0: seeded by userspace, accepted before tracing began. */
 	if ((cs->emit & QOSD_EMIT_CONN) && cs->turns > 0 && cs->accept_ns)
 		emit(key.tgid, key.fd, cs, QOSD_REC_CONN, cs->accept_ns, now);

@@ -22,6 +22,10 @@
 /* Indexes of the per-CPU counters array. */
 #define QOSD_CNT_LOST 0       /* records dropped: ring buffer full */
 #define QOSD_CNT_CONN_EVICT 1 /* conn table full: an LRU entry was evicted */
+#define QOSD_CNT_GAVE_UP 2    /* connections whose requests count by turns
+			       * after all: their bytes could not be read,
+			       * or a read needed more than the counter's
+			       * bound of steps (count.h) */
 #define QOSD_CNT_MAX 4
 
 /* conn_state.state */
@@ -65,35 +69,6 @@ struct conn_key {
 	__u32 fd;
 };
 
-/* Per accepted connection. */
-struct conn_state {
-	__u64 conn_id;
-	__u64 accept_ns;
-	__u64 req_start_ns;
-	__u64 last_out_ns;
-	__u32 turns;
-	__u16 port; /* local port, host order */
-	__u8 state; /* QOSD_ST_* */
-	__u8 emit;  /* QOSD_EMIT_* bits, copied from the target at accept */
-};
-
-/* gRPC calls in flight (grpc.bpf.c): the process and the stream object. */
-struct grpc_key {
-	__u32 tgid;
-	__u32 pad;
-	__u64 stream;
-};
-
-/* Per traced process. */
-struct target_cfg {
-	__u8 emit;        /* QOSD_EMIT_* bits */
-	__u8 port_filter; /* 1: only ports in the ports map for the root tgid */
-	__u8 follow;      /* 1: children forked later are traced too (sockets) */
-	__u8 pad;
-	__u32 root; /* the tgid records are counted under (itself, or the
-		     * traced ancestor it descends from) */
-};
-
 /* req_parse.proto: what the connection's first inbound bytes said. */
 #define QOSD_PROTO_UNSEEN 0 /* nothing read yet */
 #define QOSD_PROTO_OPAQUE 1 /* unknown, or gave up: one request per turn */
@@ -114,6 +89,38 @@ struct req_parse {
 	__u8 match;  /* HTTP: header-name bits; memcached: token; TLS: type */
 	__u8 tls;    /* QOSD_TLS_* flags (count.h) */
 	__u8 pad;
+};
+
+/* Per accepted connection (the syscall path, requests.bpf.c). */
+struct conn_state {
+	__u64 conn_id;
+	__u64 accept_ns;
+	__u64 req_start_ns;
+	__u64 last_out_ns;
+	__u32 turns;
+	__u16 port; /* local port, host order */
+	__u8 state; /* QOSD_ST_* */
+	__u8 emit;  /* QOSD_EMIT_* bits, copied from the target at accept */
+	__u16 nreq; /* requests the turn in flight carries (its record's) */
+	__u8 pad[6];
+	struct req_parse parse;
+};
+
+/* gRPC calls in flight (grpc.bpf.c): the process and the stream object. */
+struct grpc_key {
+	__u32 tgid;
+	__u32 pad;
+	__u64 stream;
+};
+
+/* Per traced process. */
+struct target_cfg {
+	__u8 emit;        /* QOSD_EMIT_* bits */
+	__u8 port_filter; /* 1: only ports in the ports map for the root tgid */
+	__u8 follow;      /* 1: children forked later are traced too (sockets) */
+	__u8 pad;
+	__u32 root; /* the tgid records are counted under (itself, or the
+		     * traced ancestor it descends from) */
 };
 
 /* Per accepted connection on the socket path (sockets.bpf.c), keyed by the
@@ -153,7 +160,8 @@ _Static_assert(sizeof(struct sock_state) == 88, "sock_state layout");
 _Static_assert(__builtin_offsetof(struct sock_state, nreq) == 68, "sock_state layout");
 _Static_assert(__builtin_offsetof(struct req_record, nreq) == 38, "req_record layout");
 _Static_assert(sizeof(struct conn_key) == 8, "conn_key layout");
-_Static_assert(sizeof(struct conn_state) == 40, "conn_state layout");
+_Static_assert(sizeof(struct conn_state) == 64, "conn_state layout");
+_Static_assert(__builtin_offsetof(struct conn_state, nreq) == 40, "conn_state layout");
 _Static_assert(sizeof(struct target_cfg) == 8, "target_cfg layout");
 _Static_assert(sizeof(struct port_key) == 8, "port_key layout");
 _Static_assert(sizeof(struct grpc_key) == 16, "grpc_key layout");

@@ -306,26 +306,10 @@ static __always_inline struct sock_state *claim(struct sock *sk, __u32 tgid)
  * saved at entry). io_uring and other in-kernel readers have none. */
 static __always_inline bool saw_preface(void)
 {
-	struct task_struct *task = bpf_get_current_task_btf();
-	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
+	struct pt_regs *regs = syscall_regs();
 	if (!regs)
 		return false;
-	int kind;
-	switch (regs->orig_ax) {
-	case NR_read:
-	case NR_recvfrom:
-		kind = BUF_FLAT;
-		break;
-	case NR_readv:
-		kind = BUF_IOV;
-		break;
-	case NR_recvmsg:
-		kind = BUF_MSG;
-		break;
-	default:
-		return false;
-	}
-	__u64 buf = first_buf(regs->si, kind);
+	__u64 buf = first_buf(regs->si, read_kind(regs->orig_ax));
 	return buf && is_h2_preface(buf);
 }
 
@@ -368,8 +352,10 @@ int BPF_PROG(qosd_recv, struct sock *sk, int ret, int flags)
 	__u32 done = 0;
 	__u8 proto = ss->parse.proto;
 	if ((ss->emit & QOSD_EMIT_TURN) || proto == QOSD_PROTO_UNSEEN ||
-	    proto == QOSD_PROTO_TLS)
-		done = count_requests(&ss->parse, ret);
+	    proto == QOSD_PROTO_TLS) {
+		long n = count_skipped(&ss->parse, ret);
+		done = n >= 0 ? n : count_in(&ss->parse, ret, read_buffer(ret));
+	}
 	ss->nreq = turn_requests(&ss->parse, ss->nreq, done);
 	return 0;
 }

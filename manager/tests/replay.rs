@@ -273,6 +273,19 @@ fn usage_errors_exit_2_and_name_the_problem() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("/nonexistent.yaml"));
     let o = qosd(&["compare", t.path().to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2));
+    // --aggregate: a typo, and the simulator (no eBPF sensor to set).
+    let o = qosd(&["replay", "scenarios/ramp.yaml", "--aggregate", "kernal"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("expected kernel or records"));
+    let o = qosd(&[
+        "replay",
+        "scenarios/ramp.yaml",
+        "--sim",
+        "--aggregate",
+        "kernel",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--aggregate: for real replays only"));
 }
 
 /// Search's mean cores over the last 60 s of the ramp (after it), and the

@@ -1,7 +1,8 @@
 //! Requests counted exactly where several arrive in one read (root, real
 //! eBPF, real servers from Debian): redis-benchmark -P 16, HTTP/1.1
 //! pipelining against nginx, memcached batches (a storage command's data
-//! block passed over, multi-key gets), on the socket path.
+//! block passed over, multi-key gets), on the socket path and on the
+//! syscall fallback (`--hooks syscalls`).
 //! Run alone: `cargo test --release -p qosd-manager --test trace_pipelined`.
 
 mod support;
@@ -14,10 +15,22 @@ use support::*;
 /// what redis itself says it processed.
 #[test]
 fn redis_benchmark_pipelined_is_exact() {
+    redis_pipelined_is_exact("sockets");
+}
+
+/// The syscall fallback reads the same bytes (the read's buffer is in the
+/// syscall's arguments) and counts them with the same code.
+#[test]
+fn syscall_fallback_counts_pipelined_requests() {
+    redis_pipelined_is_exact("syscalls");
+    memcached_batches_exact("syscalls");
+}
+
+fn redis_pipelined_is_exact(hooks: &str) {
     let srv = redis();
     let before = redis_stat(srv.port, "total_commands_processed");
-    let trace = Trace::start(&[srv.pid()], &[]);
-    assert_eq!(trace.banner["hooks"], "sockets", "{}", trace.banner);
+    let trace = Trace::start(&[srv.pid()], &["--hooks", hooks]);
+    assert_eq!(trace.banner["hooks"], hooks, "{}", trace.banner);
     let ok = Command::new("redis-benchmark")
         .args(["-h", "127.0.0.1", "-p", &srv.port.to_string()])
         .args(["-c", "4", "-n", "4000", "-P", "16", "-t", "set,get", "-q"])
@@ -30,8 +43,8 @@ fn redis_benchmark_pipelined_is_exact() {
     let served = redis_stat(srv.port, "total_commands_processed") - before - 1;
     assert!(served >= 8000, "redis served {served}");
     let s = summary(&lines, srv.pid());
-    assert_eq!(s["requests"], served, "{s}");
-    assert_eq!(s["mode"], "turn", "{s}");
+    assert_eq!(s["requests"], served, "{hooks}: {s}");
+    assert_eq!(s["mode"], "turn", "{hooks}: {s}");
 }
 
 /// Batches of 16 HTTP/1.1 requests in one write (a third of them POSTs
@@ -54,12 +67,17 @@ fn nginx_http_pipelining_is_exact() {
 /// block looks like two gets, a multi-key get, a get and a delete.
 #[test]
 fn memcached_batches_are_exact() {
+    memcached_batches_exact("sockets");
+}
+
+fn memcached_batches_exact(hooks: &str) {
     let srv = memcached(2);
-    let trace = Trace::start(&[srv.pid()], &[]);
+    let trace = Trace::start(&[srv.pid()], &["--hooks", hooks]);
+    assert_eq!(trace.banner["hooks"], hooks, "{}", trace.banner);
     let lat = memcache_batches(srv.port, 4, 250);
     let lines = trace.stop();
     let s = summary(&lines, srv.pid());
-    assert_eq!(s["requests"], 4 * 250 * 4, "{s}");
-    assert_eq!(s["mode"], "turn", "{s}");
-    assert_server_le_client("memcached batches of 4", &s, &lat);
+    assert_eq!(s["requests"], 4 * 250 * 4, "{hooks}: {s}");
+    assert_eq!(s["mode"], "turn", "{hooks}: {s}");
+    assert_server_le_client(&format!("memcached batches of 4 ({hooks})"), &s, &lat);
 }

@@ -5,7 +5,8 @@
 # it (QOSD_BEFORE=path; skipped when unset). Each figure is the sum of the
 # tracer's programs' run_time_ns (kernel.bpf_stats_enabled) over one load,
 # divided by the requests the server itself counted; the median of RUNS
-# (default 3) interleaved before/after runs. Needs root, bpftool,
+# (default 3) interleaved before/after runs; ROWS (default
+# "mc:1 mc:16 rd:1 rd:16") picks the rows. Needs root, bpftool,
 # memcached, redis-server, redis-benchmark, perl.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -13,6 +14,7 @@ QOSD=${QOSD:-target/release/qosd}
 BEFORE=${QOSD_BEFORE:-}
 RUNS=${RUNS:-3}
 N=${N:-40000}
+ROWS=${ROWS:-mc:1 mc:16 rd:1 rd:16}
 tmp=$(mktemp -d)
 pids=()
 cleanup() {
@@ -54,9 +56,25 @@ rd_load() { redis-benchmark -h 127.0.0.1 -p "$rd_port" -c 4 -n "$N" -P "$1" -t g
 # ns of BPF per request served: $1 qosd, $2 server pid, $3 served fn, rest: load.
 bpf_per_request() {
   local q=$1 srv=$2 served=$3; shift 3
-  "$q" trace --pid "$srv" --json --interval 1 >"$tmp/trace.json" 2>/dev/null & local t=$!
-  for _ in $(seq 1 300); do [ "$(wc -l <"$tmp/trace.json")" -ge 2 ] && break; sleep 0.1; done
-  local ids; ids=$(grep -h '^prog_id:' /proc/$t/fdinfo/* 2>/dev/null | awk '{ print $2 }' | sort -u | paste -sd, -)
+  # A fresh file per run: the background job truncates its output only
+  # once it runs, so waiting on a reused file could see the last run's
+  # lines and read the programs before this tracer had loaded any (the
+  # runs printed as 0).
+  local out; out=$(mktemp -p "$tmp" trace.XXXXXX)
+  "$q" trace --pid "$srv" --json --interval 1 >"$out" 2>/dev/null & local t=$!
+  local ids=
+  for _ in $(seq 1 300); do
+    if [ "$(wc -l <"$out")" -ge 2 ]; then
+      ids=$(grep -sh '^prog_id:' /proc/$t/fdinfo/* | awk '{ print $2 }' | sort -u | paste -sd, - || true)
+      [ -n "$ids" ] && break
+    fi
+    sleep 0.1
+  done
+  if [ -z "$ids" ]; then
+    echo "requests.sh: $q trace (pid $t) showed no BPF programs within 30 s" >&2
+    kill -INT "$t" 2>/dev/null || true
+    return 1
+  fi
   local sum="import json,sys; ids={$ids}; print(sum(p.get('run_time_ns',0) for p in json.load(sys.stdin) if p['id'] in ids))"
   local ns0 s0; ns0=$(bpftool -j prog show | python3 -c "$sum"); s0=$($served)
   "$@"
@@ -75,6 +93,7 @@ echo "| server, load | without counting | with counting |"
 echo "|---|---|---|"
 for row in "memcached get:mc:1" "memcached get, 16 per write:mc:16" "redis GET (redis-benchmark -P 1):rd:1" "redis GET (redis-benchmark -P 16):rd:16"; do
   IFS=: read -r name kind depth <<<"$row"
+  [[ " $ROWS " == *" $kind:$depth "* ]] || continue
   if [ "$kind" = mc ]; then srv=$mc served=mc_served load=mc_load; else srv=$rd served=rd_served load=rd_load; fi
   a=() b=()
   for _ in $(seq 1 "$RUNS"); do

@@ -83,6 +83,9 @@ pub struct Args {
     /// has.
     #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = parse_resource)]
     pub resources: Option<Vec<Resource>>,
+    /// Real replays: where the request sensor aggregates.
+    #[command(flatten)]
+    pub aggregate: crate::cmd::trace::AggregateArg,
     /// Print summary.json instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -243,6 +246,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .out
         .clone()
         .unwrap_or_else(|| PathBuf::from(format!("out/{}", sc.name)));
+    if args.sim && args.aggregate.choice.is_some() {
+        return Err(usage!(
+            "--aggregate: for real replays only (the simulated node has no eBPF sensor)"
+        ));
+    }
     if !args.sim {
         return crate::cmd::replay_real::run(&sc, &args, feedback, seed, policy.as_mut(), &out);
     }

@@ -107,7 +107,11 @@ pub fn run(
     // The eBPF request sensor gives the server-side line (and the feedback
     // with --feedback ebpf); without it (not root, no tracefs) the client
     // line alone is drawn, or the run stops if eBPF was to be the feedback.
-    let tracer = match RequestTracer::start(TracerOptions::default()) {
+    let topts = TracerOptions {
+        aggregate: args.aggregate.get(),
+        ..Default::default()
+    };
+    let tracer = match RequestTracer::start(topts) {
         Ok(t) => Some(Arc::new(t)),
         Err(e) if feedback == Feedback::Ebpf => {
             return Err(

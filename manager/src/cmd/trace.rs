@@ -82,11 +82,28 @@ pub struct Args {
     /// $QOSD_HOOKS].
     #[arg(long, value_parser = ["auto", "sockets", "syscalls"])]
     pub hooks: Option<String>,
+    #[command(flatten)]
+    pub aggregate: AggregateArg,
+}
+
+/// `--aggregate`, the one definition `qosd trace` and `qosd replay` share
+/// (the daemon's is `sensors.aggregate` in its config).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct AggregateArg {
     /// Where requests are aggregated: `records` (one ring-buffer record per
     /// request, statistics in userspace) or `kernel` (histograms in BPF
-    /// maps, read every 100 ms; docs/aggregation.md).
-    #[arg(long, value_name = "kernel|records")]
-    pub aggregate: Option<String>,
+    /// maps, read every 100 ms; docs/aggregation.md) [default: records, or
+    /// $QOSD_AGGREGATE].
+    #[arg(long = "aggregate", value_name = "kernel|records",
+          value_parser = clap::value_parser!(Aggregate))]
+    pub choice: Option<Aggregate>,
+}
+
+impl AggregateArg {
+    /// The choice given, else `$QOSD_AGGREGATE`, else `records`.
+    pub fn get(&self) -> Aggregate {
+        self.choice.unwrap_or_else(Aggregate::from_env)
+    }
 }
 
 /// The pids to trace: --pid as given, plus --comm and --cgroup matches
@@ -188,9 +205,7 @@ pub fn run(mut a: Args) -> anyhow::Result<()> {
     if let Some(h) = &a.hooks {
         topts.hooks = h.parse::<HookChoice>().map_err(|e: String| usage!("{e}"))?;
     }
-    if let Some(g) = &a.aggregate {
-        topts.aggregate = g.parse::<Aggregate>().map_err(|e: String| usage!("{e}"))?;
-    }
+    topts.aggregate = a.aggregate.get();
     a.pid = select(&a)?;
     let tracer = RequestTracer::start(topts).map_err(trace_err)?;
     for &pid in &a.pid {
@@ -269,6 +284,7 @@ pub fn run(mut a: Args) -> anyhow::Result<()> {
                     k: &r.interval,
                     svc: &r.service_interval,
                     dropped: tracer.dropped(),
+                    by_turns: 0,
                     power: pw.as_ref(),
                 };
                 print_line(&mut out, a.json, &line, None)?;
@@ -293,6 +309,7 @@ pub fn run(mut a: Args) -> anyhow::Result<()> {
                 k: &r.total,
                 svc: &r.service_total,
                 dropped: tracer.dropped(),
+                by_turns: tracer.counted_by_turns(),
                 power: None,
             };
             print_line(&mut out, a.json, &line, Some(&r))?;
@@ -302,6 +319,15 @@ pub fn run(mut a: Args) -> anyhow::Result<()> {
                 }
                 if let Some(w) = &r.warning {
                     writeln!(out, "pid {pid}: warning: {w}")?;
+                }
+                if line.by_turns > 0 {
+                    writeln!(
+                        out,
+                        "{} connection(s) counted one request per turn: their bytes could not \
+                         be read, or a read needed more parsing than the counter's bound \
+                         (docs/requests.md)",
+                        line.by_turns
+                    )?;
                 }
                 if r.exited {
                     writeln!(out, "pid {pid} exited during the trace")?;
@@ -363,6 +389,8 @@ struct Line<'a> {
     /// The same requests' service times.
     svc: &'a KindReport,
     dropped: u64,
+    /// Connections counted by turns after all (node-wide; the summary's).
+    by_turns: u64,
     power: Option<&'a AppPower>,
 }
 
@@ -406,6 +434,7 @@ fn print_line(
         }
         if let Some(r) = summary_of {
             v["summary"] = json!(true);
+            v["counted_by_turns"] = json!(l.by_turns);
             v["max_us"] = json!(k.max_us);
             v["svc_max_us"] = json!(svc.max_us);
             if let Some(p) = &r.probes {

@@ -31,6 +31,7 @@ const EMIT_TURN: u8 = 1;
 const EMIT_CONN: u8 = 2;
 const EMIT_H2: u8 = 4;
 const CNT_LOST: u32 = 0;
+const CNT_GAVE_UP: u32 = 2;
 const TGID_WORDS: u32 = 65536;
 const ST_IDLE: u8 = 0;
 const ST_RESPONDING: u8 = 2;
@@ -56,7 +57,8 @@ const _: () = {
     assert!(offset_of!(sock_state, state) == 66);
     assert!(size_of::<sock_skel::types::req_record>() == 48);
     assert!(size_of::<conn_key>() == 8);
-    assert!(size_of::<conn_state>() == 40);
+    assert!(size_of::<conn_state>() == 64);
+    assert!(offset_of!(conn_state, nreq) == 40);
     assert!(offset_of!(conn_state, state) == 38);
     assert!(size_of::<target_cfg>() == 8);
     assert!(offset_of!(target_cfg, root) == 4);
@@ -301,11 +303,9 @@ fn ingest(shared: &Shared, records: &mut Vec<req_record>) {
     }
 }
 
-fn lost_records(maps: &Maps<'_>) -> u64 {
-    let Ok(Some(per_cpu)) = maps
-        .counters
-        .lookup_percpu(bytes_of(&CNT_LOST), MapFlags::ANY)
-    else {
+/// One of the per-CPU counters (QOSD_CNT_*), summed over the CPUs.
+fn counter(maps: &Maps<'_>, idx: u32) -> u64 {
+    let Ok(Some(per_cpu)) = maps.counters.lookup_percpu(bytes_of(&idx), MapFlags::ANY) else {
         return 0;
     };
     per_cpu.iter().filter_map(|v| read_pod::<u64>(v)).sum()
@@ -446,7 +446,11 @@ pub(super) fn run(
         }
         if last_check.elapsed() >= Duration::from_millis(200) {
             last_check = Instant::now();
-            shared.dropped.store(lost_records(&maps), Ordering::Relaxed);
+            shared
+                .dropped
+                .store(counter(&maps, CNT_LOST), Ordering::Relaxed);
+            let gave_up = counter(&maps, CNT_GAVE_UP);
+            shared.by_turns.store(gave_up, Ordering::Relaxed);
             for pid in newly_exited(&shared) {
                 tracing::info!(pid, "traced process exited");
                 // Its last replies were complete; then stop matching the

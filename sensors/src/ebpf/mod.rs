@@ -179,6 +179,8 @@ enum Cmd {
 struct Shared {
     targets: Mutex<HashMap<u32, TargetStats>>,
     dropped: AtomicU64,
+    /// QOSD_CNT_GAVE_UP: connections of a known protocol counted by turns.
+    by_turns: AtomicU64,
 }
 
 /// A running request tracer. Cheap to share (`Send + Sync`); stopping it
@@ -212,6 +214,7 @@ impl RequestTracer {
         let shared = Arc::new(Shared {
             targets: Mutex::new(HashMap::new()),
             dropped: AtomicU64::new(0),
+            by_turns: AtomicU64::new(0),
         });
         let aggregate = opts.aggregate;
         let (cmd_tx, cmd_rx) = mpsc::channel();
@@ -369,6 +372,13 @@ impl RequestTracer {
     /// Records lost because the ring buffer was full (all targets).
     pub fn dropped(&self) -> u64 {
         self.shared.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Connections (all targets) whose requests are counted by turns after
+    /// all: their bytes could not be read, or a read needed more than the
+    /// counter's bound of steps (docs/requests.md). Refreshed every 200 ms.
+    pub fn counted_by_turns(&self) -> u64 {
+        self.shared.by_turns.load(Ordering::Relaxed)
     }
 
     /// The window figures of `pid` in one call (one lock): latencies.

@@ -76,7 +76,7 @@ fn open_conns(maps: &Maps<'_>, root: u32, members: &[u32]) -> OpenConns {
             }
             let pending = (c.state == ST_RESPONDING && c.emit & EMIT_TURN != 0).then(|| {
                 let times = [c.req_start_ns, c.req_start_ns, c.last_out_ns];
-                let r = pending_turn(root, key.fd, c.conn_id, (c.turns, 1), times);
+                let r = pending_turn(root, key.fd, c.conn_id, (c.turns, c.nreq), times);
                 let mut idle = c;
                 idle.state = ST_IDLE;
                 (r, bytes_of(&idle).to_vec())

@@ -1,0 +1,370 @@
+/* SPDX-License-Identifier: GPL-2.0 OR Apache-2.0 */
+/*
+ * The protocols the request counter (count.h) knows, one byte at a time:
+ * which protocol a connection speaks (its first four inbound bytes), and
+ * per protocol a step that advances the resumable parse state (struct
+ * req_parse) by one byte and counts the requests that byte completes:
+ *   HTTP/1.x   request and header lines up to the empty line; a
+ *              Content-Length body skipped unread; Transfer-Encoding gives
+ *              up (the connection goes opaque);
+ *   RESP       arrays of bulk strings (headers read, values skipped) and
+ *              inline commands;
+ *   memcached  text command lines; a storage command's data block skipped;
+ *   TLS        record headers: a turn with application data is one request,
+ *              handshake records none (the TLS 1.3 Finished and small
+ *              control records excepted, see step_tls).
+ * Payloads are skipped by length (req_parse.skip) and payload_done() says
+ * what their end means. count.h drives these steps and skips whole lines
+ * where only their end matters.
+ */
+#ifndef QOSD_COUNT_PROTO_H
+#define QOSD_COUNT_PROTO_H
+
+#include "requests.h"
+
+/* req_parse.phase */
+#define QOSD_PH_START 0   /* between requests */
+#define QOSD_PH_LINE 1    /* HTTP head / memcached line / RESP inline */
+#define QOSD_PH_BODY 2    /* skipping a body: the request ends with it */
+#define QOSD_PH_ARRLEN 3  /* RESP: "*N" */
+#define QOSD_PH_BULKHDR 4 /* RESP: expecting '$' */
+#define QOSD_PH_BULKLEN 5 /* RESP: "$N" */
+#define QOSD_PH_BULK 6    /* RESP: skipping a bulk string and its CRLF */
+#define QOSD_PH_TLSHDR 7  /* TLS: the 5-byte record header */
+#define QOSD_PH_TLSBODY 8 /* TLS: skipping the record */
+
+/* req_parse.tls */
+#define QOSD_TLS_CCS 1         /* the client's ChangeCipherSpec seen */
+#define QOSD_TLS_HS_AFTER_CCS 2 /* a handshake record after it: TLS 1.2 */
+#define QOSD_TLS_APP 4         /* handshake over: app data is requests */
+#define QOSD_TLS_13 8          /* TLS 1.3 */
+#define QOSD_TLS_REQ 16        /* a request seen on the connection */
+
+/* TLS record types (RFC 8446 5.1). */
+#define TLS_CCS 20
+#define TLS_HANDSHAKE 22
+#define TLS_APP 23
+/* Larger than any TLS 1.3 alert or KeyUpdate record (2 + 1 + 16; 5 + 1 +
+ * 16 bytes with a 16-byte tag). */
+#define TLS_CONTROL_MAX 22
+
+/* Bytes copied from the user buffer per read helper call. */
+#define QOSD_CHUNK 64
+
+/* Header names matched in HTTP, as little-endian words (no string in
+ * .rodata: the objects keep one global there, the load-time settings);
+ * compared with b | 0x20, which lowers letters and keeps '-' and ':'. */
+#define HTTP_CL0 0x2d746e65746e6f63ULL /* "content-" */
+#define HTTP_CL1 0x003a6874676e656cULL /* "length:" */
+#define HTTP_TE0 0x726566736e617274ULL /* "transfer" */
+#define HTTP_TE1 0x6e69646f636e652dULL /* "-encodin" */
+#define HTTP_TE2 0x0000000000003a67ULL /* "g:" */
+#define HTTP_CL_LEN 15
+#define HTTP_TE_LEN 18
+
+/* Byte i of a name held in words w0, w1, w2. */
+static __always_inline __u8 name_at(__u8 i, __u64 w0, __u64 w1, __u64 w2)
+{
+	__u64 w = i < 8 ? w0 : i < 16 ? w1 : w2;
+	return w >> ((i & 7) * 8);
+}
+#define HTTP_M_CL 1
+#define HTTP_M_TE 2
+
+/* The bytes copied from the user buffer (a struct: a global function's
+ * pointer argument needs its size in its type). */
+struct count_chunk {
+	__u8 b[QOSD_CHUNK];
+};
+
+struct count_scan {
+	struct req_parse p;
+	__u64 buf;   /* user address of the bytes read */
+	__u32 len;   /* bytes read */
+	__u32 pos;   /* bytes consumed */
+	__u32 cstart; /* position of chunk[0] */
+	__u32 clen;  /* bytes in chunk */
+	__u32 count; /* requests completed in these bytes */
+	__u32 gave_up; /* 1: a known protocol was given up (opaque) */
+	struct count_chunk chunk;
+};
+
+/* The protocol from the first four inbound bytes (little-endian word). */
+static __always_inline __u8 detect_proto(__u32 w)
+{
+#define W4(a, b, c, d) ((__u32)(a) | (__u32)(b) << 8 | (__u32)(c) << 16 | (__u32)(d) << 24)
+	if ((w & 0xffff) == W4(0x16, 0x03, 0, 0))
+		return QOSD_PROTO_TLS;
+	if ((w & 0xff) == '*')
+		return QOSD_PROTO_RESP;
+	switch (w) {
+	case W4('G', 'E', 'T', ' '):
+	case W4('P', 'O', 'S', 'T'):
+	case W4('P', 'U', 'T', ' '):
+	case W4('H', 'E', 'A', 'D'):
+	case W4('D', 'E', 'L', 'E'):
+	case W4('O', 'P', 'T', 'I'):
+	case W4('P', 'A', 'T', 'C'):
+		return QOSD_PROTO_HTTP;
+	case W4('g', 'e', 't', ' '):
+	case W4('g', 'e', 't', 's'):
+	case W4('s', 'e', 't', ' '):
+	case W4('a', 'd', 'd', ' '):
+	case W4('r', 'e', 'p', 'l'):
+	case W4('a', 'p', 'p', 'e'):
+	case W4('p', 'r', 'e', 'p'):
+	case W4('c', 'a', 's', ' '):
+	case W4('d', 'e', 'l', 'e'):
+	case W4('i', 'n', 'c', 'r'):
+	case W4('d', 'e', 'c', 'r'):
+	case W4('t', 'o', 'u', 'c'):
+	case W4('g', 'a', 't', ' '):
+	case W4('g', 'a', 't', 's'):
+		return QOSD_PROTO_MC;
+	}
+	switch (w & 0xffffff) {
+	case W4('m', 'g', ' ', 0):
+	case W4('m', 's', ' ', 0):
+	case W4('m', 'd', ' ', 0):
+	case W4('m', 'a', ' ', 0):
+		return QOSD_PROTO_MC;
+	}
+	return QOSD_PROTO_OPAQUE;
+}
+
+/* memcached: the token that holds a storage command's data length (0: the
+ * command has no data block), from its first token: its length and its
+ * last four bytes, first byte highest (num). */
+#define BE4(a, b, c, d) ((__u32)(a) << 24 | (__u32)(b) << 16 | (__u32)(c) << 8 | (__u32)(d))
+static __always_inline __u16 mc_data_token(__u8 len, __u32 last4)
+{
+	if (len == 3 && (last4 == BE4(0, 's', 'e', 't') ||
+			 last4 == BE4(0, 'a', 'd', 'd') ||
+			 last4 == BE4(0, 'c', 'a', 's')))
+		return 4;
+	/* replace; append and prepend end alike */
+	if ((len == 7 && last4 == BE4('l', 'a', 'c', 'e')) ||
+	    ((len == 6 || len == 7) && last4 == BE4('p', 'e', 'n', 'd')))
+		return 4;
+	if (len == 2 && last4 == BE4(0, 0, 'm', 's'))
+		return 2;
+	return 0;
+}
+
+static __always_inline bool is_digit(__u8 b)
+{
+	return b >= '0' && b <= '9';
+}
+
+/* A request is complete. */
+static __always_inline void count_done(struct count_scan *s)
+{
+	s->count += 1;
+	s->p.phase = QOSD_PH_START;
+}
+
+static __always_inline void give_up(struct count_scan *s)
+{
+	if (s->p.proto > QOSD_PROTO_OPAQUE)
+		s->gave_up = 1;
+	s->p.proto = QOSD_PROTO_OPAQUE;
+}
+
+static __always_inline void step_http(struct count_scan *s, __u8 b)
+{
+	struct req_parse *p = &s->p;
+	if (p->phase == QOSD_PH_START) {
+		if (b == '\r' || b == '\n')
+			return; /* empty lines before a request line */
+		p->phase = QOSD_PH_LINE;
+		p->line = 1;
+		p->match = 0; /* the request line is no header */
+		p->num = 0;
+		return;
+	}
+	if (b == '\r')
+		return;
+	if (b == '\n') {
+		if (p->line == 0) { /* the empty line: end of the head */
+			if (p->num) {
+				p->skip = p->num;
+				p->phase = QOSD_PH_BODY;
+			} else {
+				count_done(s);
+			}
+			return;
+		}
+		p->line = 0;
+		p->match = HTTP_M_CL | HTTP_M_TE;
+		return;
+	}
+	__u8 i = p->line;
+	if (p->line < 255)
+		p->line += 1;
+	if (!p->match)
+		return;
+	__u8 lb = b | 0x20;
+	if (p->match & HTTP_M_CL) {
+		if (i < HTTP_CL_LEN) {
+			if (lb != name_at(i, HTTP_CL0, HTTP_CL1, 0))
+				p->match &= ~HTTP_M_CL;
+		} else if (is_digit(b)) {
+			p->num = p->num * 10 + (b - '0');
+		}
+	}
+	if (p->match & HTTP_M_TE) {
+		if (i < HTTP_TE_LEN) {
+			if (lb != name_at(i, HTTP_TE0, HTTP_TE1, HTTP_TE2))
+				p->match &= ~HTTP_M_TE;
+		} else {
+			give_up(s); /* chunked bodies are not followed */
+		}
+	}
+}
+
+static __always_inline void step_resp(struct count_scan *s, __u8 b)
+{
+	struct req_parse *p = &s->p;
+	switch (p->phase) {
+	case QOSD_PH_START:
+		if (b == '\r' || b == '\n')
+			return;
+		p->num = 0;
+		p->phase = b == '*' ? QOSD_PH_ARRLEN : QOSD_PH_LINE;
+		return;
+	case QOSD_PH_LINE: /* an inline command */
+		if (b == '\n')
+			count_done(s);
+		return;
+	case QOSD_PH_ARRLEN:
+	case QOSD_PH_BULKLEN:
+		if (is_digit(b)) {
+			p->num = p->num * 10 + (b - '0');
+		} else if (b == '\n') {
+			if (p->phase == QOSD_PH_ARRLEN) {
+				p->elems = p->num;
+				if (p->elems == 0)
+					count_done(s);
+				else
+					p->phase = QOSD_PH_BULKHDR;
+			} else {
+				p->skip = p->num + 2; /* the string and CRLF */
+				p->elems -= 1;
+				p->phase = QOSD_PH_BULK;
+			}
+		} else if (b != '\r' && b != '-') {
+			give_up(s);
+		}
+		return;
+	case QOSD_PH_BULKHDR:
+		if (b == '$') {
+			p->num = 0;
+			p->phase = QOSD_PH_BULKLEN;
+		} else {
+			give_up(s);
+		}
+		return;
+	}
+}
+
+static __always_inline void step_mc(struct count_scan *s, __u8 b)
+{
+	struct req_parse *p = &s->p;
+	if (p->phase == QOSD_PH_START) {
+		if (b == '\r' || b == '\n')
+			return;
+		p->phase = QOSD_PH_LINE;
+		p->match = 0; /* token index */
+		p->line = 0;  /* bytes into the token */
+		p->num = 0;
+		p->elems = 0;
+	}
+	if (b == '\r')
+		return;
+	if (b == '\n') {
+		if (p->elems && p->match >= p->elems) {
+			p->skip = p->num + 2; /* the data block and CRLF */
+			p->phase = QOSD_PH_BODY;
+		} else {
+			count_done(s);
+		}
+		return;
+	}
+	if (b == ' ') {
+		if (p->line == 0)
+			return; /* runs of spaces */
+		if (p->match == 0) {
+			p->elems = mc_data_token(p->line, p->num);
+			p->num = 0;
+		}
+		if (p->match < 255)
+			p->match += 1;
+		p->line = 0;
+		return;
+	}
+	if (p->line < 255)
+		p->line += 1;
+	if (p->match == 0)
+		p->num = p->num << 8 | b; /* the command's last four bytes */
+	else if (p->elems && p->match == p->elems && is_digit(b))
+		p->num = p->num * 10 + (b - '0');
+}
+
+/* One byte of a TLS record header (type, version, length). */
+static __always_inline void step_tls(struct count_scan *s, __u8 b)
+{
+	struct req_parse *p = &s->p;
+	if (p->phase != QOSD_PH_TLSHDR) {
+		p->phase = QOSD_PH_TLSHDR;
+		p->line = 0;
+		p->num = 0;
+	}
+	if (p->line == 0)
+		p->match = b;
+	else if (p->line >= 3)
+		p->num = p->num << 8 | b;
+	p->line += 1;
+	if (p->line < 5)
+		return;
+	__u8 type = p->match;
+	if (type == TLS_CCS) {
+		p->tls |= QOSD_TLS_CCS;
+	} else if (type == TLS_HANDSHAKE) {
+		if (p->tls & QOSD_TLS_CCS)
+			p->tls |= QOSD_TLS_HS_AFTER_CCS;
+	} else if (type == TLS_APP) {
+		if (!(p->tls & QOSD_TLS_APP)) {
+			p->tls |= QOSD_TLS_APP;
+			if (!(p->tls & QOSD_TLS_HS_AFTER_CCS))
+				p->tls |= QOSD_TLS_13; /* this one is Finished */
+			else
+				s->count += 1;
+		} else if (!(p->tls & QOSD_TLS_13) || p->num > TLS_CONTROL_MAX) {
+			s->count += 1;
+		}
+	}
+	p->skip = p->num;
+	p->phase = QOSD_PH_TLSBODY;
+}
+
+/* A payload skipped to its end. */
+static __always_inline void payload_done(struct count_scan *s)
+{
+	struct req_parse *p = &s->p;
+	switch (p->phase) {
+	case QOSD_PH_BODY:
+		count_done(s);
+		break;
+	case QOSD_PH_BULK:
+		if (p->elems == 0)
+			count_done(s);
+		else
+			p->phase = QOSD_PH_BULKHDR;
+		break;
+	case QOSD_PH_TLSBODY:
+		p->phase = QOSD_PH_START;
+		break;
+	}
+}
+
+#endif
