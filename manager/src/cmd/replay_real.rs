@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use qosd_core::admit::{even_share, Peers};
-use qosd_core::control::{Cadence, ControlLoop, Tick};
+use qosd_core::control::{Cadence, ControlLoop, Node, RealTime, Recorder, Wake};
 use qosd_core::knobs::with_class_defaults;
 use qosd_core::{Feedback, Limits, Policy, Resource};
 use qosd_scenarios::batch::BatchJob;
@@ -53,6 +53,11 @@ pub fn run(
     out: &Path,
 ) -> anyhow::Result<()> {
     crate::signals::install()?;
+    // The loop's clock, made before anything is touched.
+    let clock = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .context("starting the clock's runtime")?;
     let enabled = super::replay::resources(sc, args.resources.as_deref())?;
     // Before calibrating or starting servers: a state file held by another
     // qosd stops the run here.
@@ -232,7 +237,7 @@ pub fn run(
     let mut ctl = ControlLoop::new(policy);
     let nr_iv = ((duration * 1000.0) / sc.interval_ms as f64).round() as u64;
     let (cpu0, t0) = (node.job_cpu_s(), Instant::now());
-    drive(&mut ctl, &mut node, &mut rec, cadence, nr_iv);
+    drive(&clock, &mut ctl, &mut node, &mut rec, cadence, nr_iv);
     let be_cpus = job_cpus(&cpu0, &node.job_cpu_s(), t0.elapsed().as_secs_f64());
     for n in node.notes.drain(..) {
         eprintln!("{n}");
@@ -328,35 +333,41 @@ fn job_cpus(
         .collect()
 }
 
-/// The real replay's clock: the loop ticks on the monitoring grid of the
-/// real clock (a late tick is skipped, never bunched) until the run's
-/// intervals are done, a load generator ends, or a signal asks to stop.
+/// The real replay's driver of the one real-time loop
+/// ([`ControlLoop::run_realtime`]): it sleeps to each tick unless a load
+/// generator ended or a signal asked to stop.
+struct Clocked<'a> {
+    node: &'a mut ReplayNode,
+    rec: &'a mut RunRecorder,
+}
+
+impl RealTime for Clocked<'_> {
+    fn parts(&mut self) -> (&mut dyn Node, &mut dyn Recorder) {
+        (&mut *self.node, &mut *self.rec)
+    }
+
+    async fn wait(&mut self, due: Instant) -> Wake {
+        if self.node.ended || crate::signals::stop_requested() {
+            return Wake::Stop("stopped".into());
+        }
+        tokio::time::sleep_until(due.into()).await;
+        Wake::Due
+    }
+}
+
+/// Runs the loop on the real clock for `nr_intervals` decision intervals
+/// or until it is stopped.
 fn drive(
+    clock: &tokio::runtime::Runtime,
     ctl: &mut ControlLoop<&mut dyn Policy>,
     node: &mut ReplayNode,
     rec: &mut RunRecorder,
     cadence: Cadence,
     nr_intervals: u64,
 ) {
-    let per = cadence.ticks_per_decision();
-    let period = Duration::from_millis(cadence.monitor_ms);
-    let start = Instant::now();
-    let mut last = (0u64, start);
-    while last.0 < nr_intervals * per && !node.ended && !crate::signals::stop_requested() {
-        let due = start + period * (last.0 + 1) as u32;
-        if let Some(wait) = due.checked_duration_since(Instant::now()) {
-            std::thread::sleep(wait);
-        }
-        let now = Instant::now();
-        let idx = ((now - start).as_nanos() / period.as_nanos()).max(1) as u64;
-        let tick = Tick {
-            now_ms: idx * cadence.monitor_ms,
-            dt_s: (now - last.1).as_secs_f64(),
-            decide: idx / per > last.0 / per,
-        };
-        last = (idx, now);
-        ctl.tick(node, rec, tick);
-    }
+    let end = nr_intervals * cadence.ticks_per_decision();
+    let mut d = Clocked { node, rec };
+    clock.block_on(ctl.run_realtime(&mut d, cadence, Instant::now(), Some(end)));
 }
 
 /// A progress line every 10 decision intervals.

@@ -27,18 +27,18 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use qosd_actuators::Actuators;
+use qosd_core::control::Cadence;
 use qosd_core::{Feedback, Resource};
 use qosd_sensors::ebpf::{RequestTracer, TracerOptions};
 use qosd_sensors::power::PowerSensor;
-use tokio::time::MissedTickBehavior;
 
 use crate::config::Config;
 use crate::node::actuate::Actuation;
 use crate::policy::PolicyFile;
-use crate::signals::{self, Action, Signals};
+use crate::signals::{self, Signals};
 use crate::usage;
 use crate::yamlfile;
-use control::{describe_target, live_entry, Controller};
+use control::{describe_target, live_entry, Controller, Wakeups};
 use state::{unix_ms, KnobInfo, RunInfo, Shared, SharedState};
 
 /// What `qosd run` was asked for.
@@ -133,7 +133,7 @@ async fn serve(
     let token_path = cfg.api.token_path(&cfg.actuators.root);
     let (token, token_created) =
         auth::Token::load_or_create(&token_path).context("preparing the API's write token")?;
-    let mut watch = auth::TokenWatch::new(&token_path);
+    let watch = auth::TokenWatch::new(&token_path);
     // Pods from the API server: credentials and node name checked before
     // any knob is touched.
     let pods = if cfg.wants_pods() {
@@ -425,63 +425,12 @@ async fn serve(
     let server = server::Server::spawn(listener, app, limits);
 
     let sigs = sigs.watch()?;
-    // SIGHUP (signals::action) and a changed config file reload the
-    // config (reload.rs).
-    let mut config_watch = reload::FileWatch::new(&o.config);
-    let mut file_check = tokio::time::interval(Duration::from_secs(1));
-    file_check.set_missed_tick_behavior(MissedTickBehavior::Skip);
-    let mut running = cfg.clone();
-    let period = Duration::from_millis(cfg.monitor_interval_ms);
-    // Ticks stay on the grid start + k * period: a late tick is skipped,
-    // never bunched (Skip), and the decision ticks are every nr_slots-th
-    // grid point whatever was skipped.
-    let mut iv = tokio::time::interval_at(tokio::time::Instant::from_std(start) + period, period);
-    iv.set_missed_tick_behavior(MissedTickBehavior::Skip);
-    let mut last_idx = 0u64;
-    let mut last_at = start;
-    let why = loop {
-        // A SIGHUP during start-up needs no reload: the file was just read.
-        if let Some(s) = early.filter(|&s| signals::action(s) == Action::Stop) {
-            break signals::name(s);
-        }
-        let reload_why = tokio::select! {
-            _ = iv.tick() => None,
-            s = sigs.next() => match s {
-                Ok(s) => match signals::action(s) {
-                    Action::Stop => break signals::name(s),
-                    Action::Reload => Some("SIGHUP"),
-                },
-                Err(e) => break format!("{e:#}"),
-            },
-            _ = file_check.tick() => config_watch.changed().then_some("the file changed"),
-        };
-        if let Some(w) = reload_why {
-            if w == "SIGHUP" {
-                // The file as of now: no second reload for the same change.
-                config_watch.changed();
-            }
-            for e in reload::reload(&o, &mut running, &mut ctl, w) {
-                println!("[{:>8.1} s] {e}", start.elapsed().as_secs_f64());
-            }
-            continue;
-        }
-        let now = Instant::now();
-        let elapsed = now - start;
-        let idx = (elapsed.as_nanos() / period.as_nanos()).max(1) as u64;
-        if idx > last_idx + 1 {
-            shared.lock().missed_ticks_total += idx - last_idx - 1;
-        }
-        let decide = idx / nr_slots as u64 > last_idx / nr_slots as u64;
-        let dt = (now - last_at).as_secs_f64();
-        last_idx = idx;
-        last_at = now;
-        let t_ms = elapsed.as_millis() as u64;
-        let mut events = ctl.tick(t_ms, dt, decide, decide);
-        events.extend(watch.changed(&credential));
-        for e in events {
-            println!("[{:>8.1} s] {e}", t_ms as f64 / 1000.0);
-        }
+    let mut wake = Wakeups::new(sigs, early, &o, cfg.clone(), watch, credential);
+    let cadence = Cadence {
+        monitor_ms: cfg.monitor_interval_ms,
+        interval_ms: cfg.decide_interval_ms,
     };
+    let why = ctl.run(&o, &mut wake, cadence, start).await;
     println!("stopping ({why}): putting every knob back");
     server.shutdown(SHUTDOWN_GRACE).await;
     for e in ctl.stop_jobs() {
