@@ -20,7 +20,7 @@
 //! `qosd restore --state-file <out>/state.json`.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
@@ -39,14 +39,29 @@ use qosd_scenarios::timeline::Timeline;
 use qosd_scenarios::{output, servers, sweep};
 use qosd_sensors::ebpf::{Mode, RequestTracer, TargetOptions, TracerOptions};
 
-use crate::node::actuate::Actuation;
-use crate::node::power::RunPower;
-use crate::node::replay::{server_pids, ReplayApp, ReplayNode};
+use super::actuate::Actuation;
+use super::power::RunPower;
+use super::replay::{server_pids, ReplayApp, ReplayNode};
+use super::setup::{batch_cmd, fixture_cmd, resources, run_meta, start_actuation};
 use crate::usage;
+
+/// What `qosd replay` on real servers was asked for beside the scenario.
+pub struct RealOptions<'a> {
+    /// `--resources`: the knobs the policy may turn.
+    pub resources: Option<&'a [Resource]>,
+    /// `--state-file`; default `<out>/state.json`.
+    pub state_file: Option<PathBuf>,
+    /// `--calibration`: read instead of calibrating.
+    pub calibration: Option<PathBuf>,
+    /// `--duration`, seconds.
+    pub duration: Option<f64>,
+    /// `--policy` as given (recorded in summary.json).
+    pub policy: Option<&'a str>,
+}
 
 pub fn run(
     sc: &Scenario,
-    args: &super::replay::Args,
+    args: &RealOptions,
     feedback: Feedback,
     seed: u64,
     policy: &mut dyn Policy,
@@ -58,7 +73,7 @@ pub fn run(
         .enable_time()
         .build()
         .context("starting the clock's runtime")?;
-    let enabled = super::replay::resources(sc, args.resources.as_deref())?;
+    let enabled = resources(sc, args.resources)?;
     // Before calibrating or starting servers: a state file held by another
     // qosd stops the run here.
     let state = args
@@ -75,7 +90,7 @@ pub fn run(
                 seed,
                 ..Default::default()
             };
-            super::calibrate::real(sc, None, &o)?
+            super::sweep::calibrate(sc, None, &o)?
         }
     };
     // Batch jobs take no load: nothing to calibrate.
@@ -86,7 +101,7 @@ pub fn run(
     }
     let duration = args.duration.unwrap_or(sc.duration_s);
     let scale = sc.duration_s / duration;
-    let fixture = super::calibrate::fixture_cmd()?;
+    let fixture = fixture_cmd()?;
     // Per app, in scenario order: its server, or its batch job.
     let mut running: Vec<Option<servers::Running>> = Vec::new();
     let mut jobs: Vec<Option<BatchJob>> = Vec::new();
@@ -245,8 +260,7 @@ pub fn run(
     rec.finish(ctl.counters());
     let power_failed = node.power_failed();
     let mut tl = std::mem::take(&mut rec.tl);
-    tl.meta
-        .extend(super::replay::run_meta(sc, args.policy.as_deref()));
+    tl.meta.extend(run_meta(sc, args.policy));
     tl.meta.insert(
         "resources".into(),
         serde_json::to_value(&knobs).unwrap_or_default(),
@@ -314,12 +328,6 @@ pub fn run(
 
 /// Seconds a batch job outlives the run's length at most.
 const JOB_MARGIN_S: u64 = 30;
-
-/// The command that runs a batch job: this binary's `batch` subcommand.
-fn batch_cmd() -> anyhow::Result<Vec<String>> {
-    let exe = std::env::current_exe().context("locating the qosd binary")?;
-    Ok(vec![exe.display().to_string(), "batch".into()])
-}
 
 /// Mean CPUs each batch job used between two readings `secs` apart.
 fn job_cpus(
@@ -403,44 +411,6 @@ fn progress(tl: &Timeline, nr_apps: usize, duration: f64) {
         n as f64 * tl.interval_s,
         last.join(" | ")
     );
-}
-
-/// The actuators with their defaults but journalling to `state` (the
-/// replay's own state file, not the daemon's), behind the daemon's
-/// actuation. Knobs the machine lacks are simply absent from the node.
-/// Quotas are enforced over the scenario's CFS period (`period_us`).
-pub(crate) fn start_actuation(
-    state: &Path,
-    enabled: &[Resource],
-    period_us: u64,
-) -> anyhow::Result<Actuation> {
-    let cfg = qosd_actuators::Config {
-        state_file: Some(state.to_owned()),
-        cpu_quota_period_us: Some(period_us),
-        ..Default::default()
-    };
-    let (act, leftovers) = qosd_actuators::Actuators::start(&cfg)
-        .map_err(crate::cmd::set::to_anyhow)
-        .with_context(|| format!("starting the actuators (state file {})", state.display()))?;
-    if !leftovers.is_empty() {
-        eprintln!(
-            "put back {} setting(s) a previous run left in {}",
-            leftovers.len(),
-            state.display()
-        );
-    }
-    eprintln!(
-        "actuator state: {} (if this replay is killed: qosd restore --state-file {})",
-        state.display(),
-        state.display()
-    );
-    // Knobs outside `enabled` are absent from the node the policy sees, so
-    // its cycle skips them and admission leaves them as found.
-    let mut act = Actuation::new(act, enabled).context("reading the CPU topology")?;
-    // Groups `qosd-replay<PID>-<app>`: never a daemon's `qosd-<app>`, nor
-    // another replay's with the same app names.
-    act.set_group_prefix(&format!("replay{}-", std::process::id()));
-    Ok(act)
 }
 
 /// Every app is admitted in scenario order with its even share of the
