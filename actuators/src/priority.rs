@@ -72,13 +72,30 @@ pub struct PriorityActuator {
 }
 
 /// The best mark a cpu hierarchy offers: `cpu.idle`, else the weight.
-fn mark_of(mount: &Path, v2: bool) -> Mark {
+/// `None` when a cgroup2 mount cannot tell yet: its root group has no
+/// `cpu.*` files and no child group has the cpu controller, so the mark is
+/// read from the first group qosd makes ([`group_mark`]).
+fn mark_of(mount: &Path, v2: bool) -> Option<Mark> {
     if mount.join("cpu.idle").exists() || has_child_file(mount, "cpu.idle") {
-        Mark::Idle
-    } else if v2 {
-        Mark::Weight
+        Some(Mark::Idle)
+    } else if !v2 {
+        Some(Mark::Shares)
+    } else if has_child_file(mount, "cpu.weight") {
+        Some(Mark::Weight)
     } else {
-        Mark::Shares
+        None
+    }
+}
+
+/// The mark a cgroup2 group with the cpu controller offers (`None` when it
+/// has no `cpu.*` files: not made, as in a dry run, or no controller).
+fn group_mark(group: &Path) -> Option<Mark> {
+    if group.join("cpu.idle").exists() {
+        Some(Mark::Idle)
+    } else if group.join("cpu.weight").exists() {
+        Some(Mark::Weight)
+    } else {
+        None
     }
 }
 
@@ -96,16 +113,13 @@ pub fn detect(p: &Probe) -> Detected {
     let root = &p.root;
     let probe = |name: &str, v2: bool, r: std::result::Result<PathBuf, String>| {
         BackendProbe::of(name, r, |m| {
-            let mark = mark_of(m, v2);
-            let how = match mark {
-                Mark::Idle => "idle class",
-                Mark::Weight | Mark::Shares => "lowest weight (the kernel has no cpu.idle)",
+            let how = match mark_of(m, v2) {
+                Some(Mark::Idle) => "idle class: cpu.idle",
+                Some(Mark::Weight) => "lowest weight (the kernel has no cpu.idle): cpu.weight",
+                Some(Mark::Shares) => "lowest weight (the kernel has no cpu.idle): cpu.shares",
+                None => "idle class (cpu.idle, kernel 5.15+) else the lowest weight (cpu.weight)",
             };
-            format!(
-                "{how}: {} in a group per app under {}",
-                mark.file(),
-                root.show(m)
-            )
+            format!("{how} in a group per app under {}", root.show(m))
         })
     };
     let (p2, m2) = probe("cgroup2", true, cgroup2_with(root, "cpu"));
@@ -117,7 +131,9 @@ pub fn detect(p: &Probe) -> Detected {
         _ => None,
     }
     .map(|(v2, mount)| {
-        let mark = mark_of(&mount, v2);
+        // Undecided (a fresh cgroup2 mount): the weight until the first
+        // group made says better.
+        let mark = mark_of(&mount, v2).unwrap_or(Mark::Weight);
         Box::new(PriorityActuator { v2, mount, mark }) as Box<dyn Actuator>
     });
     (caps, plugin)
@@ -150,7 +166,15 @@ impl Actuator for PriorityActuator {
             )));
         }
         let group = self.mount.join(req.app.group_name());
+        if self.v2 {
+            // A fresh cgroup2 mount (no systemd) has no controller enabled
+            // for its children: the group would have no cpu.* files.
+            cgroup::enable_for_groups(ctx, R, &self.mount, "cpu")?;
+        }
         ctx.mkdir(R, &group)?;
+        if self.v2 {
+            self.mark = group_mark(&group).unwrap_or(self.mark);
+        }
         let file = group.join(self.mark.file());
         ctx.write(R, &file, self.mark.value(priority), false)?;
         let controller = (!self.v2).then_some("cpu");
