@@ -6,9 +6,15 @@
 //! plan, applies it, tells the policy what was applied, and records the
 //! decision and the interval. `qosd run`, `qosd replay` and `qosd replay
 //! --sim` differ only in who calls [`ControlLoop::tick`] and when: a timer
-//! on the real clock, or a plain loop on simulated time.
+//! on the real clock ([`ControlLoop::run_realtime`], in [`realtime`]) or a
+//! plain loop on simulated time ([`ControlLoop::run_simulated`]).
+
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+
+pub mod realtime;
+pub use realtime::{Grid, RealTime, Ticked, Wake};
 
 use crate::policy::{Allocations, DecisionKind, NodeCaps, Plan, Policy, Snapshot, Unmet};
 
@@ -75,6 +81,13 @@ pub struct Applied {
     pub in_force: Allocations,
     /// Failures, one line each ("app: why"); empty when all went through.
     pub errors: Vec<String>,
+    /// The same failures by app, for recorders that keep per-app outcomes
+    /// (the daemon's API); apps that went away meanwhile are no failure.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub failed: BTreeMap<String, String>,
+    /// The whole plan was refused, and why (no app's part was tried).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
 }
 
 impl Applied {
@@ -100,6 +113,14 @@ pub trait Node {
 
     /// Puts `plan` in force as far as possible and says what is in force.
     fn apply(&mut self, tick: &Tick, plan: &Plan) -> Applied;
+
+    /// A decision changed nothing: a node whose processes can undo an
+    /// allocation (threads that reset their own affinity) puts it in force
+    /// again and says what it found. By default nothing is done.
+    fn reassert(&mut self, tick: &Tick) -> Option<Applied> {
+        let _ = tick;
+        None
+    }
 }
 
 /// One decision as the decision log keeps it.
@@ -110,6 +131,10 @@ pub struct DecisionEntry {
     pub plan: Plan,
     /// `None` when the plan changed nothing and was not applied.
     pub applied: Option<Applied>,
+    /// When the plan changed nothing: what the node's
+    /// [`Node::reassert`] put in force again, if it did anything.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasserted: Option<Applied>,
 }
 
 impl DecisionEntry {
@@ -134,7 +159,8 @@ pub trait Recorder {
         let _ = (t_ms, rows, in_force, sensed);
     }
 
-    /// A decision was made (and applied, if it changed anything).
+    /// A decision was made (and applied, if it changed anything; the
+    /// plan's "cannot meet QoS" apps are in [`DecisionEntry::cannot_meet`]).
     fn decision(&mut self, entry: &DecisionEntry) {
         let _ = entry;
     }
@@ -190,8 +216,9 @@ impl<P: Policy> ControlLoop<P> {
     }
 
     /// One tick: sense → observe; on decision ticks also record the
-    /// interval, decide, apply a plan that changes anything, tell the
-    /// policy what was applied, and record the decision. A policy may ask
+    /// interval, decide, apply a plan that changes anything (or let the
+    /// node reassert what is in force), tell the policy what was applied,
+    /// and record the decision with its "cannot meet QoS" apps. A policy may ask
     /// for a decision at other ticks too ([`Policy::wants_decision`]); the
     /// interval (timeline row) stays the node's decision interval.
     pub fn tick(
@@ -230,11 +257,16 @@ impl<P: Policy> ControlLoop<P> {
         });
         let in_force = applied.as_ref().map_or(&current, |a| &a.in_force);
         self.policy.applied(tick.now_ms, &plan, in_force);
+        let reasserted = match applied {
+            None => node.reassert(&tick),
+            Some(_) => None,
+        };
         let entry = DecisionEntry {
             t_ms: tick.now_ms,
             policy: self.policy.name().to_owned(),
             plan,
             applied,
+            reasserted,
         };
         rec.decision(&entry);
         (sensed, Some(entry))
@@ -242,7 +274,7 @@ impl<P: Policy> ControlLoop<P> {
 
     /// Runs on simulated time: `nr_intervals` decision intervals of
     /// `interval_ms`, sensed every `monitor_ms` (the simulated clock; a
-    /// node that follows real time must be ticked by a timer instead).
+    /// node that follows real time runs [`Self::run_realtime`] instead).
     pub fn run_simulated(
         &mut self,
         node: &mut dyn Node,

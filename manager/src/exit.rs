@@ -21,6 +21,16 @@ impl std::fmt::Display for UsageError {
 
 impl std::error::Error for UsageError {}
 
+/// Maps a library error to the CLI's exit codes: the user's input is a
+/// usage error (exit 2), the rest a runtime failure (exit 1).
+pub fn to_anyhow(e: qosd_actuators::Error) -> anyhow::Error {
+    if e.is_invalid_input() {
+        crate::usage!("{e}")
+    } else {
+        anyhow::Error::new(e)
+    }
+}
+
 /// `Err(usage!("..."))`: a usage error with a formatted message.
 #[macro_export]
 macro_rules! usage {

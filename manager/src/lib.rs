@@ -9,6 +9,7 @@ pub mod kube;
 pub mod node;
 pub mod paths;
 pub mod policy;
+pub mod secs;
 pub mod signals;
 /// The YAML file reader (moved to qosd-core, shared with the scenarios).
 pub use qosd_core::yamlfile;

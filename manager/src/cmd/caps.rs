@@ -48,8 +48,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         root: args.root.clone(),
         ..Config::default()
     };
-    cfg.validate().map_err(super::set::to_anyhow)?;
-    let (caps, _) = detect(&cfg).map_err(super::set::to_anyhow)?;
+    cfg.validate().map_err(crate::exit::to_anyhow)?;
+    let (caps, _) = detect(&cfg).map_err(crate::exit::to_anyhow)?;
     let (hooks, why) = request_sensor();
     if args.json {
         let mut v = serde_json::to_value(&caps).context("encoding caps as JSON")?;

@@ -8,7 +8,7 @@ use qosd_scenarios::load::{
     self, Arrival, IntervalReport, LoadError, LoadReport, LoadSpec, Protocol, Rate,
 };
 
-use crate::cmd::secs::secs;
+use crate::secs::secs;
 use crate::usage;
 
 #[derive(ClapArgs, Debug)]

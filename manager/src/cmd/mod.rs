@@ -2,7 +2,6 @@
 
 pub mod batch;
 pub mod calibrate;
-pub mod calibrate_model;
 pub mod caps;
 pub mod check;
 pub mod compare;
@@ -13,10 +12,7 @@ pub mod metrics;
 pub mod net;
 pub mod power;
 pub mod replay;
-pub mod replay_real;
 pub mod restore;
 pub mod run;
-pub mod secs;
 pub mod set;
-pub mod set_hedge;
 pub mod trace;

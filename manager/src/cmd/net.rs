@@ -17,8 +17,8 @@ use qosd_sensors::net::{
     NetSensor, Window,
 };
 
-use super::secs::secs;
-use super::set::to_anyhow;
+use crate::exit::to_anyhow;
+use crate::secs::secs;
 
 /// Journal keys of `qosd net`'s objects start with this.
 const KEY_PREFIX: &str = "net:";

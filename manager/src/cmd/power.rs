@@ -11,7 +11,7 @@ use clap::Args as ClapArgs;
 use qosd_sensors::power::{PowerCaps, PowerConfig, PowerSample, PowerSensor, SourceChoice};
 use serde_json::json;
 
-use crate::cmd::secs::{secs, MAX_SECS};
+use crate::secs::{secs, MAX_SECS};
 use crate::usage;
 
 #[derive(ClapArgs, Debug)]

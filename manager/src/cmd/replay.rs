@@ -2,7 +2,7 @@
 //! simulated node (`--sim`), with the same policy code as the daemon, and
 //! write `timeline.csv`, `summary.json` and the plots.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args as ClapArgs;
@@ -13,6 +13,8 @@ use qosd_scenarios::scenario::Scenario;
 use qosd_scenarios::sim::fitted::ModelFile;
 use qosd_scenarios::sim::{self, SimOptions, StaticPolicy};
 
+use crate::node::real_replay::{self, RealOptions};
+use crate::node::setup::{parse_resource, read_scenario, resources, run_meta};
 use crate::usage;
 
 #[derive(ClapArgs, Debug, Clone)]
@@ -104,33 +106,6 @@ fn parse_feedback(s: &str) -> Result<Feedback, String> {
     }
 }
 
-pub fn parse_resource(s: &str) -> Result<Resource, String> {
-    serde_yaml_ng::from_str::<Resource>(s.trim()).map_err(|_| {
-        let names: Vec<&str> = Resource::ALL.iter().map(|r| r.name()).collect();
-        format!("{s:?}: one of {}", names.join(", "))
-    })
-}
-
-/// The knobs a real replay may turn: `--resources`, else the scenario's
-/// `resources:`, else all of them (those the machine lacks stay off).
-pub fn resources(scenario: &Scenario, arg: Option<&[Resource]>) -> anyhow::Result<Vec<Resource>> {
-    let list = arg
-        .map(<[Resource]>::to_vec)
-        .or_else(|| scenario.resources.clone())
-        .unwrap_or_else(|| Resource::ALL.to_vec());
-    if list.is_empty() {
-        return Err(usage!("--resources: name at least one knob"));
-    }
-    if let Some(r) = list
-        .iter()
-        .enumerate()
-        .find_map(|(i, r)| list[..i].contains(r).then_some(r))
-    {
-        return Err(usage!("--resources: {r} appears twice"));
-    }
-    Ok(list)
-}
-
 /// The policy a replay runs: a file, the scenario's, or `static`.
 pub fn load_policy(
     scenario: &Scenario,
@@ -152,34 +127,6 @@ pub fn load_policy(
     let names = scenario.apps.iter().map(|a| a.name.as_str()).collect();
     let f = crate::policy::PolicyFile::load_for(&path, &names).map_err(|e| usage!("{e}"))?;
     Ok(f.build(seed))
-}
-
-/// What summary.json records of the run's making: the qosd version and
-/// the policy with every parameter (as parsed, defaults filled in).
-pub fn run_meta(
-    scenario: &Scenario,
-    arg: Option<&str>,
-) -> std::collections::BTreeMap<String, serde_json::Value> {
-    let mut m = std::collections::BTreeMap::new();
-    m.insert("qosd_version".into(), env!("CARGO_PKG_VERSION").into());
-    let policy = match arg {
-        Some("static") => serde_json::json!("static"),
-        _ => arg
-            .map(PathBuf::from)
-            .or_else(|| scenario.policy_path())
-            .and_then(|p| {
-                let text = crate::yamlfile::read(&p).ok()?;
-                crate::policy::PolicyFile::parse(&p, &text).ok()
-            })
-            .and_then(|f| serde_json::to_value(f).ok())
-            .unwrap_or(serde_json::Value::Null),
-    };
-    m.insert("policy".into(), policy);
-    m
-}
-
-pub fn read_scenario(path: &Path) -> anyhow::Result<Scenario> {
-    Scenario::from_file(path).map_err(|e| usage!("{e}"))
 }
 
 /// `--seeds N`: N runs, then the aggregate.
@@ -225,7 +172,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let mut sc = read_scenario(&args.scenario)?;
     if let Some(d) = args.duration {
-        crate::cmd::secs::secs("--duration", d, 0.0, 86_400.0)?;
+        crate::secs::secs("--duration", d, 0.0, 86_400.0)?;
         qosd_scenarios::scenario::run_size(d, sc.interval_ms, sc.apps.len())
             .map_err(|m| usage!("--duration {m}"))?;
     }
@@ -252,7 +199,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ));
     }
     if !args.sim {
-        return crate::cmd::replay_real::run(&sc, &args, feedback, seed, policy.as_mut(), &out);
+        let o = RealOptions {
+            resources: args.resources.as_deref(),
+            state_file: args.state_file.clone(),
+            calibration: args.calibration.clone(),
+            duration: args.duration,
+            policy: args.policy.as_deref(),
+            aggregate: args.aggregate.get(),
+        };
+        return real_replay::run(&sc, &o, feedback, seed, policy.as_mut(), &out);
     }
     let cal = match &args.calibration {
         Some(p) => Calibration::read(p).map_err(|e| usage!("{}: {e:#}", p.display()))?,
@@ -316,30 +271,4 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     crate::outln!("      {} and .png", files.plot_svg.display())?;
     crate::outln!("      {}", out.join("plans.jsonl").display())?;
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn scenario(resources: &str) -> Scenario {
-        let text = format!(
-            "name: t\nduration_s: 10\n{resources}\napps:\n  - name: a\n    class: lc\n    \
-             server:\n      kind: fixture\n    protocol: http\n    target:\n      ms: 1\n"
-        );
-        Scenario::parse(Path::new("t.yaml"), &text).unwrap()
-    }
-
-    #[test]
-    fn knobs_come_from_the_flag_then_the_scenario_then_all() {
-        let all = scenario("");
-        assert_eq!(resources(&all, None).unwrap(), Resource::ALL.to_vec());
-        let quota = scenario("resources: [cpu_quota]");
-        assert_eq!(resources(&quota, None).unwrap(), vec![Resource::CpuQuota]);
-        let flag = [Resource::Cores, Resource::CpuQuota];
-        assert_eq!(resources(&quota, Some(&flag)).unwrap(), flag.to_vec());
-        assert!(resources(&quota, Some(&[])).is_err(), "an empty list");
-        assert_eq!(parse_resource("quota"), Ok(Resource::CpuQuota));
-        assert!(parse_resource("turbo").unwrap_err().contains("turbo"));
-    }
 }

@@ -59,7 +59,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         crate::outln!("nothing to restore: no {}", path.display())?;
         return Ok(());
     }
-    let changes = restore_state_file(&path, args.dry_run).map_err(super::set::to_anyhow)?;
+    let changes = restore_state_file(&path, args.dry_run).map_err(crate::exit::to_anyhow)?;
     let verb = if args.dry_run {
         "would restore"
     } else {

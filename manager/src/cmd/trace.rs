@@ -15,9 +15,9 @@ use qosd_sensors::ebpf::{
 use qosd_sensors::power::{PowerConfig, PowerSensor};
 use serde_json::json;
 
-use crate::cmd::secs::{secs, MAX_SECS};
 use crate::config::Match;
 use crate::daemon::discover::Finder;
+use crate::secs::{secs, MAX_SECS};
 use crate::{signals, usage};
 
 #[derive(ClapArgs, Debug)]

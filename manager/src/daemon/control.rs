@@ -4,8 +4,9 @@
 //! RPS, CPU utilisation); applying a plan puts it in force through the
 //! actuation. Apps that appear are admitted with their initial share; apps
 //! whose processes all exit are released and their knobs restored.
-//! [`Controller`] is the node and the [`ControlLoop`] together, ticked by
-//! the daemon's timer.
+//! [`Controller`] is the node, the loop ([`ControlLoop`]) and the
+//! recorder that feeds the API ([`ApiRecorder`]) together, run on the
+//! real clock by [`Controller::run`] (`clock.rs`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -57,9 +58,11 @@ struct AppRt {
 /// Something worth a line on stdout.
 pub type Events = Vec<String>;
 
-/// The daemon: its node and the loop that drives it.
+/// The daemon: its node, the loop that drives it and what records the
+/// loop's decisions for the API.
 pub struct Controller {
     node: DaemonNode,
+    rec: ApiRecorder,
     ctl: ControlLoop<Box<dyn Policy + Send>>,
 }
 
@@ -83,22 +86,26 @@ pub struct DaemonNode {
     /// The processes this daemon manages, claimed so that another daemon
     /// matching them sees it (none in a dry run: it manages nothing).
     claims: Option<PidClaims>,
-    dry_run: bool,
     /// The batch jobs of best-effort apps that run one.
     jobs: Jobs,
-    /// The next `sense` scans /proc for new processes.
+    /// The next `sense` scans /proc for new processes (decision ticks
+    /// always do).
     scan: bool,
-    /// Log lines of the current tick.
-    events: Events,
+    /// Records what the node decides itself (admissions) for the API.
+    log: ApiRecorder,
     /// Annotated pods seen (`qosd.io/class`).
     pods: pods::PodApps,
 }
 
 mod apps;
+mod clock;
 mod discovery;
 mod oa;
 mod pods;
+mod record;
 mod report;
+pub use clock::Wakeups;
+pub use record::ApiRecorder;
 pub use report::{describe_target, live_entry};
 
 impl Controller {
@@ -145,23 +152,23 @@ impl Controller {
             apps,
             act,
             sensing: Sensing::new(sensors, sense_apps, nr_slots),
-            shared,
+            shared: shared.clone(),
             finder: Finder::new(root),
             client_feeds,
             root: qosd_actuators::Root::new(root),
             tracer,
             procfs: Procfs::new(root),
             claims: (!dry_run).then(|| PidClaims::new(qosd_actuators::Root::new(root))),
-            dry_run,
             jobs: Jobs::none(nr_apps),
             scan: true,
-            events: Events::new(),
+            log: ApiRecorder::new(shared.clone(), dry_run),
             pods: pods::PodApps::new(root, dry_run, nr_slots),
         };
         let mut node = node;
         node.pods.locked_at_start = node.apps.iter().map(|a| a.cfg.name.clone()).collect();
         Controller {
             node,
+            rec: ApiRecorder::new(shared, dry_run),
             ctl: ControlLoop::new(policy),
         }
     }
@@ -220,9 +227,10 @@ impl Controller {
         self.node.describe(app)
     }
 
-    /// One tick of the loop. `scan`: look for new processes (a pass over
-    /// /proc); otherwise only check that known ones live. `decide`: ask
-    /// the policy for a plan and apply it.
+    /// One tick of the loop, off the clock (the first one, tests).
+    /// `scan`: look for new processes (a pass over /proc; decision ticks
+    /// always do); otherwise only check that known ones live. `decide`:
+    /// ask the policy for a plan and apply it.
     pub fn tick(&mut self, now_ms: u64, dt_s: f64, scan: bool, decide: bool) -> Events {
         self.node.scan = scan;
         let tick = Tick {
@@ -230,22 +238,9 @@ impl Controller {
             dt_s,
             decide,
         };
-        let (sensed, entry) =
-            self.ctl
-                .tick(&mut self.node, &mut qosd_core::control::NoRecorder, tick);
-        let mut ev = std::mem::take(&mut self.node.events);
-        ev.extend(sensed.events);
-        if let Some(e) = entry {
-            if e.applied.is_none() {
-                // Nothing changed: apply the allocation again anyway, which
-                // catches threads that reset their own affinity.
-                self.node.reassert(now_ms);
-                ev.append(&mut self.node.events);
-            }
-            ev.extend(self.node.cannot_meet(now_ms, &e.plan));
-        }
-        self.node.publish(decide, self.ctl.counters());
-        ev
+        let (sensed, _) = self.ctl.tick(&mut self.node, &mut self.rec, tick);
+        self.node
+            .after_tick(&mut self.rec, decide, self.ctl.counters(), sensed.events)
     }
 }
 
@@ -278,7 +273,8 @@ impl Node for DaemonNode {
 
     fn sense(&mut self, tick: &Tick) -> Sensed {
         let mut events = self.jobs.supervise(tick.now_ms);
-        events.extend(self.discover(tick.now_ms, self.scan));
+        let scan = std::mem::take(&mut self.scan) || tick.decide;
+        events.extend(self.discover(tick.now_ms, scan));
         if tick.decide {
             self.jobs.sample();
         }
@@ -289,41 +285,38 @@ impl Node for DaemonNode {
 
     fn apply(&mut self, tick: &Tick, plan: &Plan) -> PlanApplied {
         let pids = self.managed_pids();
-        let mut errors = Vec::new();
-        let ev = match self.act.set(&plan.allocations, &pids, true) {
-            Ok(applied) => {
-                errors.extend(
-                    applied
-                        .iter()
-                        .filter_map(|a| a.error.as_ref().map(|e| format!("{}: {e}", a.app))),
-                );
-                self.record(tick.now_ms, &plan.decisions, &applied, None)
-            }
-            Err(e) => {
-                let e = format!("plan not applied: {e}");
-                errors.push(e.clone());
-                self.record(tick.now_ms, &plan.decisions, &[], Some(&e))
-            }
-        };
-        self.events.extend(ev);
+        let set = self.act.set(&plan.allocations, &pids, true);
+        self.note_outcome(set.as_deref().unwrap_or_default());
         // What the policy sees next was measured under the new plan.
         self.sensing.restart(tick.now_ms);
-        PlanApplied {
-            in_force: self.act.current().clone(),
-            errors,
-        }
+        self.act.outcome(set.as_deref().map_err(String::as_str))
+    }
+
+    /// Applies the allocation in force again, which catches threads that
+    /// reset their own affinity.
+    fn reassert(&mut self, _tick: &Tick) -> Option<PlanApplied> {
+        let pids = self.managed_pids();
+        let current = self.act.current().clone();
+        let applied = self.act.set(&current, &pids, true).ok()?;
+        self.note_outcome(&applied);
+        Some(self.act.outcome(Ok(&applied)))
     }
 }
 
 impl DaemonNode {
-    /// Applies the allocation in force again (see [`Controller::tick`]).
-    fn reassert(&mut self, now_ms: u64) {
-        let pids = self.managed_pids();
-        let current = self.act.current().clone();
-        if let Ok(applied) = self.act.set(&current, &pids, true) {
-            let ev = self.record(now_ms, &[], &applied, None);
-            self.events.extend(ev);
-        }
+    /// After each tick: the node's state to the API, and the tick's lines
+    /// (`sensed`'s, then the recorder's).
+    fn after_tick(
+        &mut self,
+        rec: &mut ApiRecorder,
+        decided: bool,
+        counters: LoopCounters,
+        sensed: Events,
+    ) -> Events {
+        self.publish(decided, counters);
+        let mut ev = sensed;
+        ev.extend(rec.take_events());
+        ev
     }
 
     /// Pids of the managed apps.

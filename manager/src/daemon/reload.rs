@@ -9,7 +9,7 @@
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use super::control::Controller;
+use super::control::DaemonNode;
 use super::{load, Options};
 use crate::config::Config;
 
@@ -91,7 +91,7 @@ fn restart_only(old: &Config, new: &Config) -> Vec<&'static str> {
 
 /// Reloads `o.config` into the running daemon; the lines to log.
 /// `running` becomes the config in force.
-pub fn reload(o: &Options, running: &mut Config, ctl: &mut Controller, why: &str) -> Vec<String> {
+pub fn reload(o: &Options, running: &mut Config, node: &mut DaemonNode, why: &str) -> Vec<String> {
     let new = match load(o) {
         Ok((c, _, _)) => c,
         Err(e) => {
@@ -123,7 +123,7 @@ pub fn reload(o: &Options, running: &mut Config, ctl: &mut Controller, why: &str
     if running.apps == new.apps {
         ev.push("reload: the apps are unchanged".into());
     }
-    ev.extend(ctl.set_apps(&new.apps, o.feedback));
+    ev.extend(node.set_apps(&new.apps, o.feedback));
     let later = restart_only(running, &new);
     if !later.is_empty() {
         ev.push(format!(

@@ -196,6 +196,33 @@ impl Actuation {
         Ok(out)
     }
 
+    /// `set`'s outcome in the loop's terms: the allocation in force and
+    /// every failure, as lines ("app: why", apps whose processes went away
+    /// too) and by app (where going away is no failure).
+    pub fn outcome(&self, set: Result<&[Applied], &str>) -> qosd_core::control::Applied {
+        let mut out = qosd_core::control::Applied {
+            in_force: self.current.clone(),
+            ..Default::default()
+        };
+        match set {
+            Ok(applied) => {
+                for a in applied {
+                    let Some(e) = &a.error else { continue };
+                    out.errors.push(format!("{}: {e}", a.app));
+                    if !a.gone {
+                        out.failed.insert(a.app.clone(), e.clone());
+                    }
+                }
+            }
+            Err(e) => {
+                let e = format!("plan not applied: {e}");
+                out.errors.push(e.clone());
+                out.refused = Some(e);
+            }
+        }
+        out
+    }
+
     /// Forgets an app whose processes are all gone and puts back what was
     /// made for it (its cpuset group, resctrl group).
     pub fn release(&mut self, app: &str, pids: &[i32]) -> Result<Vec<Change>, Error> {

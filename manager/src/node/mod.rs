@@ -5,10 +5,19 @@
 //! policy's snapshot ([`sensing`]), an app's latency window ([`latency`])
 //! and the replay's power sensor ([`power`]). Both nodes are driven by the
 //! one control loop, [`qosd_core::control::ControlLoop`].
+//!
+//! Runs on this machine are set up here too, so that `cmd/` only reads
+//! arguments: what they start from ([`setup`]), the real replay
+//! ([`real_replay`]), calibrating real servers ([`sweep`]) and fitting the
+//! simulated node to this machine ([`fit`]).
 
 pub mod actuate;
 pub mod coremap;
+pub mod fit;
 pub mod latency;
 pub mod power;
+pub mod real_replay;
 pub mod replay;
 pub mod sensing;
+pub mod setup;
+pub mod sweep;

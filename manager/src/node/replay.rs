@@ -178,23 +178,15 @@ impl Node for ReplayNode {
 
     fn apply(&mut self, tick: &Tick, plan: &Plan) -> Applied {
         let pids = self.pids();
-        let errors = match self.act.set(&plan.allocations, &pids, false) {
-            Ok(out) => out
-                .into_iter()
-                .filter_map(|a| a.error.map(|e| format!("{}: {e}", a.app)))
-                .collect(),
-            Err(e) => vec![format!("plan not applied: {e}")],
-        };
-        for e in &errors {
+        let set = self.act.set(&plan.allocations, &pids, false);
+        let out = self.act.outcome(set.as_deref().map_err(String::as_str));
+        for e in &out.errors {
             self.notes
                 .push(format!("applying {e} (it keeps the previous allocation)"));
         }
         // What the policy sees next was measured under the new plan.
         self.sensing.restart(tick.now_ms);
-        Applied {
-            in_force: self.act.current().clone(),
-            errors,
-        }
+        out
     }
 }
 

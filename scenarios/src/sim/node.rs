@@ -343,12 +343,13 @@ impl Node for SimulatedNode {
             self.allocs = plan.allocations.clone();
             Applied {
                 in_force: self.allocs.clone(),
-                errors: Vec::new(),
+                ..Default::default()
             }
         } else {
             Applied {
                 in_force: self.allocs.clone(),
                 errors: vec!["plan outside the simulated node: not applied".into()],
+                ..Default::default()
             }
         }
     }

@@ -8,7 +8,7 @@ use qosd_actuators::grouplock::lock_groups;
 use qosd_actuators::{AppTarget, Root};
 use qosd_core::Feedback;
 
-use super::{AppRt, Controller, DaemonNode, Events};
+use super::{AppRt, DaemonNode, Events};
 use crate::config::AppConfig;
 
 impl DaemonNode {
@@ -67,12 +67,12 @@ impl DaemonNode {
     }
 }
 
-impl Controller {
+impl DaemonNode {
     /// Makes the configured apps `new` (a reloaded config): apps that left
     /// or changed are released, new and changed ones added; the others
     /// and the annotated pods' apps keep everything.
     pub fn set_apps(&mut self, new: &[AppConfig], feedback: Option<Feedback>) -> Events {
-        let n = &mut self.node;
+        let n = self;
         let mut ev = Events::new();
         let mut i = 0;
         while i < n.apps.len() {

@@ -93,7 +93,7 @@ impl DaemonNode {
             let pids = self.managed_pids();
             let current = self.act.current().clone();
             if let Ok(applied) = self.act.set(&current, &pids, false) {
-                ev.extend(self.record(now_ms, &[], &applied, None));
+                ev.extend(self.record(now_ms, &[], &applied));
             }
         }
         ev
@@ -170,7 +170,7 @@ impl DaemonNode {
         let mut ev = Vec::new();
         match self.act.set(&plan, &all, false) {
             Ok(applied) => {
-                ev.extend(self.record(now_ms, &taken, &applied, None));
+                ev.extend(self.record(now_ms, &taken, &applied));
                 let failed = applied.iter().find(|a| a.app == name && a.error.is_some());
                 match failed {
                     Some(a) => ev.push(format!(

@@ -1,13 +1,10 @@
-//! The controller's bookkeeping: decisions and apply outcomes recorded
-//! for the API (and their log lines), descriptions for the banner, and
-//! each app's starting entry.
+//! Descriptions for the daemon's banner and each app's starting entry in
+//! the API's state.
 
-use qosd_core::{AppClass, Decision, Feedback, QosTarget, Share};
+use qosd_core::{AppClass, Feedback, QosTarget, Share};
 
-use super::super::state::{unix_ms, DecisionRecord};
-use super::{DaemonNode, Events};
+use super::DaemonNode;
 use crate::config::AppConfig;
-use crate::node::actuate::Applied;
 
 impl DaemonNode {
     /// "1 core (CPU 0)", "2 cores (CPUs 0-1), 4 ways", or "as found".
@@ -45,111 +42,6 @@ impl DaemonNode {
         } else {
             parts.join(", ")
         }
-    }
-
-    /// Records decisions and apply outcomes (for the API) and returns
-    /// their log lines. `plan_error`: the whole plan was refused.
-    pub(super) fn record(
-        &mut self,
-        now_ms: u64,
-        decisions: &[Decision],
-        applied: &[Applied],
-        plan_error: Option<&str>,
-    ) -> Events {
-        let mut ev = Events::new();
-        for a in applied.iter().filter(|a| !a.gone) {
-            if let Some(rt) = self.apps.iter_mut().find(|r| r.cfg.name == a.app) {
-                rt.note = a
-                    .error
-                    .clone()
-                    .map(|e| format!("applying its allocation failed: {e}"));
-            }
-        }
-        let mut sh = self.shared.lock();
-        for a in applied.iter().filter(|a| a.error.is_some() && !a.gone) {
-            if let Some(live) = sh.apps.get_mut(&a.app) {
-                live.apply_errors_total += 1;
-            }
-            if !decisions.iter().any(|d| d.app == a.app) {
-                ev.push(format!(
-                    "app {}: applying its allocation failed: {}",
-                    a.app,
-                    a.error.as_deref().unwrap_or("")
-                ));
-            }
-        }
-        for d in decisions {
-            let failed = applied.iter().find(|a| a.app == d.app && a.error.is_some());
-            let in_force = self.act.current().get(&d.app).map(|s| s.get(d.resource));
-            let ok = plan_error.is_none() && failed.is_none() && in_force == Some(d.to);
-            let error = plan_error
-                .map(str::to_owned)
-                .or_else(|| failed.and_then(|a| a.error.clone()))
-                .or_else(|| (!ok).then(|| "the app is not managed any more".to_owned()));
-            ev.push(format!(
-                "{d}{}",
-                match (&error, self.dry_run) {
-                    (Some(e), _) => format!(" — NOT APPLIED: {e}"),
-                    (None, true) => " (dry run)".to_owned(),
-                    _ => String::new(),
-                }
-            ));
-            sh.record(DecisionRecord {
-                t_ms: now_ms,
-                unix_ms: unix_ms(),
-                app: d.app.clone(),
-                resource: Some(d.resource),
-                kind: d.kind,
-                from: d.from,
-                to: d.to,
-                unit: d.resource.unit(),
-                reason: d.reason.clone(),
-                applied: ok && !self.dry_run,
-                error,
-            });
-        }
-        ev
-    }
-}
-
-impl DaemonNode {
-    /// The plan's "cannot meet QoS" events: each app's state for the API,
-    /// its counter, a record in the decision log and a log line when the
-    /// app enters that state.
-    pub(super) fn cannot_meet(&mut self, now_ms: u64, plan: &qosd_core::Plan) -> Events {
-        let mut ev = Events::new();
-        let mut sh = self.shared.lock();
-        for live in sh.apps.values_mut() {
-            let why = plan.cannot_meet.iter().find(|u| u.app == live.name);
-            let entering = why.is_some() && live.cannot_meet.is_none();
-            live.cannot_meet = why.map(|u| u.reason.clone());
-            if why.is_some() {
-                live.cannot_meet_total += 1;
-            }
-            if entering {
-                ev.push(format!(
-                    "app {}: CANNOT MEET QoS: {}",
-                    live.name,
-                    live.cannot_meet.as_deref().unwrap_or("")
-                ));
-            }
-        }
-        for u in &plan.cannot_meet {
-            sh.record(DecisionRecord {
-                t_ms: now_ms,
-                unix_ms: unix_ms(),
-                app: u.app.clone(),
-                resource: None,
-                kind: qosd_core::DecisionKind::CannotMeet,
-                from: 0,
-                to: 0,
-                unit: "",
-                reason: u.reason.clone(),
-                applied: false,
-                error: None,
-            });
-        }
-        ev
     }
 }
 

@@ -1,5 +1,5 @@
 //! `qosd set cores|freq|ways|mb|quota|priority|hedge`: one knob by hand
-//! (hedge: [`super::set_hedge`]). One-shot: the change
+//! (hedge: [`hedge`]). One-shot: the change
 //! stays after qosd exits, its original is recorded in the state file and
 //! `qosd restore` puts it back (or `--hold` keeps it until Ctrl-C/SIGTERM
 //! and restores it then).
@@ -12,6 +12,10 @@ use qosd_actuators::{
     QuotaBackend, WaysBackend,
 };
 use qosd_core::cpulist;
+
+use crate::exit::to_anyhow;
+
+pub mod hedge;
 
 #[derive(ClapArgs, Debug)]
 #[command(after_help = "Examples:\n  \
@@ -103,7 +107,7 @@ pub enum Knob {
     },
     /// Kernel-level hedged UDP requests of a process to a service
     /// (docs/hedging.md).
-    Hedge(super::set_hedge::HedgeArgs),
+    Hedge(hedge::HedgeArgs),
     /// CPU priority of a process's group: the idle class (best-effort
     /// work that yields the CPU to everything else at once) or normal.
     Priority {
@@ -166,16 +170,6 @@ pub enum WaysArg {
     Pqos,
 }
 
-/// Maps a library error to the CLI's exit codes: the user's input is a
-/// usage error (exit 2), the rest a runtime failure (exit 1).
-pub fn to_anyhow(e: qosd_actuators::Error) -> anyhow::Error {
-    if e.is_invalid_input() {
-        crate::usage!("{e}")
-    } else {
-        anyhow::Error::new(e)
-    }
-}
-
 fn parse_cpus(s: &str) -> anyhow::Result<Vec<u32>> {
     let v = cpulist::parse(s).map_err(|e| crate::usage!("--cpus: {e}"))?;
     if v.is_empty() {
@@ -207,7 +201,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let cfg = config(&args);
     if let Knob::Hedge(h) = &args.knob {
-        return super::set_hedge::run(h, &args.root, &cfg.state_path(), args.dry_run, args.hold);
+        return hedge::run(h, &args.root, &cfg.state_path(), args.dry_run, args.hold);
     }
     // Parse before anything is opened: bad input changes nothing.
     let quota = match &args.knob {

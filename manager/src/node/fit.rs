@@ -23,9 +23,9 @@ use qosd_scenarios::sweep::{self, SweepOptions};
 use qosd_sensors::ebpf::{Mode, RequestTracer, TargetOptions, TracerOptions};
 use qosd_sensors::procfs::Procfs;
 
-use crate::node::actuate::Actuation;
-use crate::node::latency::from_tracer;
-use crate::node::replay::server_pids;
+use super::actuate::Actuation;
+use super::latency::from_tracer;
+use super::replay::server_pids;
 
 /// Load steps of a server at each allocation, as fractions of the
 /// capacity expected there (the last one saturates it).
@@ -124,7 +124,7 @@ struct Ctx<'a> {
 
 /// Load steps of one server at every allocation.
 fn server_points(c: &mut Ctx, app: &AppSpec) -> anyhow::Result<Vec<ServerPoint>> {
-    let fixture = super::calibrate::fixture_cmd()?;
+    let fixture = super::setup::fixture_cmd()?;
     let srv = servers::start(app, &fixture)?;
     let pids = server_pids(srv.pid);
     eprintln!("fitting {} ({}, pid {})", app.name, srv.addr, srv.pid);
@@ -294,7 +294,7 @@ pub fn run(
     crate::signals::install()?;
     let state = file.with_extension("state.json");
     let state = std::path::absolute(&state).unwrap_or(state);
-    let mut act = super::replay_real::start_actuation(&state, resources, sc.node.cfs_period_us)?;
+    let mut act = super::setup::start_actuation(&state, resources, sc.node.cfs_period_us)?;
     let node = node_of(&act, resources);
     let caps = *act.node();
     let allocs = allocations(

@@ -16,7 +16,7 @@ use qosd_actuators::{signals, AppTarget, Ctx, Root};
 use qosd_hedge::actuator::Hedges;
 use qosd_hedge::{HedgeSpec, IdRule};
 
-use super::set::to_anyhow;
+use crate::exit::to_anyhow;
 
 #[derive(ClapArgs, Debug)]
 pub struct HedgeArgs {
