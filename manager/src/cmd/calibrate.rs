@@ -31,7 +31,10 @@ use crate::usage;
     (achieved < 90% of offered, >1% errors, or p99 50x the lowest; such a step is measured\n\
     twice, so one stall does not end the sweep), then fills in the last stretch.\n\
     Capacity = the highest rate the server kept up with; the knee is where the latency\n\
-    curve bends (Kneedle); targets with knee_factor sit there.")]
+    curve bends (Kneedle) or first passes twice the base latency (the light steps' requests\n\
+    pooled), interpolated between steps; its latency is the median of --knee-repeats steps\n\
+    at that load, whose spread goes into the output (knee_spread). Targets with knee_factor\n\
+    sit there; `target: {ms: N}` in a scenario pins a target for comparisons instead.")]
 pub struct Args {
     /// Scenario whose apps to calibrate.
     pub scenario: PathBuf,
@@ -58,10 +61,21 @@ pub struct Args {
     /// Highest rate tried, requests/s.
     #[arg(long, default_value_t = 500_000.0)]
     pub max_rps: f64,
+    /// Steps measured at the knee load; the knee latency is their median
+    /// p99. 0: read it off the sweep's curve (one step).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(0..=50))]
+    pub knee_repeats: u32,
+    /// Requests a step holds at least (it grows up to 4 × --step-s).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
+    pub min_samples: u64,
     /// Output file. Default: out/calibration-<scenario>.json.
     #[arg(long, value_name = "FILE")]
     pub out: Option<PathBuf>,
 }
+
+/// A knee whose repeated steps are further apart than this (% of their
+/// median) is flagged as not repeatable.
+const KNEE_SPREAD_WARN_PCT: f64 = 10.0;
 
 /// The highest `--max-rps`: far above what one machine's loopback serves.
 const MAX_RPS: f64 = 10_000_000.0;
@@ -165,6 +179,27 @@ pub fn real(
             c.knee_rps,
             c.knee_latency_us / 1000.0
         );
+        if let Some(k) = &c.knee_spread {
+            eprintln!(
+                "  -> knee p99 over {} steps: {:.3}-{:.3} ms (median {:.3}, ±{:.0} %); \
+                 {} requests there, base from {}",
+                k.repeats_us.len(),
+                k.min_us / 1000.0,
+                k.max_us / 1000.0,
+                k.median_us / 1000.0,
+                k.spread_pct,
+                k.samples,
+                k.base_samples
+            );
+            if k.spread_pct > KNEE_SPREAD_WARN_PCT {
+                eprintln!(
+                    "  warning: the knee latency moved ±{:.0} % between steps at one load (a busy \
+                     machine?): targets from this calibration will not repeat; a scenario can pin \
+                     one with `target: {{ ms: N }}`",
+                    k.spread_pct
+                );
+            }
+        }
         if let Some(t) = &tracer {
             for &pid in &tree {
                 let _ = t.remove_target(pid as u32);
@@ -258,6 +293,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             step_s: args.step_s,
             max_rps: args.max_rps,
             seed: sc.seed,
+            knee_repeats: args.knee_repeats as usize,
+            min_samples: args.min_samples,
             ..Default::default()
         };
         real(&sc, args.app.as_deref(), &o)?
