@@ -89,13 +89,30 @@ pub struct PriorityActuator {
 pub const PRETEND_NO_GROUPS_ENV: &str = "QOSD_PRETEND_NO_PRIORITY_CGROUP";
 
 /// The best mark a cpu hierarchy offers: `cpu.idle`, else the weight.
-fn mark_of(mount: &Path, v2: bool) -> Mark {
+/// `None` when a cgroup2 mount cannot tell yet: its root group has no
+/// `cpu.*` files and no child group has the cpu controller, so the mark is
+/// read from the first group qosd makes ([`group_mark`]).
+fn mark_of(mount: &Path, v2: bool) -> Option<Mark> {
     if mount.join("cpu.idle").exists() || has_child_file(mount, "cpu.idle") {
-        Mark::Idle
-    } else if v2 {
-        Mark::Weight
+        Some(Mark::Idle)
+    } else if !v2 {
+        Some(Mark::Shares)
+    } else if has_child_file(mount, "cpu.weight") {
+        Some(Mark::Weight)
     } else {
-        Mark::Shares
+        None
+    }
+}
+
+/// The mark a cgroup2 group with the cpu controller offers (`None` when it
+/// has no `cpu.*` files: not made, as in a dry run, or no controller).
+fn group_mark(group: &Path) -> Option<Mark> {
+    if group.join("cpu.idle").exists() {
+        Some(Mark::Idle)
+    } else if group.join("cpu.weight").exists() {
+        Some(Mark::Weight)
+    } else {
+        None
     }
 }
 
@@ -118,16 +135,13 @@ pub fn detect(p: &Probe) -> Detected {
     };
     let probe = |name: &str, v2: bool, r: std::result::Result<PathBuf, String>| {
         BackendProbe::of(name, group(r), |m| {
-            let mark = mark_of(m, v2);
-            let how = match mark {
-                Mark::Idle => "idle class",
-                Mark::Weight | Mark::Shares => "lowest weight (the kernel has no cpu.idle)",
+            let how = match mark_of(m, v2) {
+                Some(Mark::Idle) => "idle class: cpu.idle",
+                Some(Mark::Weight) => "lowest weight (the kernel has no cpu.idle): cpu.weight",
+                Some(Mark::Shares) => "lowest weight (the kernel has no cpu.idle): cpu.shares",
+                None => "idle class (cpu.idle, kernel 5.15+) else the lowest weight (cpu.weight)",
             };
-            format!(
-                "{how}: {} in a group per app under {}",
-                mark.file(),
-                root.show(m)
-            )
+            format!("{how} in a group per app under {}", root.show(m))
         })
     };
     let (p2, m2) = probe("cgroup2", true, cgroup2_with(root, "cpu"));
@@ -142,7 +156,9 @@ pub fn detect(p: &Probe) -> Detected {
         _ => None,
     }
     .map(|(v2, mount)| {
-        let mark = mark_of(&mount, v2);
+        // Undecided (a fresh cgroup2 mount): the weight until the first
+        // group made says better.
+        let mark = mark_of(&mount, v2).unwrap_or(Mark::Weight);
         Backend::Group { v2, mount, mark }
     })
     .or_else(|| {
@@ -181,8 +197,8 @@ impl Actuator for PriorityActuator {
                 "CPU priority {priority} is neither {PRIORITY_IDLE} (idle) nor {PRIORITY_NORMAL} (normal)"
             )));
         }
-        let (v2, mount, mark) = match &self.backend {
-            Backend::Group { v2, mount, mark } => (*v2, mount, *mark),
+        let (v2, mount, mark) = match &mut self.backend {
+            Backend::Group { v2, mount, mark } => (*v2, mount, mark),
             Backend::SchedIdle => {
                 let policy = match priority {
                     PRIORITY_IDLE => schedpolicy::IDLE,
@@ -195,7 +211,15 @@ impl Actuator for PriorityActuator {
             }
         };
         let group = mount.join(req.app.group_name());
+        if v2 {
+            // A fresh cgroup2 mount (no systemd) has no controller enabled
+            // for its children: the group would have no cpu.* files.
+            cgroup::enable_for_groups(ctx, R, mount, "cpu")?;
+        }
         ctx.mkdir(R, &group)?;
+        if v2 {
+            *mark = group_mark(&group).unwrap_or(*mark);
+        }
         let file = group.join(mark.file());
         ctx.write(R, &file, mark.value(priority), false)?;
         let controller = (!v2).then_some("cpu");

@@ -203,7 +203,7 @@ fn daemon_api_four_calls_per_pid_and_app() {
         // Cores unset in `initial`: the app took every free core.
         format!("qosd_app_cores{{app=\"{name}\"}}"),
         "qosd_ebpf_dropped_records_total ".to_owned(),
-        "# TYPE qosd_app_latency_seconds summary".to_owned(),
+        "# TYPE qosd_app_latency_seconds gauge".to_owned(),
         "# TYPE qosd_decisions_total counter".to_owned(),
         "process_resident_memory_bytes ".to_owned(),
     ] {

@@ -25,6 +25,19 @@ pub mod pipelined;
 pub mod replay;
 pub mod trace;
 
+/// How long to wait for qosd to come up (load and attach its BPF programs,
+/// open its API): `base`, or four times it in the kernel matrix's guests
+/// (`QOSD_KERNEL_MATRIX`), which run under software emulation on some hosts
+/// (docs/kernels.md) where the verifier alone can take most of 20 s. A wait
+/// for readiness, not a bound on speed.
+pub fn patience(base: std::time::Duration) -> std::time::Duration {
+    if std::env::var_os("QOSD_KERNEL_MATRIX").is_some() {
+        base * 4
+    } else {
+        base
+    }
+}
+
 pub use clients::*;
 pub use daemon::*;
 pub use deploy::*;

@@ -48,8 +48,8 @@ impl Trace {
             }
         });
         let first = rx
-            .recv_timeout(Duration::from_secs(20))
-            .expect("qosd trace printed nothing within 20 s");
+            .recv_timeout(super::patience(Duration::from_secs(20)))
+            .expect("qosd trace printed nothing in time (20 s, x4 in the kernel matrix)");
         let banner: serde_json::Value = serde_json::from_str(&first).expect("JSON line");
         assert!(banner["hooks"].is_string(), "first line: {banner}");
         // The banner comes once the programs are attached; wait for the
@@ -62,8 +62,8 @@ impl Trace {
         };
         let first = t
             .lines
-            .recv_timeout(Duration::from_secs(20))
-            .expect("qosd trace printed no interval line within 20 s");
+            .recv_timeout(super::patience(Duration::from_secs(20)))
+            .expect("qosd trace printed no interval line in time (20 s, x4 in the kernel matrix)");
         t.seen
             .push(serde_json::from_str(&first).expect("JSON line"));
         t

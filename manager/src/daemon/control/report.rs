@@ -183,6 +183,7 @@ pub fn live_entry(
         cannot_meet_total: 0,
         oa: None,
         pid_oa: Default::default(),
+        slo: None,
     }
 }
 
