@@ -11,6 +11,16 @@ use crate::journal::{Entry, Journal};
 use crate::root::{read_file, write_file, Root};
 use crate::{proc, Change};
 
+/// How [`Ctx::each_thread`] reads and writes one per-thread setting.
+struct ThreadOps<'a> {
+    /// Named in the change log.
+    what: &'static str,
+    get: &'a dyn Fn(i32) -> Result<String>,
+    set: &'a dyn Fn(i32) -> Result<()>,
+    /// A thread whose current value says leave it alone.
+    skip: &'a dyn Fn(&str) -> bool,
+}
+
 pub struct Ctx {
     pub root: Root,
     pub dry_run: bool,
@@ -209,62 +219,110 @@ impl Ctx {
         Ok(())
     }
 
-    /// Sets the affinity of every thread of `pid` to `cpus`, repeating
-    /// until no new thread shows up (threads created meanwhile inherit from
-    /// a thread already changed or are caught by the next pass).
+    /// Sets the affinity of every thread of `pid` to `cpus` (see
+    /// [`Ctx::each_thread`]).
     pub fn set_affinity(&mut self, resource: Resource, pid: i32, cpus: &[u32]) -> Result<()> {
-        let start_time = proc::start_time(&self.root, pid)?;
         let want = qosd_core::cpulist::format(cpus);
-        let mut done: Vec<(i32, String)> = Vec::new();
+        let entry = |pid, start_time, threads| Entry::Affinity {
+            resource,
+            pid,
+            start_time,
+            threads,
+        };
+        let ops = ThreadOps {
+            what: "affinity",
+            get: &|tid| proc::get_affinity(tid).map(|c| qosd_core::cpulist::format(&c)),
+            set: &|tid| proc::set_affinity(tid, cpus),
+            skip: &|_| false,
+        };
+        self.each_thread(resource, pid, &want, &ops, &entry)
+    }
+
+    /// Sets the scheduling policy of every thread of `pid` to `policy`
+    /// ([`crate::schedpolicy`] text); real-time threads are left alone.
+    pub fn set_sched_policy(&mut self, resource: Resource, pid: i32, policy: &str) -> Result<()> {
+        let entry = |pid, start_time, threads| Entry::Sched {
+            resource,
+            pid,
+            start_time,
+            threads,
+        };
+        let ops = ThreadOps {
+            what: "scheduling policy",
+            get: &crate::schedpolicy::get,
+            set: &|tid| crate::schedpolicy::set(tid, policy),
+            skip: &|before: &str| {
+                let rt = crate::schedpolicy::is_realtime(before);
+                if rt {
+                    tracing::warn!("pid {pid}: a {before} thread is real-time: left as it is");
+                }
+                rt
+            },
+        };
+        self.each_thread(resource, pid, policy, &ops, &entry)
+    }
+
+    /// Sets one per-thread setting on every thread of `pid` to `want`,
+    /// repeating until no new thread shows up (threads created meanwhile
+    /// inherit from a thread already changed or are caught by the next
+    /// pass, or by the next reassert). The first journal entry of a pid
+    /// holds the originals; later threads restore to the main thread's.
+    fn each_thread(
+        &mut self,
+        resource: Resource,
+        pid: i32,
+        want: &str,
+        ops: &ThreadOps<'_>,
+        entry: &dyn Fn(i32, u64, Vec<(i32, String)>) -> Entry,
+    ) -> Result<()> {
+        let start_time = proc::start_time(&self.root, pid)?;
+        let gone = |e: &Error| {
+            matches!(
+                e,
+                Error::Sys {
+                    source: nix::Error::ESRCH,
+                    ..
+                }
+            )
+        };
+        let mut done: Vec<i32> = Vec::new();
         for _pass in 0..8 {
             let fresh: Vec<i32> = proc::tids(&self.root, pid)?
                 .into_iter()
-                .filter(|t| !done.iter().any(|(d, _)| d == t))
+                .filter(|t| !done.contains(t))
                 .collect();
             if fresh.is_empty() {
                 break;
             }
             let mut prior = Vec::new();
             for &tid in &fresh {
-                match proc::get_affinity(tid) {
-                    Ok(c) => prior.push((tid, qosd_core::cpulist::format(&c))),
-                    Err(Error::Sys {
-                        source: nix::Error::ESRCH,
-                        ..
-                    }) => {}
+                match (ops.get)(tid) {
+                    Ok(c) => prior.push((tid, c)),
+                    Err(e) if gone(&e) => {}
                     Err(e) => return Err(e),
                 }
             }
-            let entry = Entry::Affinity {
-                resource,
-                pid,
-                start_time,
-                threads: prior.clone(),
-            };
-            // The first record of a pid holds the originals; later threads
-            // restore to the main thread's original.
-            self.journal.record(entry.clone())?;
-            self.txn.push(entry);
+            let e = entry(pid, start_time, prior.clone());
+            self.journal.record(e.clone())?;
+            self.txn.push(e);
             for (tid, before) in prior {
+                done.push(tid);
+                if before == want || (ops.skip)(&before) {
+                    continue;
+                }
                 if !self.dry_run {
-                    match proc::set_affinity(tid, cpus) {
+                    match (ops.set)(tid) {
                         Ok(()) => {}
-                        Err(Error::Sys {
-                            source: nix::Error::ESRCH,
-                            ..
-                        }) => continue,
+                        Err(e) if gone(&e) => continue,
                         Err(e) => return Err(e),
                     }
                 }
-                done.push((tid, before.clone()));
-                if before != want {
-                    self.note(Change::new(
-                        resource,
-                        format!("pid {pid} thread {tid} affinity"),
-                        before,
-                        want.clone(),
-                    ));
-                }
+                self.note(Change::new(
+                    resource,
+                    format!("pid {pid} thread {tid} {}", ops.what),
+                    before,
+                    want,
+                ));
             }
         }
         Ok(())

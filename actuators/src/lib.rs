@@ -29,6 +29,7 @@ pub mod quota;
 pub mod registry;
 pub mod resctrl;
 pub mod root;
+pub mod schedpolicy;
 pub mod signals;
 pub mod statefile;
 pub mod tool;

@@ -5,7 +5,9 @@
 //! and the group is marked idle: `cpu.idle` = 1 (cgroup v2 since 5.15, and
 //! v1 where the kernel has it), else the lowest weight (`cpu.weight` 1,
 //! v1 `cpu.shares` 2). "Normal" puts the default back in that group
-//! (`cpu.idle` 0, `cpu.weight` 100, `cpu.shares` 1024).
+//! (`cpu.idle` 0, `cpu.weight` 100, `cpu.shares` 1024). Without a cpu
+//! group hierarchy, every thread of the app goes to `SCHED_IDLE` (and back
+//! to `SCHED_OTHER` for "normal"), threads made later at each reassert.
 
 use std::path::{Path, PathBuf};
 
@@ -16,7 +18,7 @@ use crate::caps::{BackendProbe, Detected, KnobCaps, Probe};
 use crate::cgroup::{self, cgroup1_with, cgroup2_with};
 use crate::error::{Error, Result};
 use crate::root::read_file;
-use crate::{proc, Actuator, AppTarget, Ctx, KnobRequest};
+use crate::{proc, schedpolicy, Actuator, AppTarget, Ctx, KnobRequest};
 
 const R: Resource = Resource::CpuPriority;
 
@@ -63,13 +65,28 @@ impl Mark {
     }
 }
 
-pub struct PriorityActuator {
-    /// cgroup v2 (else v1 `cpu` hierarchy).
-    pub v2: bool,
-    /// The hierarchy's mount directory (prefixed).
-    pub mount: PathBuf,
-    pub mark: Mark,
+/// How an app is marked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Backend {
+    /// A `qosd-<app>` group in a cpu hierarchy, marked by `mark`.
+    Group {
+        /// cgroup v2 (else v1 `cpu` hierarchy).
+        v2: bool,
+        /// The hierarchy's mount directory (prefixed).
+        mount: PathBuf,
+        mark: Mark,
+    },
+    /// `SCHED_IDLE` on every thread of the app.
+    SchedIdle,
 }
+
+pub struct PriorityActuator {
+    pub backend: Backend,
+}
+
+/// Test-only: makes the priority knob's cgroup backends look missing, so
+/// that the `SCHED_IDLE` fallback runs on a machine that has cpu groups.
+pub const PRETEND_NO_GROUPS_ENV: &str = "QOSD_PRETEND_NO_PRIORITY_CGROUP";
 
 /// The best mark a cpu hierarchy offers: `cpu.idle`, else the weight.
 /// `None` when a cgroup2 mount cannot tell yet: its root group has no
@@ -108,11 +125,16 @@ fn has_child_file(mount: &Path, file: &str) -> bool {
 }
 
 /// The CPU priority knob's row of [`crate::caps::DETECTORS`]: a cpu
-/// cgroup v2, then the v1 `cpu` hierarchy.
+/// cgroup v2, then the v1 `cpu` hierarchy, then `SCHED_IDLE` per thread.
 pub fn detect(p: &Probe) -> Detected {
     let root = &p.root;
+    let pretend = std::env::var_os(PRETEND_NO_GROUPS_ENV).is_some_and(|v| v == "1");
+    let group = |r: std::result::Result<PathBuf, String>| match pretend {
+        true => Err(format!("pretended missing (${PRETEND_NO_GROUPS_ENV}=1)")),
+        false => r,
+    };
     let probe = |name: &str, v2: bool, r: std::result::Result<PathBuf, String>| {
-        BackendProbe::of(name, r, |m| {
+        BackendProbe::of(name, group(r), |m| {
             let how = match mark_of(m, v2) {
                 Some(Mark::Idle) => "idle class: cpu.idle",
                 Some(Mark::Weight) => "lowest weight (the kernel has no cpu.idle): cpu.weight",
@@ -124,8 +146,11 @@ pub fn detect(p: &Probe) -> Detected {
     };
     let (p2, m2) = probe("cgroup2", true, cgroup2_with(root, "cpu"));
     let (p1, m1) = probe("cgroup1", false, cgroup1_with(root, "cpu", "cpu.shares"));
-    let caps = KnobCaps::choose(vec![p2, p1], |_| true);
-    let plugin = match caps.backend.as_deref() {
+    let (ps, s) = BackendProbe::of("sched_idle", crate::cores::probe_affinity(root), |_| {
+        "idle class: SCHED_IDLE on every thread in /proc/PID/task (no cpu group)".into()
+    });
+    let caps = KnobCaps::choose(vec![p2, p1, ps], |_| true);
+    let backend = match caps.backend.as_deref() {
         Some("cgroup2") => m2.map(|m| (true, m)),
         Some("cgroup1") => m1.map(|m| (false, m)),
         _ => None,
@@ -134,8 +159,15 @@ pub fn detect(p: &Probe) -> Detected {
         // Undecided (a fresh cgroup2 mount): the weight until the first
         // group made says better.
         let mark = mark_of(&mount, v2).unwrap_or(Mark::Weight);
-        Box::new(PriorityActuator { v2, mount, mark }) as Box<dyn Actuator>
+        Backend::Group { v2, mount, mark }
+    })
+    .or_else(|| {
+        (caps.backend.as_deref() == Some("sched_idle"))
+            .then_some(s)
+            .flatten()
+            .map(|()| Backend::SchedIdle)
     });
+    let plugin = backend.map(|backend| Box::new(PriorityActuator { backend }) as Box<dyn Actuator>);
     (caps, plugin)
 }
 
@@ -145,10 +177,10 @@ impl Actuator for PriorityActuator {
     }
 
     fn backend(&self) -> &'static str {
-        if self.v2 {
-            "cgroup2"
-        } else {
-            "cgroup1"
+        match self.backend {
+            Backend::Group { v2: true, .. } => "cgroup2",
+            Backend::Group { v2: false, .. } => "cgroup1",
+            Backend::SchedIdle => "sched_idle",
         }
     }
 
@@ -165,39 +197,58 @@ impl Actuator for PriorityActuator {
                 "CPU priority {priority} is neither {PRIORITY_IDLE} (idle) nor {PRIORITY_NORMAL} (normal)"
             )));
         }
-        let group = self.mount.join(req.app.group_name());
-        if self.v2 {
+        let (v2, mount, mark) = match &mut self.backend {
+            Backend::Group { v2, mount, mark } => (*v2, mount, mark),
+            Backend::SchedIdle => {
+                let policy = match priority {
+                    PRIORITY_IDLE => schedpolicy::IDLE,
+                    _ => schedpolicy::OTHER,
+                };
+                for &pid in &req.app.pids {
+                    ctx.set_sched_policy(R, pid, policy)?;
+                }
+                return Ok(());
+            }
+        };
+        let group = mount.join(req.app.group_name());
+        if v2 {
             // A fresh cgroup2 mount (no systemd) has no controller enabled
             // for its children: the group would have no cpu.* files.
-            cgroup::enable_for_groups(ctx, R, &self.mount, "cpu")?;
+            cgroup::enable_for_groups(ctx, R, mount, "cpu")?;
         }
         ctx.mkdir(R, &group)?;
-        if self.v2 {
-            self.mark = group_mark(&group).unwrap_or(self.mark);
+        if v2 {
+            *mark = group_mark(&group).unwrap_or(*mark);
         }
-        let file = group.join(self.mark.file());
-        ctx.write(R, &file, self.mark.value(priority), false)?;
-        let controller = (!self.v2).then_some("cpu");
-        cgroup::move_pids(ctx, R, &self.mount, &group, controller, &req.app.pids)
+        let file = group.join(mark.file());
+        ctx.write(R, &file, mark.value(priority), false)?;
+        let controller = (!v2).then_some("cpu");
+        cgroup::move_pids(ctx, R, mount, &group, controller, &req.app.pids)
     }
 
-    /// The priority of the group the app's first process is in; the root
-    /// group (no file) is normal.
+    /// The priority of the group the app's first process is in (the root
+    /// group, with no file, is normal), or of its main thread's policy.
     fn read(&self, ctx: &Ctx, app: &AppTarget) -> Result<Allocation> {
         let pid = cgroup::first_pid(app)?;
-        let controller = (!self.v2).then_some("cpu");
-        let current = proc::cgroup_of(&ctx.root, pid, controller)?;
-        let file = self
-            .mount
-            .join(current.trim_start_matches('/'))
-            .join(self.mark.file());
-        let priority = match read_file(&file) {
-            Ok(s) => self
-                .mark
-                .priority_of(&s)
-                .ok_or_else(|| Error::Invalid(format!("{}: unexpected {s:?}", file.display())))?,
-            Err(_) if !file.exists() => PRIORITY_NORMAL,
-            Err(e) => return Err(e),
+        let priority = match &self.backend {
+            Backend::SchedIdle => match schedpolicy::get(pid)?.starts_with(schedpolicy::IDLE) {
+                true => PRIORITY_IDLE,
+                false => PRIORITY_NORMAL,
+            },
+            Backend::Group { v2, mount, mark } => {
+                let controller = (!v2).then_some("cpu");
+                let current = proc::cgroup_of(&ctx.root, pid, controller)?;
+                let file = mount
+                    .join(current.trim_start_matches('/'))
+                    .join(mark.file());
+                match read_file(&file) {
+                    Ok(s) => mark.priority_of(&s).ok_or_else(|| {
+                        Error::Invalid(format!("{}: unexpected {s:?}", file.display()))
+                    })?,
+                    Err(_) if !file.exists() => PRIORITY_NORMAL,
+                    Err(e) => return Err(e),
+                }
+            }
         };
         Ok(Allocation {
             cpu_priority: Some(priority),

@@ -177,6 +177,15 @@ pub fn check_entry(root: &Root, e: &Entry) -> Result<()> {
             bad("cgroup file", back_to)
         }
         Entry::Net { argv, .. } => crate::netns::check_undo(argv),
+        // qosd never leaves a thread real-time: a state file may not make one.
+        Entry::Sched { threads, .. } => match threads.iter().find(|(_, p)| {
+            crate::schedpolicy::is_realtime(p) || crate::schedpolicy::parse(p).is_err()
+        }) {
+            Some((tid, p)) => Err(Error::Invalid(format!(
+                "state file entry refused: scheduling policy {p:?} for thread {tid} is not one qosd restores"
+            ))),
+            None => Ok(()),
+        },
         Entry::Command { argv, .. } => {
             let prog = argv.first().map(String::as_str).unwrap_or_default();
             if matches!(prog, "pqos" | "cpupower") {

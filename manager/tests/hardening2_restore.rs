@@ -4,10 +4,12 @@
 //! quota, `cpu.shares` 512, its own affinity inside its cpuset); `qosd run`
 //! manages it with every knob combination this machine has (cores through
 //! a cpuset group or through affinity, CPU quota, both; the CPU priority
-//! knob, alone and with quota, on a best-effort app) and is stopped by
+//! knob, alone and with quota, on a best-effort app, and its SCHED_IDLE
+//! fallback forced with `QOSD_PRETEND_NO_PRIORITY_CGROUP=1`) and is stopped by
 //! SIGTERM, SIGINT, SIGUSR1, SIGKILL then `qosd restore`, and SIGKILL then
 //! the next start (SIGHUP reloads the daemon's config: daemon_reload.rs). After each, every file of the process's groups and of
-//! the hierarchies' top groups, its groups and every thread's affinity are
+//! the hierarchies' top groups, its groups and every thread's affinity and
+//! scheduling policy are
 //! exactly as before, and no `qosd-<app>` group is left. Cases run one after
 //! the other in one test (each ~1 s). Run alone:
 //! `cargo test --release -p qosd-manager --test hardening2_restore`.
@@ -103,6 +105,7 @@ fn snapshot(pid: u32, groups: &UserGroups) -> BTreeMap<String, String> {
     let mut m = BTreeMap::new();
     m.insert("cgroup".into(), cgroups(pid));
     m.insert("affinity".into(), thread_cpus(pid).join(" "));
+    m.insert("policy".into(), format!("{:?}", thread_policies(pid)));
     for d in &groups.dirs {
         m.extend(group_files(d, false));
         m.extend(group_files(d.parent().unwrap(), true));
@@ -131,15 +134,32 @@ fn config(dir: &Path, port: u16, app: &str, matcher: &str, knobs: &str, backend:
             "apps:\n  - name: {app}\n    match: {matcher}\n    {class}\n    \
              resources: {{ initial: {{ nr_cores: 1, cpu_quota_milli: 500 }} }}\n\
              policy: {}\nstate_file: {}\n\
-             actuators:\n  enabled: [{knobs}]\n  cores_backend: {backend}\n\
+             actuators:\n  enabled: [{knobs}]\n  cores_backend: {}\n\
              api:\n  listen: 127.0.0.1:{port}\n  token_file: {}\n",
             parties().display(),
             dir.join("state.json").display(),
+            if backend == SCHED_IDLE {
+                "auto"
+            } else {
+                backend
+            },
             dir.join("api.token").display(),
         ),
     )
     .unwrap();
     p
+}
+
+/// The matrix's name for the priority knob's SCHED_IDLE fallback: its
+/// daemons run with the cgroup backends made to look missing.
+const SCHED_IDLE: &str = "sched_idle";
+
+fn start(cfg: &Path, port: u16, backend: &str) -> Daemon {
+    Daemon::start_with(cfg, port, &[], |c| {
+        if backend == SCHED_IDLE {
+            c.env("QOSD_PRETEND_NO_PRIORITY_CGROUP", "1");
+        }
+    })
 }
 
 fn wait_exit(d: &mut Daemon) -> std::process::ExitStatus {
@@ -170,7 +190,7 @@ fn case(knobs: &str, backend: &str, stop: Stop) -> Vec<String> {
         knobs,
         backend,
     );
-    let mut d = Daemon::start(&cfg, port, &[]);
+    let mut d = start(&cfg, port, backend);
     let managed = wait_for(Duration::from_secs(10), || {
         d.get(&format!("/v1/apps/{app}"))["managed"] == true && snapshot(pid, &groups) != before
     });
@@ -216,7 +236,7 @@ fn case(knobs: &str, backend: &str, stop: Stop) -> Vec<String> {
                     knobs,
                     backend,
                 );
-                let d2 = Daemon::start(&cfg2, port2, &[]);
+                let d2 = start(&cfg2, port2, backend);
                 if !d2.output().iter().any(|l| l.starts_with("put back ")) {
                     diffs.push(format!("no 'put back' line: {:?}", d2.output()));
                 }
@@ -275,6 +295,7 @@ fn hardening2_every_knob_combination_and_stop_restores_exactly() {
         ("cores, cpu_quota", "affinity"),
         ("cpu_priority", "auto"),
         ("cpu_quota, cpu_priority", "auto"),
+        ("cpu_priority", SCHED_IDLE),
     ];
     let stops = [
         Stop::Signal(Signal::SIGTERM),

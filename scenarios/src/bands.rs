@@ -164,6 +164,7 @@ mod tests {
                 gap: Vec::new(),
                 base_latency_us: 1.0,
                 percentile: 99.0,
+                knee_spread: None,
                 nr_cpus: None,
                 points: vec![],
             },

@@ -49,11 +49,63 @@ pub struct AppCalibration {
     pub base_latency_us: f64,
     /// Percentile the latencies are at.
     pub percentile: f64,
+    /// How much the knee's latency moved over repeated steps at the knee
+    /// load (a real calibration; absent for the sim and `--knee-repeats 0`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub knee_spread: Option<KneeSpread>,
     /// CPUs the server was confined to while calibrated on a real node (the
     /// most it can hold beside the other apps); absent for the sim.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nr_cpus: Option<usize>,
     pub points: Vec<Point>,
+}
+
+/// The knee latency's repeatability: `knee_latency_us` is the median of
+/// the percentiles of `repeats_us.len()` steps at the knee load; their
+/// range is its confidence interval (for 5 steps, ~94 % that the true
+/// median lies between the lowest and the highest).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KneeSpread {
+    /// Each repeated step's percentile, µs.
+    pub repeats_us: Vec<f64>,
+    /// Their median, lowest and highest, µs.
+    pub median_us: f64,
+    pub min_us: f64,
+    pub max_us: f64,
+    /// Largest distance of one step from the median, % of the median.
+    pub spread_pct: f64,
+    /// Requests measured at the knee, all steps.
+    pub samples: u64,
+    /// Requests pooled for `base_latency_us` (the light steps).
+    pub base_samples: u64,
+}
+
+impl KneeSpread {
+    /// The spread of per-step figures `v` (µs) around their median.
+    pub fn of(v: Vec<f64>, samples: u64, base_samples: u64) -> Option<KneeSpread> {
+        let mut s: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
+        s.sort_by(f64::total_cmp);
+        let n = s.len();
+        if n == 0 {
+            return None;
+        }
+        let median = if n % 2 == 1 {
+            s[n / 2]
+        } else {
+            (s[n / 2 - 1] + s[n / 2]) / 2.0
+        };
+        let (min, max) = (s[0], s[n - 1]);
+        let far = (median - min).max(max - median);
+        Some(KneeSpread {
+            repeats_us: v,
+            median_us: median,
+            min_us: min,
+            max_us: max,
+            spread_pct: 100.0 * far / median.max(1e-9),
+            samples,
+            base_samples,
+        })
+    }
 }
 
 /// Calibration of every app of a scenario.
@@ -151,25 +203,7 @@ pub fn from_points(points: Vec<Point>, percentile: f64) -> Option<AppCalibration
     } else {
         points.iter().map(|p| p.achieved_rps).fold(0.0, f64::max)
     };
-    // The knee is looked for among points the app still kept up with.
-    let kept: Vec<Point> = points
-        .iter()
-        .copied()
-        .filter(|p| p.achieved_rps >= 0.95 * p.offered_rps)
-        .collect();
-    let mut curve = if kept.len() >= 3 {
-        kept
-    } else {
-        points.clone()
-    };
-    // Latency can only grow with load: a measured curve is made monotone
-    // (each point takes the lowest latency seen at this load or above), so
-    // that noise at light load (a descheduled server) is not a knee.
-    let mut low = f64::INFINITY;
-    for p in curve.iter_mut().rev() {
-        low = low.min(p.latency_us);
-        p.latency_us = low;
-    }
+    let curve = monotone_curve(&points);
     let base = curve.first()?.latency_us;
     // Kneedle normalises latency by its maximum, so on a curve that rises
     // gently before it explodes it finds the explosion; the flat part also
@@ -188,10 +222,61 @@ pub fn from_points(points: Vec<Point>, percentile: f64) -> Option<AppCalibration
         gap: Vec::new(),
         base_latency_us: base,
         percentile,
+        knee_spread: None,
         nr_cpus: None,
         points,
     })
 }
+
+/// The curve the knee is looked for on: the points the app still kept up
+/// with (all of them if fewer than 3), made monotone (each point takes the
+/// lowest latency seen at its load or above: latency can only grow with
+/// load, so noise at light load, a descheduled server, is not a knee).
+fn monotone_curve(points: &[Point]) -> Vec<Point> {
+    let kept: Vec<Point> = points
+        .iter()
+        .copied()
+        .filter(|p| p.achieved_rps >= 0.95 * p.offered_rps)
+        .collect();
+    let mut curve = if kept.len() >= 3 {
+        kept
+    } else {
+        points.to_vec()
+    };
+    let mut low = f64::INFINITY;
+    for p in curve.iter_mut().rev() {
+        low = low.min(p.latency_us);
+        p.latency_us = low;
+    }
+    curve
+}
+
+/// The knee load of a measured curve (sorted by load) given a base
+/// latency measured on its own (µs): where the monotone curve crosses
+/// KNEE_FLAT_FACTOR × `base_us`, interpolated linearly between the two
+/// steps around the crossing, or Kneedle's point if that comes first.
+/// Interpolating makes the knee move smoothly with the curve instead of
+/// jumping from one step of the sweep's grid (1.4× apart) to the next.
+pub fn knee_load(points: &[Point], base_us: f64) -> Option<f64> {
+    let curve = monotone_curve(points);
+    let kneedle = curve.get(knee(&curve))?.offered_rps;
+    let limit = KNEE_FLAT_FACTOR * base_us;
+    let crossing = match curve.iter().position(|p| p.latency_us > limit) {
+        None => curve.last()?.offered_rps,
+        Some(0) => curve[0].offered_rps,
+        Some(i) => {
+            let (a, b) = (curve[i - 1], curve[i]);
+            let f =
+                ((limit - a.latency_us) / (b.latency_us - a.latency_us).max(1e-9)).clamp(0.0, 1.0);
+            a.offered_rps + f * (b.offered_rps - a.offered_rps)
+        }
+    };
+    Some(kneedle.min(crossing))
+}
+
+/// Steps at up to this fraction of capacity are pooled for the base
+/// latency (the flat part of the curve).
+pub const BASE_LOAD: f64 = 0.3;
 
 /// A sweep step whose tail latency is this multiple of the lowest seen is
 /// saturated (the sweep stops there; capacity is below it).
@@ -367,5 +452,44 @@ mod tests {
             .collect();
         let c = from_points(pts, 99.0).unwrap();
         assert_eq!(c.capacity_rps, 750.0);
+    }
+
+    /// The knee load moves smoothly with the base instead of jumping from
+    /// one step of the grid to the next: interpolated at 2 × base.
+    #[test]
+    fn knee_load_is_interpolated_between_steps() {
+        let pts: Vec<Point> = [
+            (100.0, 4.0),
+            (140.0, 4.2),
+            (196.0, 5.0),
+            (274.0, 9.0),
+            (384.0, 60.0),
+        ]
+        .iter()
+        .map(|&(r, ms)| Point {
+            offered_rps: r,
+            achieved_rps: r,
+            latency_us: ms * 1000.0,
+        })
+        .collect();
+        // 2 × 4 ms = 8 ms lies 3/4 of the way from 5 ms (196) to 9 ms (274).
+        let k = knee_load(&pts, 4000.0).unwrap();
+        assert!((k - (196.0 + 0.75 * 78.0)).abs() < 1e-6, "{k}");
+        // A slightly higher base moves it a little, not a whole step.
+        let k2 = knee_load(&pts, 4200.0).unwrap();
+        assert!(k2 > k && k2 < 274.0, "{k2}");
+        // No crossing: Kneedle's point (the step before the explosion).
+        assert_eq!(knee_load(&pts, 40_000.0), Some(274.0));
+    }
+
+    #[test]
+    fn knee_spread_is_around_the_median() {
+        let k = KneeSpread::of(vec![10.0, 12.0, 9.0, 30.0, 11.0], 5000, 3000).unwrap();
+        assert_eq!((k.median_us, k.min_us, k.max_us), (11.0, 9.0, 30.0));
+        assert!((k.spread_pct - 100.0 * 19.0 / 11.0).abs() < 1e-9);
+        assert_eq!(k.repeats_us.len(), 5);
+        assert!(KneeSpread::of(vec![f64::INFINITY], 0, 0).is_none());
+        let even = KneeSpread::of(vec![1.0, 3.0], 2, 2).unwrap();
+        assert_eq!(even.median_us, 2.0);
     }
 }

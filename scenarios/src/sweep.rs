@@ -1,11 +1,20 @@
 //! Real calibration: sweep the offered load on a running server with the
 //! open-loop generator, rising geometrically until it saturates, then
-//! fill in the last stretch linearly, and find capacity and knee.
+//! fill in the last stretch linearly, and find capacity and knee. The
+//! knee is made repeatable: every step holds enough requests for its
+//! percentile, the base latency pools the light steps, the knee load is
+//! interpolated, and the knee latency pools repeated steps at that load
+//! (their spread goes into the calibration).
 
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use crate::calibrate::{from_points, AppCalibration, Point, SATURATED_FACTOR};
+use qosd_sensors::stats::LogHistogram;
+
+use crate::calibrate::{
+    from_points, knee_load, AppCalibration, KneeSpread, Point, BASE_LOAD, KNEE_FLAT_FACTOR,
+    SATURATED_FACTOR,
+};
 use crate::load::{self, LoadSpec, Rate};
 use crate::scenario::AppSpec;
 
@@ -27,7 +36,18 @@ pub struct SweepOptions {
     /// count in its achieved rate, so a saturated step's rate is inflated
     /// by up to (step + drain) / step.
     pub drain_s: f64,
+    /// A step lasts long enough to hold about this many requests (at most
+    /// MAX_STEP_STRETCH × `step_s`): a p99 over 1000 requests rests on 10
+    /// of them, over a 2 s step at 100 rps on 2. 0: `step_s` always.
+    pub min_samples: u64,
+    /// Steps measured at the knee load once it is found; their requests,
+    /// pooled, give the knee latency, and their spread is reported. 0: the
+    /// knee's latency is read off the sweep's curve.
+    pub knee_repeats: usize,
 }
+
+/// The longest a step grows to reach `min_samples`, × `step_s`.
+const MAX_STEP_STRETCH: f64 = 4.0;
 
 impl Default for SweepOptions {
     fn default() -> Self {
@@ -39,6 +59,10 @@ impl Default for SweepOptions {
             refine_steps: 4,
             seed: 1,
             drain_s: 1.0,
+            // Both off by default until a quiet machine shows they repeat
+            // better: on a loaded one the repeats did worse (docs/sharing.md).
+            min_samples: 0,
+            knee_repeats: 0,
         }
     }
 }
@@ -78,11 +102,23 @@ pub fn measure(
     o: &SweepOptions,
     pct: f64,
 ) -> Result<(Point, f64), load::LoadError> {
-    let mut spec = spec_for(app, addr, rps, o.step_s, o.seed)?;
+    measure_hist(app, addr, rps, o, pct).map(|(p, e, _)| (p, e))
+}
+
+/// [`measure`], with every latency of the step (ns).
+fn measure_hist(
+    app: &AppSpec,
+    addr: &str,
+    rps: f64,
+    o: &SweepOptions,
+    pct: f64,
+) -> Result<(Point, f64, LogHistogram), load::LoadError> {
+    let secs = (o.min_samples as f64 / rps.max(1e-9)).clamp(o.step_s, MAX_STEP_STRETCH * o.step_s);
+    let mut spec = spec_for(app, addr, rps, secs, o.seed)?;
     spec.drain = Duration::from_secs_f64(o.drain_s);
-    let mut hist = Vec::new();
+    let mut hist = LogHistogram::new();
     let r = load::run(&spec, &AtomicBool::new(false), &mut |iv| {
-        hist.push(iv.clone())
+        hist.merge(&iv.histogram)
     })?;
     // The percentile of the whole step, from the per-interval summaries'
     // p99 when asked for p99 (the common case), else the run's own figures.
@@ -102,6 +138,7 @@ pub fn measure(
             latency_us: lat,
         },
         err_frac,
+        hist,
     ))
 }
 
@@ -116,25 +153,25 @@ pub fn sweep(
     let saturated = |p: &Point, err: f64, base: f64| {
         p.achieved_rps < 0.9 * p.offered_rps || err > 0.01 || p.latency_us > SATURATED_FACTOR * base
     };
-    let mut points: Vec<Point> = Vec::new();
+    let mut steps: Vec<(Point, LogHistogram)> = Vec::new();
     let mut rps = o.start_rps;
     let mut base = f64::INFINITY;
     while rps <= o.max_rps {
-        let (mut p, mut err) = measure(app, addr, rps, o, pct)?;
+        let (mut p, mut err, mut h) = measure_hist(app, addr, rps, o, pct)?;
         progress(&p);
         if saturated(&p, err, base.min(p.latency_us)) {
             // One stall of a busy machine must not end the sweep (and set
             // capacity) early: a step that looks saturated is measured
             // again, and the better of the two stands.
-            let (p2, err2) = measure(app, addr, rps, o, pct)?;
+            let (p2, err2, h2) = measure_hist(app, addr, rps, o, pct)?;
             progress(&p2);
             if !saturated(&p2, err2, base.min(p2.latency_us)) || p2.latency_us < p.latency_us {
-                (p, err) = (p2, err2);
+                (p, err, h) = (p2, err2, h2);
             }
         }
         base = base.min(p.latency_us);
         let stop = saturated(&p, err, base);
-        points.push(p);
+        steps.push((p, h));
         if stop {
             break;
         }
@@ -142,17 +179,89 @@ pub fn sweep(
     }
     // Fill in between the last good rate and the first saturated one,
     // where the knee is.
-    if points.len() >= 2 {
-        let lo = points[points.len() - 2].offered_rps;
-        let hi = points[points.len() - 1].offered_rps;
+    if steps.len() >= 2 {
+        let lo = steps[steps.len() - 2].0.offered_rps;
+        let hi = steps[steps.len() - 1].0.offered_rps;
         for k in 1..=o.refine_steps {
             let r = lo + (hi - lo) * k as f64 / (o.refine_steps + 1) as f64;
-            let (p, _) = measure(app, addr, r, o, pct)?;
+            let (p, _, h) = measure_hist(app, addr, r, o, pct)?;
             progress(&p);
-            points.push(p);
+            steps.push((p, h));
         }
     }
-    points.sort_by(|a, b| a.offered_rps.total_cmp(&b.offered_rps));
-    from_points(points, pct)
-        .ok_or_else(|| load::LoadError::BadSpec(format!("{}: no calibration point", app.name)))
+    steps.sort_by(|a, b| a.0.offered_rps.total_cmp(&b.0.offered_rps));
+    let points = steps.iter().map(|(p, _)| *p).collect();
+    let mut c = from_points(points, pct)
+        .ok_or_else(|| load::LoadError::BadSpec(format!("{}: no calibration point", app.name)))?;
+    if o.knee_repeats > 0 {
+        repeat_knee(&mut c, &steps, app, addr, o, progress)?;
+    }
+    Ok(c)
+}
+
+/// Makes the knee repeatable: the base latency from the light steps'
+/// requests pooled (one short step's p99 rests on a handful of requests),
+/// the knee load interpolated against it, and the knee latency the median
+/// of `knee_repeats` steps at that load, with their spread. A step the
+/// machine stalled in (another process took the CPU) only raises latency:
+/// light steps above KNEE_FLAT_FACTOR × the lowest are left out of the
+/// base, and the median ignores a stalled repeat where a pool would not.
+fn repeat_knee(
+    c: &mut AppCalibration,
+    steps: &[(Point, LogHistogram)],
+    app: &AppSpec,
+    addr: &str,
+    o: &SweepOptions,
+    progress: &mut dyn FnMut(&Point),
+) -> Result<(), load::LoadError> {
+    let pct = c.percentile;
+    let kept = |p: &Point| p.achieved_rps >= 0.95 * p.offered_rps;
+    let light: Vec<&(Point, LogHistogram)> = {
+        let l: Vec<_> = steps
+            .iter()
+            .filter(|(p, _)| kept(p) && p.offered_rps <= BASE_LOAD * c.capacity_rps)
+            .collect();
+        match l.is_empty() {
+            true => steps.iter().filter(|(p, _)| kept(p)).take(1).collect(),
+            false => l,
+        }
+    };
+    let lowest = light
+        .iter()
+        .map(|(p, _)| p.latency_us)
+        .fold(f64::INFINITY, f64::min);
+    let mut pool = LogHistogram::new();
+    for (_, h) in light
+        .iter()
+        .filter(|(p, _)| p.latency_us <= KNEE_FLAT_FACTOR * lowest)
+    {
+        pool.merge(h);
+    }
+    let Some(base) = pool.percentile(pct).map(|v| v as f64 / 1e3) else {
+        return Ok(());
+    };
+    let Some(knee_rps) = knee_load(&c.points, base) else {
+        return Ok(());
+    };
+    let mut samples = 0;
+    let mut each = Vec::with_capacity(o.knee_repeats);
+    for i in 0..o.knee_repeats {
+        // A fresh arrival sequence each time, so the repeats are samples.
+        let oi = SweepOptions {
+            seed: o.seed.wrapping_add(1 + i as u64),
+            ..o.clone()
+        };
+        let (p, _, h) = measure_hist(app, addr, knee_rps, &oi, pct)?;
+        progress(&p);
+        each.push(p.latency_us);
+        samples += h.len();
+    }
+    let Some(spread) = KneeSpread::of(each, samples, pool.len()) else {
+        return Ok(());
+    };
+    c.base_latency_us = base;
+    c.knee_rps = knee_rps;
+    c.knee_latency_us = spread.median_us;
+    c.knee_spread = Some(spread);
+    Ok(())
 }

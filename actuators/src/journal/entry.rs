@@ -34,6 +34,14 @@ pub enum Entry {
         start_time: u64,
         threads: Vec<(i32, String)>,
     },
+    /// Per-thread scheduling policy of a process ([`crate::schedpolicy`]
+    /// text). Threads not listed (created later) get the main thread's.
+    Sched {
+        resource: Resource,
+        pid: i32,
+        start_time: u64,
+        threads: Vec<(i32, String)>,
+    },
     /// A directory (cgroup, resctrl group) qosd created: removed on restore.
     CreatedDir { resource: Resource, path: PathBuf },
     /// A process qosd moved to another cgroup; `back_to` is the
@@ -76,6 +84,7 @@ impl Entry {
         match self {
             Entry::File { path, .. } => format!("file:{}", path.display()),
             Entry::Affinity { pid, .. } => format!("affinity:{pid}"),
+            Entry::Sched { pid, .. } => format!("sched:{pid}"),
             Entry::CreatedDir { path, .. } => format!("dir:{}", path.display()),
             Entry::Moved { pid, back_to, .. } => format!("moved:{pid}:{}", back_to.display()),
             Entry::EnabledController {
@@ -92,6 +101,7 @@ impl Entry {
         Some(match self {
             Entry::File { resource, .. }
             | Entry::Affinity { resource, .. }
+            | Entry::Sched { resource, .. }
             | Entry::CreatedDir { resource, .. }
             | Entry::Moved { resource, .. }
             | Entry::EnabledController { resource, .. }
@@ -116,6 +126,12 @@ impl Entry {
                 start_time,
                 threads,
             } => undo::affinity(root, dry_run, resource, pid, start_time, threads),
+            Entry::Sched {
+                resource,
+                pid,
+                start_time,
+                threads,
+            } => undo::sched(root, dry_run, resource, pid, start_time, threads),
             Entry::CreatedDir { resource, path } => {
                 undo::created_dir(root, dry_run, resource, path)
             }

@@ -46,27 +46,69 @@ pub(super) fn affinity(
     start_time: &u64,
     threads: &[(i32, String)],
 ) -> Result<Vec<Change>> {
+    let ops = UndoOps {
+        what: "affinity",
+        get: &|tid| proc::get_affinity(tid).map(|c| qosd_core::cpulist::format(&c)),
+        set: &|tid, want| proc::set_affinity(tid, &qosd_core::cpulist::parse(want)?),
+    };
+    each_thread(root, dry_run, resource, *pid, *start_time, threads, &ops)
+}
+
+/// Each thread's scheduling policy put back (threads made later get the
+/// main thread's).
+pub(super) fn sched(
+    root: &Root,
+    dry_run: bool,
+    resource: &Resource,
+    pid: &i32,
+    start_time: &u64,
+    threads: &[(i32, String)],
+) -> Result<Vec<Change>> {
+    let ops = UndoOps {
+        what: "scheduling policy",
+        get: &crate::schedpolicy::get,
+        set: &crate::schedpolicy::set,
+    };
+    each_thread(root, dry_run, resource, *pid, *start_time, threads, &ops)
+}
+
+/// How [`each_thread`] reads and writes one per-thread setting.
+struct UndoOps<'a> {
+    what: &'static str,
+    get: &'a dyn Fn(i32) -> Result<String>,
+    set: &'a dyn Fn(i32, &str) -> Result<()>,
+}
+
+/// Puts one per-thread setting back on every thread of a process that is
+/// still the one qosd changed; a thread not listed gets the main thread's.
+fn each_thread(
+    root: &Root,
+    dry_run: bool,
+    resource: &Resource,
+    pid: i32,
+    start_time: u64,
+    threads: &[(i32, String)],
+    ops: &UndoOps<'_>,
+) -> Result<Vec<Change>> {
     let mut out = Vec::new();
-    if !proc::same_process(root, *pid, *start_time) {
-        tracing::info!("pid {pid} is gone: its affinity needs no restore");
+    if !proc::same_process(root, pid, start_time) {
+        tracing::info!("pid {pid} is gone: its {} needs no restore", ops.what);
         return Ok(out);
     }
     let main = threads
         .iter()
-        .find(|(t, _)| t == pid)
+        .find(|(t, _)| *t == pid)
         .or(threads.first())
         .map(|(_, c)| c.clone())
         .unwrap_or_default();
-    for tid in proc::tids(root, *pid).unwrap_or_default() {
+    for tid in proc::tids(root, pid).unwrap_or_default() {
         let want = threads
             .iter()
             .find(|(t, _)| *t == tid)
-            .map(|(_, c)| c.clone())
-            .unwrap_or_else(|| main.clone());
-        let cpus = qosd_core::cpulist::parse(&want)?;
-        let now = proc::get_affinity(tid).map(|c| qosd_core::cpulist::format(&c));
+            .map_or(main.as_str(), |(_, c)| c.as_str());
+        let now = (ops.get)(tid);
         if !dry_run {
-            match proc::set_affinity(tid, &cpus) {
+            match (ops.set)(tid, want) {
                 Ok(()) => {}
                 // The thread exited meanwhile.
                 Err(Error::Sys {
@@ -78,7 +120,7 @@ pub(super) fn affinity(
         }
         out.push(Change::new(
             *resource,
-            format!("pid {pid} thread {tid} affinity"),
+            format!("pid {pid} thread {tid} {}", ops.what),
             now.unwrap_or_default(),
             want,
         ));

@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 
 use qosd_actuators::Config;
 
+pub mod memcached;
+
 /// Every directory (None) and file (its bytes) under `dir`.
 pub fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Option<Vec<u8>>> {
     let mut out = BTreeMap::new();

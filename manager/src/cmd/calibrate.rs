@@ -25,7 +25,10 @@ use crate::usage;
     (achieved < 90% of offered, >1% errors, or p99 50x the lowest; such a step is measured\n\
     twice, so one stall does not end the sweep), then fills in the last stretch.\n\
     Capacity = the highest rate the server kept up with; the knee is where the latency\n\
-    curve bends (Kneedle); targets with knee_factor sit there.")]
+    curve bends (Kneedle) or first passes twice the base latency (the light steps' requests\n\
+    pooled), interpolated between steps; its latency is the median of --knee-repeats steps\n\
+    at that load, whose spread goes into the output (knee_spread). Targets with knee_factor\n\
+    sit there; `target: {ms: N}` in a scenario pins a target for comparisons instead.")]
 pub struct Args {
     /// Scenario whose apps to calibrate.
     pub scenario: PathBuf,
@@ -52,6 +55,15 @@ pub struct Args {
     /// Highest rate tried, requests/s.
     #[arg(long, default_value_t = 500_000.0)]
     pub max_rps: f64,
+    /// Steps measured at the knee load; the knee latency is their median
+    /// p99. 0 (the default until it is shown to repeat better on a quiet
+    /// machine): read it off the sweep's curve (one step).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=50))]
+    pub knee_repeats: u32,
+    /// Requests a step holds at least (it grows up to 4 × --step-s); e.g.
+    /// 1000 for a p99 that rests on 10 requests. 0: every step --step-s.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
+    pub min_samples: u64,
     /// Output file. Default: out/calibration-<scenario>.json.
     #[arg(long, value_name = "FILE")]
     pub out: Option<PathBuf>,
@@ -101,6 +113,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             step_s: args.step_s,
             max_rps: args.max_rps,
             seed: sc.seed,
+            knee_repeats: args.knee_repeats as usize,
+            min_samples: args.min_samples,
             ..Default::default()
         };
         crate::node::sweep::calibrate(&sc, args.app.as_deref(), &o)?

@@ -149,6 +149,8 @@ fn server_points(c: &mut Ctx, app: &AppSpec) -> anyhow::Result<Vec<ServerPoint>>
         step_s: c.step_s,
         seed: c.seed,
         drain_s: 0.1,
+        // Its steps are fitted as measured (the model's own figures).
+        min_samples: 0,
         ..Default::default()
     };
     let mut points = Vec::new();

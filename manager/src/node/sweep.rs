@@ -14,6 +14,10 @@ use super::replay::server_pids;
 use super::setup::fixture_cmd;
 use crate::usage;
 
+/// A knee whose repeated steps are further apart than this (% of their
+/// median) is flagged as not repeatable.
+const KNEE_SPREAD_WARN_PCT: f64 = 10.0;
+
 /// Calibrates on this machine, printing each point.
 pub fn calibrate(
     sc: &qosd_scenarios::scenario::Scenario,
@@ -106,6 +110,27 @@ pub fn calibrate(
             c.knee_rps,
             c.knee_latency_us / 1000.0
         );
+        if let Some(k) = &c.knee_spread {
+            eprintln!(
+                "  -> knee p99 over {} steps: {:.3}-{:.3} ms (median {:.3}, ±{:.0} %); \
+                 {} requests there, base from {}",
+                k.repeats_us.len(),
+                k.min_us / 1000.0,
+                k.max_us / 1000.0,
+                k.median_us / 1000.0,
+                k.spread_pct,
+                k.samples,
+                k.base_samples
+            );
+            if k.spread_pct > KNEE_SPREAD_WARN_PCT {
+                eprintln!(
+                    "  warning: the knee latency moved ±{:.0} % between steps at one load (a busy \
+                     machine?): targets from this calibration will not repeat; a scenario can pin \
+                     one with `target: {{ ms: N }}`",
+                    k.spread_pct
+                );
+            }
+        }
         if let Some(t) = &tracer {
             for &pid in &tree {
                 let _ = t.remove_target(pid as u32);

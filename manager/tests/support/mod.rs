@@ -309,6 +309,28 @@ pub fn thread_cpus(pid: u32) -> Vec<String> {
     v
 }
 
+/// Every thread of `pid` with its scheduling policy as /proc shows it
+/// (`/proc/PID/task/TID/stat` field 41: 0 other, 3 batch, 5 idle, ...).
+pub fn thread_policies(pid: u32) -> Vec<(u32, u32)> {
+    let mut v = Vec::new();
+    let Ok(rd) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return v;
+    };
+    for t in rd.flatten() {
+        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+        let policy = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(41 - 3))
+            .and_then(|f| f.parse().ok());
+        if let (Some(tid), Some(p)) = (t.file_name().to_str().and_then(|n| n.parse().ok()), policy)
+        {
+            v.push((tid, p));
+        }
+    }
+    v.sort_unstable();
+    v
+}
+
 /// The affinity list of `pid` (its main thread) as /proc shows it.
 pub fn cpus_allowed(pid: u32) -> String {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();

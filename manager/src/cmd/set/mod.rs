@@ -25,7 +25,7 @@ pub mod hedge;
     qosd set ways --pid 1234 --ways 4                     4 LLC ways (resctrl group qosd-pid1234)\n  \
     qosd set mb --pid 1234 --percent 50                   memory bandwidth ceiling 50%\n  \
     qosd set quota --pid 1234 --quota 0.3                 CPU bandwidth: 0.3 CPU (cgroup qosd-pid1234)\n  \
-    qosd set priority --pid 1234 --class idle             idle scheduling class (cpu.idle, else lowest weight)\n  \
+    qosd set priority --pid 1234 --class idle             idle scheduling class (cpu.idle, else lowest weight, else SCHED_IDLE)\n  \
     qosd set hedge --pid 1234 --service 10.0.0.5:53 --replica 10.0.0.6:53 --t-hedge-ms 10 --id-len 2\n  \
     qosd set --dry-run cores --pid 1234 --cpus 1          print what would change\n  \
     qosd set --hold cores --pid 1234 --cpus 1             keep it until Ctrl-C, then restore\n  \
