@@ -10,9 +10,8 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufReader, Write};
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -20,26 +19,6 @@ use support::*;
 
 /// CPU time the fixture burns per request, µs.
 const WORK_US: u64 = 2000;
-
-/// `qosd fixture` on a free loopback port: (the process, its port).
-fn fixture() -> (Killed, u16) {
-    let mut k = Killed::spawn(
-        Command::new(QOSD)
-            .args(["fixture", "--work-us", &WORK_US.to_string()])
-            .args(["--exit-after-s", "60"])
-            .stdout(Stdio::piped()),
-    );
-    let mut line = String::new();
-    BufReader::new(k.0.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let port = line
-        .trim()
-        .rsplit_once(':')
-        .and_then(|(_, p)| p.parse().ok())
-        .unwrap_or_else(|| panic!("fixture said {line:?}"));
-    (k, port)
-}
 
 /// One keep-alive connection, one request at a time, paced to `rps`, for
 /// `secs`: the requests answered per second.
@@ -103,8 +82,8 @@ fn gauge(metrics: &str, name: &str, app: &str) -> Option<f64> {
 
 #[test]
 fn demand_utilisation_and_saturation_match_the_fixtures_work_at_two_quotas() {
-    let (half, half_port) = fixture();
-    let (one, one_port) = fixture();
+    let (half, half_port) = fixture(WORK_US);
+    let (one, one_port) = fixture(WORK_US);
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let tag = std::process::id();

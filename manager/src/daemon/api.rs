@@ -239,6 +239,9 @@ pub fn app_json(a: &AppLive, window_ms: u64, knobs: &[Resource]) -> Value {
         // Operational analysis of the last decision interval: x_rps,
         // demand_s (CPU s/request), cpus (c), util, x_sat_rps, headroom.
         "oa": a.oa,
+        // The SLO's eBPF side: the target eBPF latency is judged against
+        // (the client target less the client/server gap) and its source.
+        "slo": a.slo,
         "note": a.note,
     })
 }

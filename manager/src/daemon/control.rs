@@ -23,7 +23,7 @@ use qosd_actuators::grouplock::{GroupLocks, PidClaims};
 
 use super::discover::Finder;
 use super::jobs::Jobs;
-use super::state::SharedState;
+use super::state::{SharedState, SloView};
 use crate::config::AppConfig;
 use crate::kube::PodRef;
 use crate::node::actuate::Actuation;
@@ -393,6 +393,10 @@ impl DaemonNode {
                 let used = self.sensing.cpus_used(i);
                 live.oa = Oa::of_interval(live.recent.rps(), used, share, node);
                 live.pid_oa = a.per_pid.figures(cpus_held(share, node));
+                live.slo = self
+                    .sensing
+                    .slo(i)
+                    .map(|s| SloView::of(s, live.recent.rps()));
             }
         }
         for (i, row) in sensed.interval.iter_mut().enumerate() {
@@ -443,8 +447,9 @@ fn sense_app(a: &AppConfig, feedback: Feedback) -> SenseApp {
         limits: a.limits(),
         percentile: target.map_or(99.0, |t| t.percentile),
         client_target_us: target.map(|t| t.value_us),
-        // The daemon has no calibrated gap: both sides share the target.
-        slo: None,
+        // No calibrated gap: the eBPF side shares the target until
+        // latencies POSTed by the app's clients measure the gap.
+        slo: target.map(|t| qosd_core::slo::SloSide::new(t.value_us, None)),
         ports: a.ports.clone(),
         driven: false,
         serves: true,

@@ -65,6 +65,8 @@ pub struct AppLive {
     pub pid_oa: BTreeMap<i32, qosd_core::oa::Oa>,
     /// Its ports' traffic (the net sensor, `sensors.net`).
     pub net: Option<AppNet>,
+    /// Its SLO's eBPF side as of the last decision (apps with a target).
+    pub slo: Option<SloView>,
 }
 
 /// An app's traffic, `[ingress, egress]`: totals since the net sensor
@@ -92,6 +94,36 @@ impl AppNet {
     }
 }
 
+/// An app's SLO as the API shows it: the eBPF-side target the policy
+/// judges eBPF latency against, the client/server gap behind it and where
+/// that came from.
+#[derive(Debug, Clone, Serialize)]
+pub struct SloView {
+    pub client_target_us: f64,
+    pub ebpf_target_us: f64,
+    /// `client` (no gap measured: the target as written),
+    /// `calibrated_gap` or `refreshed_gap` (from client samples).
+    pub ebpf_target_from: &'static str,
+    /// The client/server gap at the current load, µs.
+    pub gap_us: f64,
+    /// Decision intervals whose client and eBPF samples corrected the gap.
+    pub nr_refreshes: u64,
+}
+
+impl SloView {
+    /// `slo` at `rps`, the load eBPF counts.
+    pub fn of(slo: &qosd_core::slo::SloSide, rps: f64) -> SloView {
+        let (t, from) = slo.ebpf_target_us(rps);
+        SloView {
+            client_target_us: slo.client_target_us,
+            ebpf_target_us: t,
+            ebpf_target_from: from.name(),
+            gap_us: slo.gap_us(rps),
+            nr_refreshes: slo.nr_refreshes,
+        }
+    }
+}
+
 impl AppLive {
     /// Latency at the target's percentile (p99 without a target), µs.
     pub fn target_latency_us(&self) -> Option<f64> {
@@ -99,11 +131,17 @@ impl AppLive {
             .percentile_us(self.target.map_or(99.0, |t| t.percentile))
     }
 
-    /// PARTIES slack over the recent ticks.
+    /// PARTIES slack over the recent ticks; an eBPF-fed app's against
+    /// its SLO's eBPF side, as a fraction of the client target (the
+    /// policy's reading).
     pub fn slack(&self) -> Option<f64> {
         let t = self.target?;
         let l = self.target_latency_us()?;
-        (t.value_us > 0.0).then(|| (t.value_us - l) / t.value_us)
+        let judged_at = match (&self.slo, self.feedback) {
+            (Some(s), Feedback::Ebpf) => s.ebpf_target_us,
+            _ => t.value_us,
+        };
+        (t.value_us > 0.0).then(|| (judged_at - l) / t.value_us)
     }
 }
 

@@ -89,6 +89,13 @@ pub struct SenseApp {
     pub serves: bool,
 }
 
+/// How far back a low-rate app's windows reach for enough requests: the
+/// policy's and the gap's, in decision intervals. Eight intervals (4 s at
+/// 500 ms) hold a p99's 1000 requests from 250 requests/s up, and stay
+/// short beside the 30 s cool-downs and the load changes a controller must
+/// follow.
+pub const WIDEST_INTERVALS: usize = 8;
+
 /// What the layer keeps of one app.
 struct Meter {
     pids: Vec<i32>,
@@ -100,6 +107,9 @@ struct Meter {
     iv_client: LogHistogram,
     iv_server: LogHistogram,
     iv_completed: u64,
+    /// The last decision intervals' client and server latencies, for the
+    /// client/server gap: wide enough for the percentile on both sides.
+    gap: [Recent; 2],
     offered_rps: Option<f64>,
     /// Seconds since its CPU time was last read.
     cpu_span_s: f64,
@@ -111,14 +121,20 @@ struct Meter {
 }
 
 impl Meter {
-    fn new(nr_slots: usize) -> Meter {
+    /// `nr_slots` monitoring ticks per decision interval; `percentile`:
+    /// the one the app is judged at (its windows widen for it).
+    fn new(nr_slots: usize, percentile: f64) -> Meter {
+        let enough = qosd_core::measure::samples_for_percentile(percentile);
+        let window = || Recent::widening(nr_slots, enough, nr_slots * WIDEST_INTERVALS);
+        let intervals = || Recent::widening(1, enough, WIDEST_INTERVALS);
         Meter {
             pids: Vec::new(),
-            client: Recent::new(nr_slots),
-            server: std::array::from_fn(|_| Recent::new(nr_slots)),
+            client: window(),
+            server: std::array::from_fn(|_| window()),
             iv_client: LogHistogram::new(),
             iv_server: LogHistogram::new(),
             iv_completed: 0,
+            gap: std::array::from_fn(|_| intervals()),
             offered_rps: None,
             cpu_span_s: 0.0,
             cpu_util: 0.0,
@@ -149,7 +165,10 @@ pub struct Sensing {
 impl Sensing {
     /// `nr_slots`: monitoring ticks per decision interval (the windows).
     pub fn new(sensors: Sensors, apps: Vec<SenseApp>, nr_slots: usize) -> Self {
-        let meters = apps.iter().map(|_| Meter::new(nr_slots)).collect();
+        let meters = apps
+            .iter()
+            .map(|a| Meter::new(nr_slots, a.percentile))
+            .collect();
         Sensing {
             sensors,
             apps,
@@ -201,8 +220,8 @@ impl Sensing {
     /// Adds an app (while the node runs: a reloaded config, a pod); it is
     /// last, with no processes until [`Self::set_pids`].
     pub fn add_app(&mut self, app: SenseApp) {
+        self.meters.push(Meter::new(self.nr_slots, app.percentile));
         self.apps.push(app);
-        self.meters.push(Meter::new(self.nr_slots));
     }
 
     /// Removes app `i` (the sensors stop following its processes); the
@@ -258,6 +277,7 @@ impl Sensing {
         let oldest = tick.now_ms.saturating_sub((span_s * 1000.0).round() as u64);
         sensed.snapshot.since_ms = Some(oldest.max(self.restart_ms));
         if tick.decide {
+            self.refresh_gaps(tick.now_ms);
             sensed.interval = self.interval_rows(tick.now_ms);
             self.interval_start_ms = tick.now_ms;
         }
@@ -383,6 +403,39 @@ impl Sensing {
         }
     }
 
+    /// The SLO step of a decision tick, the one place the client/server
+    /// gap is kept current (replays and the daemon alike): where an app's
+    /// client latencies (a load generator's, or POSTed to the daemon's
+    /// API) and its eBPF ones cover the same last intervals, and both hold
+    /// enough requests for the percentile (over up to
+    /// [`WIDEST_INTERVALS`] intervals for a low-rate app), the measured
+    /// gap corrects its eBPF-side target.
+    fn refresh_gaps(&mut self, now_ms: u64) {
+        let iv_s = (now_ms.saturating_sub(self.interval_start_ms) as f64 / 1000.0).max(1e-9);
+        for (a, m) in self.apps.iter_mut().zip(&mut self.meters) {
+            let [c, e] = &mut m.gap;
+            c.push(m.iv_client.clone(), iv_s, None);
+            e.push(m.iv_server.clone(), iv_s, None);
+            let enough = qosd_core::measure::samples_for_percentile(a.percentile);
+            let Some(slo) = a.slo.as_mut() else {
+                continue;
+            };
+            if c.requests() < enough || e.requests() < enough {
+                continue;
+            }
+            if let (Some(cu), Some(eu)) =
+                (c.percentile_us(a.percentile), e.percentile_us(a.percentile))
+            {
+                slo.refresh(e.rps(), cu, eu);
+            }
+        }
+    }
+
+    /// App `i`'s SLO as it stands (the eBPF side's target and gap).
+    pub fn slo(&self, i: usize) -> Option<&SloSide> {
+        self.apps[i].slo.as_ref()
+    }
+
     /// Every app's figures over the decision interval that ends now.
     fn interval_rows(&mut self, now_ms: u64) -> Vec<AppInterval> {
         let iv_s = (now_ms.saturating_sub(self.interval_start_ms) as f64 / 1000.0).max(1e-9);
@@ -391,17 +444,6 @@ impl Sensing {
             let pct = a.percentile;
             let at = |h: &LogHistogram| h.percentile(pct).map(|v| v as f64 / 1e3);
             let server_rps = m.iv_server.len() as f64 / iv_s;
-            // Both sides measured the same requests this interval: the gap
-            // estimate follows what was seen, where the interval holds
-            // enough requests for the percentile.
-            let enough = qosd_core::measure::samples_for_percentile(pct);
-            if let (Some(slo), Some(c), Some(e)) = (
-                a.slo.as_mut(),
-                at(&m.iv_client).filter(|_| m.iv_client.len() >= enough),
-                at(&m.iv_server).filter(|_| m.iv_server.len() >= enough),
-            ) {
-                slo.refresh(server_rps, c, e);
-            }
             let ebpf_target = Self::ebpf_target(a, server_rps);
             rows.push(AppInterval {
                 app: a.name.clone(),

@@ -96,7 +96,7 @@ impl<'a> Editor<'a> {
         self.apps.get(app).map(|a| a.0)
     }
 
-    fn alloc(&self, app: &str) -> Share {
+    pub fn alloc(&self, app: &str) -> Share {
         self.plan.allocations.get(app).copied().unwrap_or_default()
     }
 

@@ -170,13 +170,16 @@ fn parse_value(metric: Metric, rhs: &str) -> Result<f64, String> {
 }
 
 impl Metric {
-    /// The metric's value for `app`; `None` when unknown (no requests, no
-    /// power sensor, a BE app's slack), which makes a condition false.
+    /// The metric's value for `app`, which holds `alloc(r)` of each
+    /// resource and `cpus` CPUs ([`qosd_core::oa::cpus_held`]); `None` when
+    /// unknown (no requests, no power sensor, a BE app's slack), which
+    /// makes a condition false.
     pub fn value(
         self,
         app: &AppState,
         snap: &Snapshot,
         alloc: &dyn Fn(Resource) -> u32,
+        cpus: Option<f64>,
     ) -> Option<f64> {
         match self {
             Metric::Slack => app.slack(),
@@ -187,16 +190,7 @@ impl Metric {
             Metric::NodePowerW => snap.node_power_w,
             Metric::Alloc(r) => Some(f64::from(alloc(r))),
             Metric::Util | Metric::Headroom | Metric::DemandMs | Metric::XSatRps => {
-                // The app's CPUs: its cores, bounded by its quota (each
-                // read as the policy sees it: 0 where the node lacks it).
-                let cpus = [
-                    f64::from(alloc(Resource::Cores)),
-                    f64::from(alloc(Resource::CpuQuota)) / 1000.0,
-                ]
-                .into_iter()
-                .filter(|c| *c > 0.0)
-                .reduce(f64::min)?;
-                let oa = qosd_core::oa::Oa::of(app.rps, app.cpus_used?, cpus)?;
+                let oa = qosd_core::oa::Oa::of(app.rps, app.cpus_used?, cpus?)?;
                 Some(match self {
                     Metric::Util => oa.util,
                     Metric::Headroom => oa.headroom,
@@ -216,8 +210,9 @@ impl Condition {
         app: &AppState,
         snap: &Snapshot,
         alloc: &dyn Fn(Resource) -> u32,
+        cpus: Option<f64>,
     ) -> (bool, Option<f64>) {
-        let Some(v) = self.metric.value(app, snap, alloc) else {
+        let Some(v) = self.metric.value(app, snap, alloc, cpus) else {
             return (false, None);
         };
         let holds = match self.op {
@@ -276,15 +271,21 @@ mod tests {
         let s = snap(vec![lc("a", Some(0.02)), lc("idle", None)]);
         let alloc = |_: Resource| 2;
         let a = s.app("a").unwrap();
-        assert!(c("slack < 0.05").eval(a, &s, &alloc).0);
-        assert!(!c("slack > 0.05").eval(a, &s, &alloc).0);
-        assert!(c("latency > 0.97ms").eval(a, &s, &alloc).0);
-        assert!(c("cores >= 2").eval(a, &s, &alloc).0);
+        assert!(c("slack < 0.05").eval(a, &s, &alloc, None).0);
+        assert!(!c("slack > 0.05").eval(a, &s, &alloc, None).0);
+        assert!(c("latency > 0.97ms").eval(a, &s, &alloc, None).0);
+        assert!(c("cores >= 2").eval(a, &s, &alloc, None).0);
         // Unknown values make every comparison false.
         let idle = s.app("idle").unwrap();
-        assert_eq!(c("slack < 0.05").eval(idle, &s, &alloc), (false, None));
-        assert_eq!(c("slack >= 0.05").eval(idle, &s, &alloc), (false, None));
-        assert!(!c("node_power_w > 1").eval(a, &s, &alloc).0);
+        assert_eq!(
+            c("slack < 0.05").eval(idle, &s, &alloc, None),
+            (false, None)
+        );
+        assert_eq!(
+            c("slack >= 0.05").eval(idle, &s, &alloc, None),
+            (false, None)
+        );
+        assert!(!c("node_power_w > 1").eval(a, &s, &alloc, None).0);
     }
 
     #[test]
@@ -295,23 +296,23 @@ mod tests {
         let s = snap(vec![app]);
         let a = s.app("a").unwrap();
         let two = |r: Resource| u32::from(r == Resource::Cores) * 2;
-        assert_eq!(c("util > 0.7").eval(a, &s, &two), (true, Some(0.75)));
-        assert!(c("headroom < 0.3").eval(a, &s, &two).0);
-        assert!(c("demand_ms >= 1.5").eval(a, &s, &two).0);
-        let (_, x) = c("x_sat_rps > 1000").eval(a, &s, &two);
+        assert_eq!(
+            c("util > 0.7").eval(a, &s, &two, Some(2.0)),
+            (true, Some(0.75))
+        );
+        assert!(c("headroom < 0.3").eval(a, &s, &two, Some(2.0)).0);
+        assert!(c("demand_ms >= 1.5").eval(a, &s, &two, Some(2.0)).0);
+        let (_, x) = c("x_sat_rps > 1000").eval(a, &s, &two, Some(2.0));
         assert!((x.unwrap() - 1333.333).abs() < 0.01, "{x:?}");
-        // A quota of 1.6 CPUs below the cores bounds c.
-        let quota = |r: Resource| match r {
-            Resource::Cores => 2,
-            Resource::CpuQuota => 1600,
-            _ => 0,
-        };
-        let (_, u) = c("util > 0").eval(a, &s, &quota);
+        // On 1.6 CPUs (a quota below the cores: `oa::cpus_held`).
+        let (_, u) = c("util > 0").eval(a, &s, &two, Some(1.6));
         assert!((u.unwrap() - 0.9375).abs() < 1e-9);
+        // CPUs unknown: unknown.
+        assert_eq!(c("util > 0").eval(a, &s, &two, None), (false, None));
         // No CPU time measured: unknown, the condition is false.
         let s = snap(vec![lc("b", Some(0.3))]);
         assert_eq!(
-            c("util > 0").eval(s.app("b").unwrap(), &s, &two),
+            c("util > 0").eval(s.app("b").unwrap(), &s, &two, Some(2.0)),
             (false, None)
         );
     }

@@ -255,15 +255,18 @@ impl Policy for Rules {
                     continue;
                 }
                 let alloc = |r: Resource| ed.value(name, r);
+                // The CPUs it holds, as operational analysis counts them
+                // everywhere else.
+                let cpus = qosd_core::oa::cpus_held(Some(&ed.alloc(name)), ed.node);
                 // Reasons are formatted only for rules that fire.
-                if !rule.when.iter().all(|c| c.eval(app, snap, &alloc).0) {
+                if !rule.when.iter().all(|c| c.eval(app, snap, &alloc, cpus).0) {
                     continue;
                 }
                 let why: Vec<String> = rule
                     .when
                     .iter()
                     .filter_map(|c| {
-                        c.eval(app, snap, &alloc)
+                        c.eval(app, snap, &alloc, cpus)
                             .1
                             .map(|v| format!("{c} (is {v:.3})"))
                     })

@@ -1,6 +1,7 @@
 //! Bounded clients for the real tests: HTTP/1.1 and memcached loads that
 //! time every request, and a closed-loop memcached load that can report
-//! its latencies to a daemon. Every loop is bounded in count and time.
+//! its latencies to a daemon; the `qosd fixture` server. Every loop is
+//! bounded in count and time.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -246,4 +247,25 @@ impl Load {
             .map(|h| h.join().unwrap())
             .collect()
     }
+}
+
+/// `qosd fixture --work-us WORK_US` (CPU time burnt per request) on a free
+/// loopback port, gone after 60 s at most: (the process, its port).
+pub fn fixture(work_us: u64) -> (super::Killed, u16) {
+    let mut k = super::Killed::spawn(
+        std::process::Command::new(super::QOSD)
+            .args(["fixture", "--work-us", &work_us.to_string()])
+            .args(["--exit-after-s", "60"])
+            .stdout(std::process::Stdio::piped()),
+    );
+    let mut line = String::new();
+    BufReader::new(k.0.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port = line
+        .trim()
+        .rsplit_once(':')
+        .and_then(|(_, p)| p.parse().ok())
+        .unwrap_or_else(|| panic!("fixture said {line:?}"));
+    (k, port)
 }

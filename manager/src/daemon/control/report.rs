@@ -184,6 +184,7 @@ pub fn live_entry(
         oa: None,
         pid_oa: Default::default(),
         net: None,
+        slo: None,
     }
 }
 

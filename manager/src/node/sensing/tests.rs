@@ -2,6 +2,7 @@
 //! interval rows, and apps added and removed at run time.
 
 use super::*;
+use qosd_core::slo::SloSide;
 use qosd_sensors::sensor::{ClientTick, NullSensor, Sensor};
 
 /// Every tick, 10 client replies of 2 ms per target; on decision
@@ -149,4 +150,62 @@ fn apps_added_and_removed_at_run_time_keep_their_own_figures() {
     assert!(inbox_a.record_us(&[1.0]).is_ok());
     let (sensed, _) = s.sense(&tick(3), &TwoCpus);
     assert_eq!(sensed.snapshot.apps[0].nr_samples, 20);
+}
+
+/// Every tick, `n` requests seen by both sides: the server's at 400 µs,
+/// the client's at 900 µs (a 500 µs gap).
+struct BothSides(u64);
+
+impl Sensor for BothSides {
+    fn name(&self) -> &str {
+        "both"
+    }
+    fn measures(&self) -> &'static [Quantity] {
+        &[Quantity::ClientLatency, Quantity::ServerLatency]
+    }
+    fn sample(&mut self, _: &Tick, targets: &[Target<'_>]) -> anyhow::Result<Measurements> {
+        let mut m = Measurements::empty(targets.len());
+        for r in &mut m.apps {
+            let mut c = ClientTick::default();
+            let mut e = LatencyTick::default();
+            for _ in 0..self.0 {
+                c.latency.hist.record(900_000);
+                e.hist.record(400_000);
+            }
+            r.client = Some(c);
+            r.server = Some([e.clone(), e]);
+        }
+        Ok(m)
+    }
+}
+
+/// The eBPF-side target of an uncalibrated eBPF-fed app after `ticks`
+/// monitoring ticks of `n` requests each.
+fn ebpf_target_after(n: u64, ticks: u64) -> (f64, TargetFrom) {
+    let sensors = Sensors::new(vec![Box::new(BothSides(n))]);
+    let mut a = app("b", Feedback::Ebpf);
+    a.slo = Some(SloSide::new(1000.0, None));
+    let mut s = Sensing::new(sensors, vec![a], 5);
+    for k in 1..=ticks {
+        s.sense(&tick(k), &TwoCpus);
+    }
+    s.slo(0).unwrap().ebpf_target_us(0.0)
+}
+
+#[test]
+fn client_samples_set_the_gap_over_as_many_intervals_as_the_percentile_needs() {
+    // Without client samples: the target as written.
+    assert_eq!(ebpf_target_after(0, 50), (1000.0, TargetFrom::Client));
+    // 1000 requests an interval: the first decision measures the gap.
+    assert_eq!(ebpf_target_after(200, 4), (1000.0, TargetFrom::Client));
+    let (t, from) = ebpf_target_after(200, 5);
+    assert_eq!(from, TargetFrom::RefreshedGap);
+    assert!((t - 500.0).abs() < 10.0, "{t}");
+    // 150 an interval: 7 intervals hold a p99's 1000 requests.
+    assert_eq!(ebpf_target_after(30, 30).1, TargetFrom::Client);
+    let (t, from) = ebpf_target_after(30, 35);
+    assert_eq!(from, TargetFrom::RefreshedGap);
+    assert!((t - 500.0).abs() < 10.0, "{t}");
+    // 100 an interval: 8 intervals (the bound) hold 800, never enough.
+    assert_eq!(ebpf_target_after(20, 100).1, TargetFrom::Client);
 }
