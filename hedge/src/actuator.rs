@@ -260,7 +260,7 @@ impl Hedges {
     }
 
     /// Run counts and times of `app`'s programs (see [`Programs::run_stats`]).
-    pub fn run_stats(&self, app: &str) -> Vec<(String, u64, u64)> {
+    pub fn run_stats(&self, app: &str) -> Vec<qosd_sensors::bpfstats::RunStat> {
         self.apps
             .get(app)
             .and_then(|a| a.wired.as_ref())

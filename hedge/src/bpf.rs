@@ -195,22 +195,13 @@ impl Programs {
 
     /// (program, runs, total ns) of each program, from the kernel's
     /// `bpf_stats` (zero unless `kernel.bpf_stats_enabled` was on).
-    pub fn run_stats(&self) -> Vec<(String, u64, u64)> {
+    pub fn run_stats(&self) -> Vec<qosd_sensors::bpfstats::RunStat> {
         let p = &self.skel.progs;
-        let ids: Vec<u32> = [&p.hedge_egress, &p.hedge_ingress, &p.hedge_delay]
-            .iter()
-            .filter_map(|prog| libbpf_rs::Program::id_from_fd(prog.as_fd()).ok())
-            .collect();
-        libbpf_rs::query::ProgInfoIter::default()
-            .filter(|i| ids.contains(&i.id))
-            .map(|i| {
-                (
-                    i.name.to_string_lossy().into_owned(),
-                    i.run_cnt,
-                    i.run_time_ns,
-                )
-            })
-            .collect()
+        qosd_sensors::bpfstats::run_stats([
+            p.hedge_egress.as_fd(),
+            p.hedge_ingress.as_fd(),
+            p.hedge_delay.as_fd(),
+        ])
     }
 
     /// The counters, summed over CPUs.

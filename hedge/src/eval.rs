@@ -228,7 +228,8 @@ fn flow_rounds(
         let off = rate(topo)?;
         hedges.enable(ctx, app, spec)?;
         let on = rate(topo);
-        for (name, n, ns) in hedges.run_stats(&app.name) {
+        for s in hedges.run_stats(&app.name) {
+            let (name, n, ns) = (s.name, s.runs, s.run_time_ns);
             match cost.iter_mut().find(|c| c.0 == name) {
                 Some(c) => {
                     c.1 += n;

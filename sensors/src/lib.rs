@@ -5,8 +5,10 @@
 //! attributes node power (RAPL, or a labelled model) to threads and apps
 //! from a `sched_switch` BPF program. [`net`] counts packets and bytes per
 //! peer and local port in millisecond bins from TC programs (`qosd net`).
-//! [`sensor`] is the plugin interface every node samples them through.
+//! [`sensor`] is the plugin interface every node samples them through;
+//! [`bpfstats`] reads any program's run count and time.
 
+pub mod bpfstats;
 pub mod ebpf;
 pub mod net;
 pub mod power;

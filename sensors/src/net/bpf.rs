@@ -211,22 +211,9 @@ impl Programs {
 
     /// (program, runs, total ns) of each program, from the kernel's
     /// `bpf_stats` (zero unless `kernel.bpf_stats_enabled` is on).
-    pub fn run_stats(&self) -> Vec<(String, u64, u64)> {
+    pub fn run_stats(&self) -> Vec<crate::bpfstats::RunStat> {
         let p = &self.skel.progs;
-        let ids: Vec<u32> = [&p.net_ingress, &p.net_egress]
-            .iter()
-            .filter_map(|prog| libbpf_rs::Program::id_from_fd(prog.as_fd()).ok())
-            .collect();
-        libbpf_rs::query::ProgInfoIter::default()
-            .filter(|i| ids.contains(&i.id))
-            .map(|i| {
-                (
-                    i.name.to_string_lossy().into_owned(),
-                    i.run_cnt,
-                    i.run_time_ns,
-                )
-            })
-            .collect()
+        crate::bpfstats::run_stats([p.net_ingress.as_fd(), p.net_egress.as_fd()])
     }
 }
 
