@@ -3,7 +3,9 @@
 //! burnt per request, measured on the thread's own clock) held at 0.5 and
 //! 1.0 CPU of quota by `qosd run`, each under the same paced load. The
 //! daemon's service demand D (its CPU time ÷ the requests eBPF counted)
-//! must be the fixture's 2 ms within 10 %, X_sat = c / D must scale with
+//! must be the fixture's 2 ms, up to 5 % below and 15 % above (the
+//! server's own CPU per request, accepting, parsing and writing, comes on
+//! top of the burnt 2 ms: 2–10 % measured), X_sat = c / D must scale with
 //! the quota, U = X·D / c must follow with X the rate the client saw, in
 //! the API per app and per pid and in `/metrics`. Run alone:
 //! `cargo test --release -p qosd-manager --test daemon_oa`.
@@ -61,6 +63,27 @@ fn config(dir: &Path, port: u16, apps: &[(&str, u32, u32)]) -> std::path::PathBu
     let p = dir.join("config.yaml");
     std::fs::write(&p, y).unwrap();
     p
+}
+
+/// D against the fixture's work: the server's own per-request CPU time
+/// comes on top of it (`DEMAND_ABOVE`), never below (`DEMAND_BELOW`).
+const DEMAND_BELOW: f64 = 0.95;
+const DEMAND_ABOVE: f64 = 1.15;
+
+fn demand_ok(what: &str, got: f64, work: f64) {
+    assert!(
+        (DEMAND_BELOW * work..=DEMAND_ABOVE * work).contains(&got),
+        "{what}: {got:.5} against the work {work:.5} (want {DEMAND_BELOW}-{DEMAND_ABOVE} x)"
+    );
+}
+
+/// X_sat = c / D against c / work: the inverse band of [`demand_ok`].
+fn x_sat_ok(what: &str, got: f64, c: f64, work: f64) {
+    let want = c / work;
+    assert!(
+        (want / DEMAND_ABOVE..=want / DEMAND_BELOW).contains(&got),
+        "{what}: {got:.1} against c / work {want:.1} (want 1/{DEMAND_ABOVE}-1/{DEMAND_BELOW} x)"
+    );
 }
 
 fn within(what: &str, got: f64, want: f64, tol: f64) {
@@ -137,13 +160,14 @@ fn demand_utilisation_and_saturation_match_the_fixtures_work_at_two_quotas() {
         };
         eprintln!("{name}: client {:.1} req/s, oa {oa}", achieved[i]);
         assert_eq!(f("cpus"), c, "{name}: c is its quota");
-        within(&format!("{name} D"), f("demand_s"), d_s, 0.10);
-        within(&format!("{name} X_sat"), f("x_sat_rps"), c / d_s, 0.10);
+        demand_ok(&format!("{name} D"), f("demand_s"), d_s);
+        x_sat_ok(&format!("{name} X_sat"), f("x_sat_rps"), c, d_s);
         // U against the fixture's work at the throughput eBPF counted over
         // the interval; that throughput against the client's own count
         // (its mean over the whole load, which a stall of the shared
         // machine can pull down: a wider bound).
-        within(&format!("{name} U"), f("util"), f("x_rps") * d_s / c, 0.10);
+        // (U = X·D / c: D's band carries over.)
+        demand_ok(&format!("{name} U"), f("util"), f("x_rps") * d_s / c);
         within(&format!("{name} X"), f("x_rps"), achieved[i], 0.15);
         within(
             &format!("{name} headroom"),
@@ -153,21 +177,15 @@ fn demand_utilisation_and_saturation_match_the_fixtures_work_at_two_quotas() {
         );
         // Per pid: the app is this one process.
         let p = &pids[i]["oa"];
-        within(
+        demand_ok(
             &format!("{name} pid D"),
             p["demand_s"].as_f64().unwrap_or(0.0),
             d_s,
-            0.10,
         );
         let m = gauge(&metrics, "qosd_app_service_demand_seconds", name);
-        within(&format!("{name} /metrics D"), m.unwrap_or(0.0), d_s, 0.10);
+        demand_ok(&format!("{name} /metrics D"), m.unwrap_or(0.0), d_s);
         let m = gauge(&metrics, "qosd_app_saturation_requests_per_second", name);
-        within(
-            &format!("{name} /metrics X_sat"),
-            m.unwrap_or(0.0),
-            c / d_s,
-            0.10,
-        );
+        x_sat_ok(&format!("{name} /metrics X_sat"), m.unwrap_or(0.0), c, d_s);
     }
     // X_sat scales with c.
     within(
