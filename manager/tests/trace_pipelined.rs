@@ -15,7 +15,22 @@ use support::*;
 /// what redis itself says it processed.
 #[test]
 fn redis_benchmark_pipelined_is_exact() {
+    if socket_hooks_missing() {
+        return;
+    }
     redis_pipelined_is_exact("sockets");
+}
+
+/// The socket-path tests ask for `--hooks sockets`, which a kernel without
+/// the socket tracepoints (Debian 12's 6.1, in make test-kernels) refuses;
+/// the fallback's own test covers it there. Said, not passed silently.
+fn socket_hooks_missing() -> bool {
+    let missing =
+        !std::path::Path::new("/sys/kernel/tracing/events/sock/sock_recv_length").exists();
+    if missing {
+        println!("SKIP: no sock:sock_recv_length tracepoint: the socket-path tests need it (the syscall fallback's test runs)");
+    }
+    missing
 }
 
 /// The syscall fallback reads the same bytes (the read's buffer is in the
@@ -67,6 +82,9 @@ fn nginx_http_pipelining_is_exact() {
 /// block looks like two gets, a multi-key get, a get and a delete.
 #[test]
 fn memcached_batches_are_exact() {
+    if socket_hooks_missing() {
+        return;
+    }
     memcached_batches_exact("sockets");
 }
 
