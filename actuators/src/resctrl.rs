@@ -13,7 +13,7 @@ use crate::root::{read_file, Root};
 use crate::ways::{parse_mask, WayAllocator};
 use crate::{proc, Actuator, AppTarget, Ctx, KnobRequest};
 
-pub const BASE: &str = "/sys/fs/resctrl";
+pub const BASE: &str = crate::root::RESCTRL_DIR;
 
 /// Why resctrl as a whole is not usable here, if it is not.
 fn resctrl_missing(root: &Root) -> Option<String> {
