@@ -86,7 +86,7 @@ impl Config {
             ));
         }
         if let Some(p) = self.actuators.cpu_quota_period_us {
-            if !qosd_actuators::quota::PERIOD_RANGE_US.contains(&p) {
+            if !qosd_actuators::config::PERIOD_RANGE_US.contains(&p) {
                 return Err(Invalid::new(
                     act.key("cpu_quota_period_us"),
                     "must be 1000 to 1000000 (1 ms to 1 s)",
