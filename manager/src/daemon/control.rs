@@ -379,11 +379,13 @@ impl DaemonNode {
                 let node = self.act.node();
                 let used = self.sensing.cpus_used(i);
                 live.oa = Oa::of_interval(live.recent.rps(), used, share, node);
-                live.pid_oa = a.per_pid.figures(cpus_held(share, node));
-                live.slo = self
-                    .sensing
-                    .slo(i)
-                    .map(|s| SloView::of(s, live.recent.rps()));
+                let held = cpus_held(share, node);
+                live.pid_oa = a.per_pid.figures(held);
+                let load = qosd_core::slo::Load {
+                    rps: live.recent.rps(),
+                    cpus: held,
+                };
+                live.slo = self.sensing.slo(i).map(|s| SloView::of(s, load));
             }
         }
         for (i, row) in sensed.interval.iter_mut().enumerate() {
