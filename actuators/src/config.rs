@@ -7,7 +7,6 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::quota::QuotaBackend;
 use crate::Root;
 
 /// Which cores backend to use. `auto` takes the first available of
@@ -41,6 +40,19 @@ pub enum WaysBackend {
     Resctrl,
     Pqos,
 }
+
+/// Which quota backend: `auto` is cgroup2, then cgroup1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum QuotaBackend {
+    #[default]
+    Auto,
+    Cgroup2,
+    Cgroup1,
+}
+
+/// The kernel's range of CFS periods: 1 ms to 1 s.
+pub const PERIOD_RANGE_US: std::ops::RangeInclusive<u64> = 1_000..=1_000_000;
 
 pub(crate) fn allowed<T: Serialize + PartialEq + Default>(pref: T, name: &str) -> bool {
     pref == T::default()
@@ -112,7 +124,7 @@ impl Config {
             )));
         }
         if let Some(p) = self.cpu_quota_period_us {
-            if !crate::quota::PERIOD_RANGE_US.contains(&p) {
+            if !PERIOD_RANGE_US.contains(&p) {
                 return Err(Error::Invalid(format!(
                     "actuators.cpu_quota_period_us: {p} is not in 1000-1000000 (1 ms to 1 s)"
                 )));

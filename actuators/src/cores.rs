@@ -161,7 +161,7 @@ impl Actuator for CoresActuator {
     }
 }
 
-/// The cores knob's row of [`crate::caps::DETECTORS`]: cgroup v2, v1,
+/// The cores knob's row of `detect.rs`'s `DETECTORS`: cgroup v2, v1,
 /// then affinity, as the config allows; none without a topology.
 pub fn detect(p: &crate::caps::Probe) -> crate::caps::Detected {
     use crate::caps::{BackendProbe, KnobCaps};

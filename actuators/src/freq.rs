@@ -330,7 +330,7 @@ fn freq_range(root: &Root, cpus: &[u32]) -> Option<qosd_core::FreqRange> {
     })
 }
 
-/// The frequency knob's row of [`crate::caps::DETECTORS`]: cpufreq sysfs,
+/// The frequency knob's row of `detect.rs`'s `DETECTORS`: cpufreq sysfs,
 /// then the `cpupower` tool, as the config allows.
 pub fn detect(p: &crate::caps::Probe) -> crate::caps::Detected {
     use crate::caps::{BackendProbe, KnobCaps};

@@ -3,7 +3,7 @@
 //!
 //! Each knob is a plugin behind the small [`Actuator`] trait, with the
 //! backends the machine offers chosen at start by its row of
-//! [`caps::DETECTORS`]: cores (cgroup v2 or v1 cpuset, or
+//! [`detect::DETECTORS`]: cores (cgroup v2 or v1 cpuset, or
 //! `sched_setaffinity`), frequency (cpufreq sysfs or `cpupower`), cache
 //! ways (resctrl or `pqos`), memory bandwidth (resctrl MB) and CPU quota
 //! (cgroup v2 `cpu.max` or v1 CFS quota), CPU priority (the idle class:
@@ -17,6 +17,7 @@ pub mod cgroup;
 pub mod config;
 pub mod cores;
 pub mod ctx;
+pub mod detect;
 pub mod error;
 pub mod freq;
 pub mod grouplock;
@@ -39,12 +40,11 @@ pub mod ways;
 use std::collections::BTreeMap;
 
 pub use caps::{BackendProbe, Caps, KnobCaps, Probe};
-pub use config::{Config, CoresBackend, FreqBackend, WaysBackend};
+pub use config::{Config, CoresBackend, FreqBackend, QuotaBackend, WaysBackend};
 pub use ctx::Ctx;
 pub use error::{Error, Result};
 pub use journal::restore_state_file;
 pub use qosd_core::{Allocation, Resource};
-pub use quota::QuotaBackend;
 pub use registry::Actuators;
 pub use root::Root;
 pub use topology::{allocate_cores, Topology};

@@ -124,7 +124,7 @@ fn has_child_file(mount: &Path, file: &str) -> bool {
         .unwrap_or(false)
 }
 
-/// The CPU priority knob's row of [`crate::caps::DETECTORS`]: a cpu
+/// The CPU priority knob's row of `detect.rs`'s `DETECTORS`: a cpu
 /// cgroup v2, then the v1 `cpu` hierarchy, then `SCHED_IDLE` per thread.
 pub fn detect(p: &Probe) -> Detected {
     let root = &p.root;

@@ -13,10 +13,10 @@ use std::path::{Path, PathBuf};
 
 use qosd_core::quota::MILLI_PER_CPU;
 use qosd_core::{Allocation, Resource};
-use serde::{Deserialize, Serialize};
 
 use crate::caps::{BackendProbe, KnobCaps};
 use crate::cgroup::{self, cgroup1_with, cgroup2_with};
+use crate::config::QuotaBackend;
 use crate::error::{Error, Result};
 use crate::root::{read_file, Root};
 use crate::{proc, Actuator, AppTarget, Ctx, KnobRequest};
@@ -28,18 +28,6 @@ const R: Resource = Resource::CpuQuota;
 const DEFAULT_PERIOD_US: u64 = 100_000;
 /// The kernel refuses quotas under 1 ms.
 const MIN_QUOTA_US: u64 = 1_000;
-/// The kernel's range of CFS periods: 1 ms to 1 s.
-pub const PERIOD_RANGE_US: std::ops::RangeInclusive<u64> = 1_000..=1_000_000;
-
-/// Which quota backend: `auto` is cgroup2, then cgroup1.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum QuotaBackend {
-    #[default]
-    Auto,
-    Cgroup2,
-    Cgroup1,
-}
 
 /// The cgroup v2 mount with the `cpu` controller (enabled for its
 /// children when qosd first makes a group there).
@@ -53,7 +41,7 @@ pub fn probe_cgroup1(root: &Root) -> std::result::Result<PathBuf, String> {
     cgroup1_with(root, "cpu", "cpu.cfs_quota_us")
 }
 
-/// The CPU quota knob's row of [`crate::caps::DETECTORS`]: cgroup v2,
+/// The CPU quota knob's row of `detect.rs`'s `DETECTORS`: cgroup v2,
 /// then v1, as the config allows; none without the online CPUs (the most
 /// quota any app may get).
 pub fn detect(p: &crate::caps::Probe) -> crate::caps::Detected {

@@ -1,15 +1,15 @@
 //! The actuator registry: [`Actuators`], the knob plugins the manager
 //! holds, built from a [`Config`] after probing the machine
-//! ([`crate::caps::detect`]). `apply` changes an app's allocation whole or
+//! ([`crate::detect::detect`]). `apply` changes an app's allocation whole or
 //! not at all; everything is restored on `restore_all`, on drop (which
 //! also runs when a panic unwinds), and from the state file after a
 //! SIGKILL; `release_app` puts back what was made for an app that exited.
 
 use qosd_core::NodeCaps;
 
-pub use crate::caps::detect;
 use crate::caps::Caps;
 use crate::config::Config;
+pub use crate::detect::detect;
 use crate::error::{Error, Result};
 use crate::journal::{Entry, Journal};
 use crate::topology::Topology;
@@ -35,7 +35,7 @@ impl Actuators {
     /// by the next `restore_all` (see [`Actuators::start`]).
     pub fn new(cfg: &Config) -> Result<Self> {
         cfg.validate()?;
-        let (caps, plugins, node) = crate::caps::detect_all(cfg);
+        let (caps, plugins, node) = crate::detect::detect_all(cfg);
         let root = Root::new(&cfg.root);
         let journal = Journal::open(root.clone(), Some(cfg.state_path()), cfg.dry_run)?;
         Ok(Actuators {

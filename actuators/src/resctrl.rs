@@ -13,7 +13,7 @@ use crate::root::{read_file, Root};
 use crate::ways::{parse_mask, WayAllocator};
 use crate::{proc, Actuator, AppTarget, Ctx, KnobRequest};
 
-pub const BASE: &str = "/sys/fs/resctrl";
+pub const BASE: &str = crate::root::RESCTRL_DIR;
 
 /// Why resctrl as a whole is not usable here, if it is not.
 fn resctrl_missing(root: &Root) -> Option<String> {
@@ -327,7 +327,7 @@ impl Actuator for ResctrlMb {
     }
 }
 
-/// The cache-ways knob's row of [`crate::caps::DETECTORS`]: resctrl L3
+/// The cache-ways knob's row of `detect.rs`'s `DETECTORS`: resctrl L3
 /// groups, then Intel's `pqos` tool, as the config allows.
 pub fn detect_ways(p: &crate::caps::Probe) -> crate::caps::Detected {
     use crate::caps::{BackendProbe, KnobCaps};
@@ -358,7 +358,7 @@ pub fn detect_ways(p: &crate::caps::Probe) -> crate::caps::Detected {
     (caps, plugin)
 }
 
-/// The memory-bandwidth knob's row of [`crate::caps::DETECTORS`]: resctrl
+/// The memory-bandwidth knob's row of `detect.rs`'s `DETECTORS`: resctrl
 /// MB lines, its only backend.
 pub fn detect_mb(p: &crate::caps::Probe) -> crate::caps::Detected {
     let (pm, m) = crate::caps::BackendProbe::of("resctrl", probe_mb(&p.root), |(g, min)| {

@@ -7,6 +7,9 @@ use std::path::Path;
 
 pub use qosd_core::sys::Root;
 
+/// Where resctrl is mounted: qosd's cache groups are made there.
+pub const RESCTRL_DIR: &str = "/sys/fs/resctrl";
+
 use crate::error::{Error, Result};
 
 /// Reads a file at an already-prefixed path.

@@ -298,6 +298,122 @@ pub fn by_share_key(key: &str) -> Option<&'static Knob> {
     KNOBS.iter().find(|k| k.share_key == key)
 }
 
+// What the vocabulary types of `resources.rs` know of each knob, read
+// from the table: here, so that the types sit below the table that
+// names them.
+
+impl Resource {
+    /// The snake_case name used in JSON, YAML and messages.
+    pub fn name(self) -> &'static str {
+        knob(self).name
+    }
+
+    /// True for resources partitioned from a node-wide pool (cores, ways):
+    /// what one app gets, another cannot have. Frequency, memory
+    /// bandwidth and CPU quota are per-app levels (how quota is bounded by
+    /// cores and by the node: [`crate::quota`]).
+    pub fn is_pooled(self) -> bool {
+        knob(self).pooled
+    }
+
+    /// The unit a [`Share`] counts this resource in.
+    pub fn unit(self) -> &'static str {
+        knob(self).unit
+    }
+}
+
+impl Allocation {
+    /// True when no resource is set.
+    pub fn is_empty(&self) -> bool {
+        self.resources().is_empty()
+    }
+
+    /// The resources this allocation sets.
+    pub fn resources(&self) -> Vec<Resource> {
+        Resource::ALL
+            .into_iter()
+            .filter(|&r| (knob(r).in_alloc)(self))
+            .collect()
+    }
+
+    /// True when this allocation sets `r`.
+    pub fn sets(&self, r: Resource) -> bool {
+        (knob(r).in_alloc)(self)
+    }
+
+    /// Copies `src`'s setting of `r` over this one's, when `src` sets it.
+    pub fn take(&mut self, src: &Allocation, r: Resource) {
+        if src.sets(r) {
+            (knob(r).copy_alloc)(self, src);
+        }
+    }
+
+    /// This allocation with every setting `over` makes laid over it.
+    pub fn merged(&self, over: &Allocation) -> Allocation {
+        let mut out = self.clone();
+        for r in Resource::ALL {
+            out.take(over, r);
+        }
+        out
+    }
+}
+
+impl Share {
+    /// The value of one resource (cores, ways, MHz or percent).
+    pub fn get(&self, r: Resource) -> u32 {
+        (knob(r).share)(self)
+    }
+
+    /// Sets the value of one resource.
+    pub fn set(&mut self, r: Resource, value: u32) {
+        (knob(r).set_share)(self, value)
+    }
+
+    /// Every resource at `value` (e.g. `u32::MAX`: no ceiling on any knob).
+    pub fn filled(value: u32) -> Share {
+        let mut s = Share::default();
+        for r in Resource::ALL {
+            s.set(r, value);
+        }
+        s
+    }
+}
+
+impl NodeCaps {
+    /// True when the node can actuate this resource.
+    pub fn has(&self, r: Resource) -> bool {
+        (knob(r).has)(self)
+    }
+
+    /// The lowest and highest value of a resource for one app, before the
+    /// app's own limits; `None` when the node lacks it.
+    pub fn range(&self, r: Resource) -> Option<(u32, u32)> {
+        if !self.has(r) {
+            return None;
+        }
+        (knob(r).range)(self)
+    }
+
+    /// The node's own granularity of a resource (1 core, 1 way, the
+    /// cpufreq step, the MBA granularity).
+    pub fn granularity(&self, r: Resource) -> u32 {
+        (knob(r).step)(self)
+    }
+
+    /// Total of a pooled resource on the node (cores, ways); `None` for
+    /// per-app levels.
+    pub fn pool(&self, r: Resource) -> Option<u32> {
+        let k = knob(r);
+        k.pooled.then(|| (k.range)(self).map_or(0, |(_, hi)| hi))
+    }
+
+    /// The node as a policy sees it when `r` is turned off (the config's
+    /// `enabled` list leaves it out).
+    pub fn disable(&mut self, r: Resource) {
+        (knob(r).disable)(self)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -30,5 +30,4 @@ pub use policy::{
     Plan, Policy, QosTarget, Share, Skipped, Snapshot, Unmet,
 };
 pub use power::{AppPower, PowerSource};
-pub use quota::QuotaRange;
-pub use resources::{Allocation, Resource};
+pub use resources::{Allocation, QuotaRange, Resource};

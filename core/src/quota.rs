@@ -19,23 +19,11 @@
 //!
 //! A share's quota of 0 means "no quota" (the app runs on all its cores).
 
-use serde::{Deserialize, Serialize};
-
 use crate::policy::{Allocations, NodeCaps, Share};
 use crate::resources::Resource;
 
 /// Milli-CPUs in one CPU.
 pub const MILLI_PER_CPU: u32 = 1000;
-
-/// The quota range of the node: one unit of a decision and the most any
-/// app may hold (the node's online CPUs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct QuotaRange {
-    /// One unit of a quota decision, milli-CPUs (default 100 = 0.1 CPU).
-    pub step_milli: u32,
-    /// The node's online CPUs in milli-CPUs.
-    pub max_milli: u32,
-}
 
 /// The CPUs an app may use under the cores knob, in milli-CPUs: its cores
 /// when cores are actuated, else every CPU of the node. `None` when the
@@ -159,6 +147,7 @@ pub fn free_shared_milli(allocs: &Allocations, node: &NodeCaps, except: &str) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::resources::QuotaRange;
 
     fn node(cores: u32, cpus: u32) -> NodeCaps {
         NodeCaps {

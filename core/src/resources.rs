@@ -2,13 +2,12 @@
 //! which knobs exist ([`Resource`]), what one app is given of each in the
 //! policy's counts and levels ([`Share`]) and as concrete settings
 //! ([`Allocation`]), and what the node offers ([`NodeCaps`]). Everything
-//! that differs from knob to knob beyond these fields is a row of
-//! [`crate::knobs::KNOBS`].
+//! that differs from knob to knob beyond these fields is a row of the
+//! knob table (`knobs.rs`), which also holds the methods that read it
+//! (`Resource::name`, `Share::get`, `NodeCaps::has`, ...): these types
+//! stay plain data below it.
 
 use serde::{Deserialize, Serialize};
-
-use crate::knobs::knob;
-use crate::quota::QuotaRange;
 
 /// A kind of node resource qosd can hand to an app.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -51,24 +50,6 @@ impl Resource {
         Resource::CpuPriority,
         Resource::Hedge,
     ];
-
-    /// The snake_case name used in JSON, YAML and messages.
-    pub fn name(self) -> &'static str {
-        knob(self).name
-    }
-
-    /// True for resources partitioned from a node-wide pool (cores, ways):
-    /// what one app gets, another cannot have. Frequency, memory
-    /// bandwidth and CPU quota are per-app levels (how quota is bounded by
-    /// cores and by the node: [`crate::quota`]).
-    pub fn is_pooled(self) -> bool {
-        knob(self).pooled
-    }
-
-    /// The unit a [`Share`] counts this resource in.
-    pub fn unit(self) -> &'static str {
-        knob(self).unit
-    }
 }
 
 impl std::fmt::Display for Resource {
@@ -106,42 +87,6 @@ pub struct Allocation {
     pub hedge: Option<u32>,
 }
 
-impl Allocation {
-    /// True when no resource is set.
-    pub fn is_empty(&self) -> bool {
-        self.resources().is_empty()
-    }
-
-    /// The resources this allocation sets.
-    pub fn resources(&self) -> Vec<Resource> {
-        Resource::ALL
-            .into_iter()
-            .filter(|&r| (knob(r).in_alloc)(self))
-            .collect()
-    }
-
-    /// True when this allocation sets `r`.
-    pub fn sets(&self, r: Resource) -> bool {
-        (knob(r).in_alloc)(self)
-    }
-
-    /// Copies `src`'s setting of `r` over this one's, when `src` sets it.
-    pub fn take(&mut self, src: &Allocation, r: Resource) {
-        if src.sets(r) {
-            (knob(r).copy_alloc)(self, src);
-        }
-    }
-
-    /// This allocation with every setting `over` makes laid over it.
-    pub fn merged(&self, over: &Allocation) -> Allocation {
-        let mut out = self.clone();
-        for r in Resource::ALL {
-            out.take(over, r);
-        }
-        out
-    }
-}
-
 /// An app's share of the node as a policy sees it: counts and levels
 /// (2 cores, 4 ways, 1800 MHz, 50 % MB). The actuators turn it into a
 /// concrete [`Allocation`] (which CPUs, which way mask). A field for
@@ -170,27 +115,6 @@ pub struct Share {
     pub hedge: u32,
 }
 
-impl Share {
-    /// The value of one resource (cores, ways, MHz or percent).
-    pub fn get(&self, r: Resource) -> u32 {
-        (knob(r).share)(self)
-    }
-
-    /// Sets the value of one resource.
-    pub fn set(&mut self, r: Resource, value: u32) {
-        (knob(r).set_share)(self, value)
-    }
-
-    /// Every resource at `value` (e.g. `u32::MAX`: no ceiling on any knob).
-    pub fn filled(value: u32) -> Share {
-        let mut s = Share::default();
-        for r in Resource::ALL {
-            s.set(r, value);
-        }
-        s
-    }
-}
-
 /// The frequency range of the node's cores (cpufreq).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FreqRange {
@@ -206,6 +130,17 @@ pub struct MbRange {
     pub min_percent: u32,
     /// Granularity of the throttle (resctrl `info/MB/bandwidth_gran`).
     pub step_percent: u32,
+}
+
+/// The quota range of the node: one unit of a decision and the most any
+/// app may hold (the node's online CPUs). How quota is bounded:
+/// [`crate::quota`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QuotaRange {
+    /// One unit of a quota decision, milli-CPUs (default 100 = 0.1 CPU).
+    pub step_milli: u32,
+    /// The node's online CPUs in milli-CPUs.
+    pub max_milli: u32,
 }
 
 /// Which resources the node has and how much of each. A policy skips the
@@ -229,41 +164,6 @@ pub struct NodeCaps {
     /// `hedge:` spec are ever hedged).
     #[serde(default)]
     pub hedge: bool,
-}
-
-impl NodeCaps {
-    /// True when the node can actuate this resource.
-    pub fn has(&self, r: Resource) -> bool {
-        (knob(r).has)(self)
-    }
-
-    /// The lowest and highest value of a resource for one app, before the
-    /// app's own limits; `None` when the node lacks it.
-    pub fn range(&self, r: Resource) -> Option<(u32, u32)> {
-        if !self.has(r) {
-            return None;
-        }
-        (knob(r).range)(self)
-    }
-
-    /// The node's own granularity of a resource (1 core, 1 way, the
-    /// cpufreq step, the MBA granularity).
-    pub fn granularity(&self, r: Resource) -> u32 {
-        (knob(r).step)(self)
-    }
-
-    /// Total of a pooled resource on the node (cores, ways); `None` for
-    /// per-app levels.
-    pub fn pool(&self, r: Resource) -> Option<u32> {
-        let k = knob(r);
-        k.pooled.then(|| (k.range)(self).map_or(0, |(_, hi)| hi))
-    }
-
-    /// The node as a policy sees it when `r` is turned off (the config's
-    /// `enabled` list leaves it out).
-    pub fn disable(&mut self, r: Resource) {
-        (knob(r).disable)(self)
-    }
 }
 
 #[cfg(test)]

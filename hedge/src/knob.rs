@@ -22,7 +22,7 @@ const BACKEND: &str = "tc-bpf";
 
 /// Links the hedge knob into the actuators' detection (call once at start).
 pub fn link() {
-    qosd_actuators::caps::link_hedge(detect);
+    qosd_actuators::detect::link_hedge(detect);
 }
 
 /// What hedging needs here: the real network (no fake root), root, and

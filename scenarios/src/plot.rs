@@ -95,44 +95,7 @@ fn run_panels(tl: &Timeline, capacity_rps: &BTreeMap<String, f64>) -> Vec<Panel>
         if rows.iter().all(|r| r.target_ms.is_none()) {
             continue;
         }
-        panels.push(Panel {
-            title: format!("{a}: p99 latency vs target (feedback: {})", tl.feedback),
-            y_desc: "ms (log)".into(),
-            log: true,
-            lines: vec![
-                Line {
-                    label: "client".into(),
-                    color: PALETTE[1],
-                    dashed: false,
-                    points: series(rows, |r| r.client_p99_ms),
-                },
-                Line {
-                    label: "eBPF".into(),
-                    color: PALETTE[0],
-                    dashed: false,
-                    points: series(rows, |r| r.ebpf_p99_ms),
-                },
-                Line {
-                    label: "client target".into(),
-                    color: RGBColor(0, 0, 0),
-                    dashed: true,
-                    points: series(rows, |r| r.target_ms),
-                },
-            ]
-            .into_iter()
-            // The eBPF-side target, where it differs from the client's.
-            .chain(
-                rows.iter()
-                    .any(|r| r.ebpf_target_ms.is_some() && r.ebpf_target_ms != r.target_ms)
-                    .then(|| Line {
-                        label: "eBPF target".into(),
-                        color: PALETTE[0],
-                        dashed: true,
-                        points: series(rows, |r| r.ebpf_target_ms),
-                    }),
-            )
-            .collect(),
-        });
+        panels.push(latency_panel(a, rows, &tl.feedback));
     }
     panels.push(per_app("cores", "cores", |r| r.cores.map(f64::from)));
     panels.push(per_app("frequency", "MHz", |r| r.freq_mhz.map(f64::from)));
@@ -154,6 +117,48 @@ fn run_panels(tl: &Timeline, capacity_rps: &BTreeMap<String, f64>) -> Vec<Panel>
     panels.push(per_app(power, "W", |r| r.power_w));
     panels.retain(|p| p.lines.iter().any(|l| !l.points.is_empty()));
     panels
+}
+
+/// One app's p99 latency, client and eBPF, against its target(s).
+fn latency_panel(a: &str, rows: &[&Row], feedback: &str) -> Panel {
+    Panel {
+        title: format!("{a}: p99 latency vs target (feedback: {})", feedback),
+        y_desc: "ms (log)".into(),
+        log: true,
+        lines: vec![
+            Line {
+                label: "client".into(),
+                color: PALETTE[1],
+                dashed: false,
+                points: series(rows, |r| r.client_p99_ms),
+            },
+            Line {
+                label: "eBPF".into(),
+                color: PALETTE[0],
+                dashed: false,
+                points: series(rows, |r| r.ebpf_p99_ms),
+            },
+            Line {
+                label: "client target".into(),
+                color: RGBColor(0, 0, 0),
+                dashed: true,
+                points: series(rows, |r| r.target_ms),
+            },
+        ]
+        .into_iter()
+        // The eBPF-side target, where it differs from the client's.
+        .chain(
+            rows.iter()
+                .any(|r| r.ebpf_target_ms.is_some() && r.ebpf_target_ms != r.target_ms)
+                .then(|| Line {
+                    label: "eBPF target".into(),
+                    color: PALETTE[0],
+                    dashed: true,
+                    points: series(rows, |r| r.ebpf_target_ms),
+                }),
+        )
+        .collect(),
+    }
 }
 
 fn draw<DB: DrawingBackend>(

@@ -10,7 +10,7 @@ use super::undo;
 use crate::error::Result;
 use crate::netns::NetnsRef;
 use crate::root::Root;
-use crate::{statefile, Change};
+use crate::Change;
 
 /// One thing qosd changed, with what puts it back.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -112,7 +112,7 @@ impl Entry {
 
     /// Puts this entry's original back. `dry_run` logs instead.
     pub fn undo(&self, root: &Root, dry_run: bool) -> Result<Vec<Change>> {
-        statefile::check_entry(root, self)?;
+        super::trust::check_entry(root, self)?;
         match self {
             Entry::File {
                 resource,

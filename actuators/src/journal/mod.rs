@@ -14,6 +14,7 @@ use crate::root::Root;
 use crate::{statefile, Change};
 
 mod entry;
+mod trust;
 mod undo;
 pub use entry::Entry;
 

@@ -41,6 +41,30 @@ impl Config {
                 ));
             }
         }
+        self.validate_intervals(&root)?;
+        if self.policy.as_os_str().is_empty() {
+            return Err(Invalid::new(root.key("policy"), "must name a policy file"));
+        }
+        self.validate_actuators(&root.key("actuators"))?;
+        self.validate_sensors(&root.key("sensors"))?;
+        if let Err(qosd_sensors::power::PowerError::Config { key, reason }) = self.power.validate()
+        {
+            let path = key.split('.').fold(KeyPath::root(), |k, seg| k.key(seg));
+            return Err(Invalid::new(path, reason));
+        }
+        self.api.validate(&root.key("api"))?;
+        if let Some(k) = &self.kubernetes {
+            k.validate(&root.key("kubernetes"))?;
+        }
+        if let Some(p) = &self.state_file {
+            file_path_ok(p).map_err(|m| Invalid::new(root.key("state_file"), m))?;
+        }
+        Ok(())
+    }
+
+    /// The monitoring tick and the decision interval, a whole number of
+    /// ticks.
+    fn validate_intervals(&self, root: &KeyPath) -> Result<(), Invalid> {
         if !(10..=MAX_MONITOR_MS).contains(&self.monitor_interval_ms) {
             return Err(Invalid::new(
                 root.key("monitor_interval_ms"),
@@ -67,10 +91,12 @@ impl Config {
                 ),
             ));
         }
-        if self.policy.as_os_str().is_empty() {
-            return Err(Invalid::new(root.key("policy"), "must name a policy file"));
-        }
-        let act = root.key("actuators");
+        Ok(())
+    }
+
+    /// `actuators:`: the knobs listed once, the quota's unit and period,
+    /// the root prefix.
+    fn validate_actuators(&self, act: &KeyPath) -> Result<(), Invalid> {
         for (j, r) in self.actuators.enabled.iter().enumerate() {
             if self.actuators.enabled[..j].contains(r) {
                 return Err(Invalid::new(
@@ -86,7 +112,7 @@ impl Config {
             ));
         }
         if let Some(p) = self.actuators.cpu_quota_period_us {
-            if !qosd_actuators::quota::PERIOD_RANGE_US.contains(&p) {
+            if !qosd_actuators::config::PERIOD_RANGE_US.contains(&p) {
                 return Err(Invalid::new(
                     act.key("cpu_quota_period_us"),
                     "must be 1000 to 1000000 (1 ms to 1 s)",
@@ -96,34 +122,27 @@ impl Config {
         if !self.actuators.root.is_absolute() {
             return Err(Invalid::new(act.key("root"), "must be an absolute path"));
         }
+        Ok(())
+    }
+
+    /// `sensors:`: the ring buffer, the latency window, the net sensor.
+    fn validate_sensors(&self, at: &KeyPath) -> Result<(), Invalid> {
         let s = &self.sensors;
         let max_kib = qosd_sensors::ebpf::MAX_RINGBUF_BYTES / 1024;
         if !(4..=max_kib).contains(&s.ring_buffer_kib) || !s.ring_buffer_kib.is_power_of_two() {
             return Err(Invalid::new(
-                root.key("sensors").key("ring_buffer_kib"),
+                at.key("ring_buffer_kib"),
                 format!("must be a power of two from 4 to {max_kib} (KiB)"),
             ));
         }
         if s.window_requests == 0 {
             return Err(Invalid::new(
-                root.key("sensors").key("window_requests"),
+                at.key("window_requests"),
                 "must be at least 1",
             ));
         }
         if let Some(n) = &s.net {
-            n.validate(&root.key("sensors").key("net"))?;
-        }
-        if let Err(qosd_sensors::power::PowerError::Config { key, reason }) = self.power.validate()
-        {
-            let path = key.split('.').fold(KeyPath::root(), |k, seg| k.key(seg));
-            return Err(Invalid::new(path, reason));
-        }
-        self.api.validate(&root.key("api"))?;
-        if let Some(k) = &self.kubernetes {
-            k.validate(&root.key("kubernetes"))?;
-        }
-        if let Some(p) = &self.state_file {
-            file_path_ok(p).map_err(|m| Invalid::new(root.key("state_file"), m))?;
+            n.validate(&at.key("net"))?;
         }
         Ok(())
     }
@@ -182,6 +201,23 @@ pub(super) fn file_path_ok(p: &Path) -> Result<(), String> {
 
 impl AppConfig {
     fn validate(&self, at: &KeyPath) -> Result<(), Invalid> {
+        self.validate_name(at)?;
+        self.validate_match(at)?;
+        self.validate_target(at)?;
+        if self.ports.contains(&0) {
+            return Err(Invalid::new(
+                at.key("ports"),
+                "port 0 is not a listening port",
+            ));
+        }
+        if let Some(h) = &self.hedge {
+            h.validate(&at.key("hedge"))?;
+        }
+        self.validate_resources(&at.key("resources"))
+    }
+
+    /// The name names API paths, metric labels and the app's cgroup.
+    fn validate_name(&self, at: &KeyPath) -> Result<(), Invalid> {
         let name_ok = !self.name.is_empty()
             && self
                 .name
@@ -199,6 +235,12 @@ impl AppConfig {
                 format!("at most {MAX_APP_NAME} characters (it names the app's cgroup)"),
             ));
         }
+        Ok(())
+    }
+
+    /// Exactly one way to find the app's processes (none for a job qosd
+    /// starts), and none that would take the whole node by mistake.
+    fn validate_match(&self, at: &KeyPath) -> Result<(), Invalid> {
         let m = &self.matcher;
         let mat = at.key("match");
         let set = [
@@ -279,6 +321,12 @@ impl AppConfig {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// A latency-critical app has a target that parses; a best-effort app
+    /// has none.
+    fn validate_target(&self, at: &KeyPath) -> Result<(), Invalid> {
         if let Some(t) = &self.target {
             t.parse().map_err(|(k, msg)| {
                 let key = at.key("target");
@@ -300,16 +348,7 @@ impl AppConfig {
             }
             _ => {}
         }
-        if self.ports.contains(&0) {
-            return Err(Invalid::new(
-                at.key("ports"),
-                "port 0 is not a listening port",
-            ));
-        }
-        if let Some(h) = &self.hedge {
-            h.validate(&at.key("hedge"))?;
-        }
-        self.validate_resources(&at.key("resources"))
+        Ok(())
     }
 
     /// A batch job: best-effort, takes no requests, its own fields valid

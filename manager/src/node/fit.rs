@@ -344,18 +344,7 @@ pub fn run(
         }
         Ok(())
     })();
-    match act.restore_all() {
-        Ok(ch) if !ch.is_empty() => eprintln!("restored {} setting(s)", ch.len()),
-        Ok(_) => {}
-        Err(e) => eprintln!(
-            "restoring the knobs: {e} (run `qosd restore --state-file {}`)",
-            state.display()
-        ),
-    }
-    drop(act);
-    if !state.exists() {
-        let _ = std::fs::remove_file(state.with_extension("lock"));
-    }
+    super::setup::finish_actuation(act, &state);
     result?;
     print_checks(&model);
     // Only what was fitted: unset (null) values are the defaults anyway.

@@ -120,6 +120,26 @@ pub fn start_actuation(
     Ok(act)
 }
 
+/// Puts every knob of a run back and releases its state file: the lock
+/// goes too once nothing is left in the journal (the lock file is all
+/// that is left of it then; it is not an output). A failed restore names
+/// the command that finishes it.
+pub fn finish_actuation(mut act: Actuation, state: &Path) {
+    match act.restore_all() {
+        Ok(ch) if !ch.is_empty() => eprintln!("restored {} setting(s)", ch.len()),
+        Ok(_) => {}
+        Err(e) => eprintln!(
+            "restoring the knobs: {e} (run `qosd restore --state-file {}`)",
+            state.display()
+        ),
+    }
+    // Dropping `act` releases the state file's lock.
+    drop(act);
+    if !state.exists() {
+        let _ = std::fs::remove_file(state.with_extension("lock"));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

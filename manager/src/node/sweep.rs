@@ -4,7 +4,8 @@
 //! client's, so the knee gets both figures and the client/server gap.
 
 use qosd_core::slo::GapPoint;
-use qosd_scenarios::calibrate::{self, Calibration};
+use qosd_scenarios::calibrate::{AppCalibration, Calibration};
+use qosd_scenarios::scenario::AppSpec;
 use qosd_scenarios::sweep::{self, SweepOptions};
 use qosd_scenarios::{load::LoadError, servers};
 use qosd_sensors::ebpf::{RequestTracer, TracerOptions};
@@ -25,28 +26,7 @@ pub fn calibrate(
     o: &SweepOptions,
 ) -> anyhow::Result<Calibration> {
     let fixture = fixture_cmd()?;
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-    let allowed = servers::allowed_cpus()?;
-    if allowed.is_empty() {
-        anyhow::bail!("sched_getaffinity: no CPU allowed");
-    }
-    // A replay starts every app with its even share and never takes an app below
-    // one core, so the most one app can hold is what the others leave it: its
-    // capacity is measured there (the last CPUs; the load generator keeps
-    // the first). On a 2-CPU machine with two apps that is one CPU.
-    let nr_cpus = allowed
-        .len()
-        .saturating_sub(sc.apps.len().saturating_sub(1))
-        .max(1);
-    let cpus = &allowed[allowed.len() - nr_cpus..];
-    let mut cal = Calibration {
-        source: format!(
-            "real ({}, {} CPUs; each app on the {nr_cpus} it can hold beside the others)",
-            host.trim(),
-            allowed.len()
-        ),
-        ..Default::default()
-    };
+    let (cpus, mut cal) = placement(sc)?;
     // The eBPF request sensor measures the server-side latency of each
     // step beside the client's: the knee's eBPF figure is the target an
     // eBPF-fed policy is held to (one knee load, two yardsticks).
@@ -63,110 +43,162 @@ pub fn calibrate(
         .iter()
         .filter(|a| a.job.is_none() && only.is_none_or(|n| n == a.name))
     {
-        let srv = servers::start_on(app, &fixture, Some(cpus))?;
-        eprintln!(
-            "calibrating {} ({}, pid {}, CPUs {cpus:?})",
-            app.name, srv.addr, srv.pid
-        );
-        // Every pid of the tree is its own target, merged below.
-        let tree = trace_server(tracer.as_ref(), srv.pid, srv.port);
-        let pct = app.target.as_ref().map_or(99.0, |t| t.percentile);
-        let mut ebpf: Vec<(f64, Option<f64>)> = Vec::new();
-        let c = sweep::sweep(app, &srv.addr, o, &mut |p| {
-            // The server-side latencies of this step (the tracer's since
-            // the previous step), all of the server's pids merged.
-            let e = tracer.as_ref().and_then(|t| {
-                let (h, _) = from_tracer(t, &tree, crate::config::figure_of(app.latency));
-                h.percentile(pct).map(|v| v as f64 / 1e3)
-            });
-            ebpf.push((p.offered_rps, e));
-            eprintln!(
-                "  offered {:>9.0} rps  achieved {:>9.0} rps  p99 {:>9.3} ms  eBPF p99 {}",
-                p.offered_rps,
-                p.achieved_rps,
-                p.latency_us / 1000.0,
-                e.map_or("-".into(), |v| format!("{:.3} ms", v / 1000.0))
-            )
-        })
-        .map_err(|e| match e {
-            LoadError::Io(_) => anyhow::Error::new(e),
-            e => usage!("{e}"),
-        })?;
-        eprintln!(
-            "  -> capacity {:.0} rps, knee {:.0} rps at p99 {:.3} ms",
-            c.capacity_rps,
-            c.knee_rps,
-            c.knee_latency_us / 1000.0
-        );
-        if let Some(k) = &c.knee_spread {
-            eprintln!(
-                "  -> knee p99 over {} steps: {:.3}-{:.3} ms (median {:.3}, ±{:.0} %); \
-                 {} requests there, base from {}",
-                k.repeats_us.len(),
-                k.min_us / 1000.0,
-                k.max_us / 1000.0,
-                k.median_us / 1000.0,
-                k.spread_pct,
-                k.samples,
-                k.base_samples
-            );
-            if k.spread_pct > KNEE_SPREAD_WARN_PCT {
-                eprintln!(
-                    "  warning: the knee latency moved ±{:.0} % between steps at one load (a busy \
-                     machine?): targets from this calibration will not repeat; a scenario can pin \
-                     one with `target: {{ ms: N }}`",
-                    k.spread_pct
-                );
-            }
-        }
-        if let Some(t) = &tracer {
-            for &pid in &tree {
-                let _ = t.remove_target(pid as u32);
-            }
-        }
-        // The step measured nearest the knee load.
-        let ebpf_knee = ebpf
-            .iter()
-            .filter(|(_, e)| e.is_some())
-            .min_by(|a, b| {
-                (a.0 - c.knee_rps)
-                    .abs()
-                    .total_cmp(&(b.0 - c.knee_rps).abs())
-            })
-            .and_then(|(_, e)| *e);
-        if let Some(e) = ebpf_knee {
-            eprintln!("  -> eBPF p99 at the knee {:.3} ms", e / 1000.0);
-        }
-        // The client/server gap at each step the server kept up with
-        // (the same requests seen from both sides).
-        let gap: Vec<GapPoint> = c
-            .points
-            .iter()
-            .filter(|p| p.achieved_rps >= 0.9 * p.offered_rps)
-            .filter_map(|p| {
-                let (_, e) = ebpf.iter().find(|(o, _)| *o == p.offered_rps)?;
-                Some(GapPoint {
-                    rps: p.achieved_rps,
-                    gap_us: p.latency_us - (*e)?,
-                })
-            })
-            .collect();
-        if let Some(m) = qosd_core::slo::GapModel::fit(gap.clone()) {
-            eprintln!(
-                "  -> client/server gap {:.3} ms at the lightest load, {:.3} ms at the knee",
-                m.gap_us(0.0) / 1000.0,
-                m.gap_us(c.knee_rps) / 1000.0
-            );
-        }
-        cal.apps.insert(
-            app.name.clone(),
-            calibrate::AppCalibration {
-                nr_cpus: Some(nr_cpus),
-                ebpf_knee_latency_us: ebpf_knee,
-                gap,
-                ..c
-            },
-        );
+        let c = calibrate_app(app, &fixture, &cpus, o, tracer.as_ref())?;
+        cal.apps.insert(app.name.clone(), c);
     }
     Ok(cal)
+}
+
+/// The CPUs every app is calibrated on, and the calibration that will
+/// hold the apps (its source line says where it was measured).
+fn placement(sc: &qosd_scenarios::scenario::Scenario) -> anyhow::Result<(Vec<usize>, Calibration)> {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let allowed = servers::allowed_cpus()?;
+    if allowed.is_empty() {
+        anyhow::bail!("sched_getaffinity: no CPU allowed");
+    }
+    // A replay starts every app with its even share and never takes an app below
+    // one core, so the most one app can hold is what the others leave it: its
+    // capacity is measured there (the last CPUs; the load generator keeps
+    // the first). On a 2-CPU machine with two apps that is one CPU.
+    let nr_cpus = allowed
+        .len()
+        .saturating_sub(sc.apps.len().saturating_sub(1))
+        .max(1);
+    let cpus = &allowed[allowed.len() - nr_cpus..];
+    let cal = Calibration {
+        source: format!(
+            "real ({}, {} CPUs; each app on the {nr_cpus} it can hold beside the others)",
+            host.trim(),
+            allowed.len()
+        ),
+        ..Default::default()
+    };
+    Ok((cpus.to_vec(), cal))
+}
+
+/// One app: its server started on `cpus` and swept, the client's and the
+/// server side's figures of every step.
+fn calibrate_app(
+    app: &AppSpec,
+    fixture: &[String],
+    cpus: &[usize],
+    o: &SweepOptions,
+    tracer: Option<&RequestTracer>,
+) -> anyhow::Result<AppCalibration> {
+    let srv = servers::start_on(app, fixture, Some(cpus))?;
+    eprintln!(
+        "calibrating {} ({}, pid {}, CPUs {cpus:?})",
+        app.name, srv.addr, srv.pid
+    );
+    // Every pid of the tree is its own target, merged below.
+    let tree = trace_server(tracer, srv.pid, srv.port);
+    let pct = app.target.as_ref().map_or(99.0, |t| t.percentile);
+    let mut ebpf: Vec<(f64, Option<f64>)> = Vec::new();
+    let c = sweep::sweep(app, &srv.addr, o, &mut |p| {
+        // The server-side latencies of this step (the tracer's since
+        // the previous step), all of the server's pids merged.
+        let e = tracer.and_then(|t| {
+            let (h, _) = from_tracer(t, &tree, crate::config::figure_of(app.latency));
+            h.percentile(pct).map(|v| v as f64 / 1e3)
+        });
+        ebpf.push((p.offered_rps, e));
+        eprintln!(
+            "  offered {:>9.0} rps  achieved {:>9.0} rps  p99 {:>9.3} ms  eBPF p99 {}",
+            p.offered_rps,
+            p.achieved_rps,
+            p.latency_us / 1000.0,
+            e.map_or("-".into(), |v| format!("{:.3} ms", v / 1000.0))
+        )
+    })
+    .map_err(|e| match e {
+        LoadError::Io(_) => anyhow::Error::new(e),
+        e => usage!("{e}"),
+    })?;
+    print_knee(&c);
+    if let Some(t) = tracer {
+        for &pid in &tree {
+            let _ = t.remove_target(pid as u32);
+        }
+    }
+    let (ebpf_knee, gap) = server_side(&ebpf, &c);
+    Ok(AppCalibration {
+        nr_cpus: Some(cpus.len()),
+        ebpf_knee_latency_us: ebpf_knee,
+        gap,
+        ..c
+    })
+}
+
+/// The sweep's capacity and knee, and how far the knee's repeated steps
+/// were apart.
+fn print_knee(c: &AppCalibration) {
+    eprintln!(
+        "  -> capacity {:.0} rps, knee {:.0} rps at p99 {:.3} ms",
+        c.capacity_rps,
+        c.knee_rps,
+        c.knee_latency_us / 1000.0
+    );
+    if let Some(k) = &c.knee_spread {
+        eprintln!(
+            "  -> knee p99 over {} steps: {:.3}-{:.3} ms (median {:.3}, ±{:.0} %); \
+             {} requests there, base from {}",
+            k.repeats_us.len(),
+            k.min_us / 1000.0,
+            k.max_us / 1000.0,
+            k.median_us / 1000.0,
+            k.spread_pct,
+            k.samples,
+            k.base_samples
+        );
+        if k.spread_pct > KNEE_SPREAD_WARN_PCT {
+            eprintln!(
+                "  warning: the knee latency moved ±{:.0} % between steps at one load (a busy \
+                 machine?): targets from this calibration will not repeat; a scenario can pin \
+                 one with `target: {{ ms: N }}`",
+                k.spread_pct
+            );
+        }
+    }
+}
+
+/// The server side's p99 at the knee (the step measured nearest the knee
+/// load) and the client/server gap of the steps, from each step's eBPF
+/// p99 (`ebpf`: offered rps, µs).
+fn server_side(ebpf: &[(f64, Option<f64>)], c: &AppCalibration) -> (Option<f64>, Vec<GapPoint>) {
+    // The step measured nearest the knee load.
+    let ebpf_knee = ebpf
+        .iter()
+        .filter(|(_, e)| e.is_some())
+        .min_by(|a, b| {
+            (a.0 - c.knee_rps)
+                .abs()
+                .total_cmp(&(b.0 - c.knee_rps).abs())
+        })
+        .and_then(|(_, e)| *e);
+    if let Some(e) = ebpf_knee {
+        eprintln!("  -> eBPF p99 at the knee {:.3} ms", e / 1000.0);
+    }
+    // The client/server gap at each step the server kept up with
+    // (the same requests seen from both sides).
+    let gap: Vec<GapPoint> = c
+        .points
+        .iter()
+        .filter(|p| p.achieved_rps >= 0.9 * p.offered_rps)
+        .filter_map(|p| {
+            let (_, e) = ebpf.iter().find(|(o, _)| *o == p.offered_rps)?;
+            Some(GapPoint {
+                rps: p.achieved_rps,
+                gap_us: p.latency_us - (*e)?,
+            })
+        })
+        .collect();
+    if let Some(m) = qosd_core::slo::GapModel::fit(gap.clone()) {
+        eprintln!(
+            "  -> client/server gap {:.3} ms at the lightest load, {:.3} ms at the knee",
+            m.gap_us(0.0) / 1000.0,
+            m.gap_us(c.knee_rps) / 1000.0
+        );
+    }
+    (ebpf_knee, gap)
 }

@@ -122,6 +122,32 @@ pub fn fit_server(
         .iter()
         .filter(|p| !p.saturated() && p.achieved_rps > 0.0 && p.wall_s > 0.0)
         .collect();
+    if ok.is_empty() {
+        return None;
+    }
+    let mut m = SimModel {
+        service_us: service_time_us(points, &ok)?,
+        parallelism: parallelism(points, base),
+        noise: 0.0,
+        ..base.clone()
+    };
+    (m.service_cv, m.network_ms) = fit_cv_and_network(&mut m, &ok, pct, node);
+    let checks = capacity_checks(points, &m, node);
+    Some((
+        SimModelSpec {
+            service_us: Some(round3(m.service_us)),
+            service_cv: Some(round3(m.service_cv)),
+            parallelism: Some(m.parallelism),
+            network_ms: Some(round3(m.network_ms)),
+            ..Default::default()
+        },
+        checks,
+    ))
+}
+
+/// The service time of one request, µs, from the steps (`ok`: those that
+/// did not saturate the server).
+fn service_time_us(points: &[ServerPoint], ok: &[&ServerPoint]) -> Option<f64> {
     // Capacity is what the sim's loads are fractions of, so the service
     // time comes from it where a step saturated the server: the CPUs of
     // the allocation over the best rate reached there (this also charges
@@ -154,10 +180,11 @@ pub fn fit_server(
             .map(|p| p.cpu_s / (p.achieved_rps * p.wall_s) * 1e6)
             .collect(),
     );
-    if ok.is_empty() {
-        return None;
-    }
-    let service_us = median(saturated_at).or(cpu_per_req)?;
+    median(saturated_at).or(cpu_per_req)
+}
+
+/// How many of the server's threads work at once.
+fn parallelism(points: &[ServerPoint], base: &SimModel) -> u32 {
     let busy = |sat: bool| {
         points
             .iter()
@@ -172,19 +199,24 @@ pub fn fit_server(
         0 => busy(false),
         n => n,
     };
-    let parallelism = if threads == 0 {
+    if threads == 0 {
         base.parallelism
     } else {
         threads
-    };
-    let mut m = SimModel {
-        service_us,
-        parallelism,
-        noise: 0.0,
-        ..base.clone()
-    };
-    // Least squares on log latency over a grid of (cv, network).
-    let mut best = (f64::INFINITY, base.service_cv, base.network_ms);
+    }
+}
+
+/// The service time's coefficient of variation and the network delay
+/// (ms) that fit the steps' client (and eBPF) latencies best: least
+/// squares on log latency over a grid. `m` is left at the last point of
+/// the grid tried.
+fn fit_cv_and_network(
+    m: &mut SimModel,
+    ok: &[&ServerPoint],
+    pct: f64,
+    node: &SimNode,
+) -> (f64, f64) {
+    let mut best = (f64::INFINITY, m.service_cv, m.network_ms);
     for i in 1..=20 {
         let cv = i as f64 * 0.05;
         for j in 0..=48 {
@@ -192,8 +224,8 @@ pub fn fit_server(
             m.service_cv = cv;
             m.network_ms = net_ms;
             let mut err = 0.0;
-            for p in &ok {
-                let (client, server) = predict(&m, p, pct, node);
+            for p in ok {
+                let (client, server) = predict(m, p, pct, node);
                 err += (client / p.client_us).ln().powi(2);
                 if let Some(e) = p.ebpf_us {
                     err += (server / e).ln().powi(2);
@@ -204,8 +236,12 @@ pub fn fit_server(
             }
         }
     }
-    (m.service_cv, m.network_ms) = (best.1, best.2);
-    let checks = allocations(points.iter().map(|p| (p.nr_cores, p.quota_milli)))
+    (best.1, best.2)
+}
+
+/// The model's capacity against the best rate measured, per allocation.
+fn capacity_checks(points: &[ServerPoint], m: &SimModel, node: &SimNode) -> Vec<FitCheck> {
+    allocations(points.iter().map(|p| (p.nr_cores, p.quota_milli)))
         .into_iter()
         .map(|(c, q)| {
             let at = points
@@ -226,17 +262,7 @@ pub fn fit_server(
                 unit: "rps".into(),
             }
         })
-        .collect();
-    Some((
-        SimModelSpec {
-            service_us: Some(round3(m.service_us)),
-            service_cv: Some(round3(m.service_cv)),
-            parallelism: Some(m.parallelism),
-            network_ms: Some(round3(m.network_ms)),
-            ..Default::default()
-        },
-        checks,
-    ))
+        .collect()
 }
 
 /// Fits a batch job's operations per CPU-second; `threads` is its spec's.

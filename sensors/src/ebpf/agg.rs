@@ -72,7 +72,7 @@ impl std::fmt::Display for Aggregate {
 pub const READ_EVERY: Duration = Duration::from_millis(100);
 
 // bpf/agg.h, pinned on this side (the C side has _Static_asserts).
-const KINDS: [u8; 2] = [super::bpf::REC_TURN, super::bpf::REC_CONN];
+const KINDS: [u8; 2] = [super::abi::REC_TURN, super::abi::REC_CONN];
 const FIG_LATENCY: u8 = 0;
 const FIG_SERVICE: u8 = 1;
 
@@ -240,7 +240,7 @@ impl AggReader {
                 Err(e) => tracing::warn!("reading the request histograms: {e}"),
             }
         }
-        let mut targets = shared.targets.lock().unwrap_or_else(|e| e.into_inner());
+        let mut targets = shared.lock_targets();
         for (k, d) in deltas {
             let tgid = u32::from_ne_bytes([k[0], k[1], k[2], k[3]]);
             let Some(t) = targets.get_mut(&tgid) else {
@@ -258,7 +258,7 @@ fn diff(seen: &mut Seen, per_cpu: &[Vec<u8>]) -> Delta {
     let mut first_turns = 0u64;
     let mut latest: Option<(u64, u64)> = None;
     for (v, old) in per_cpu.iter().zip(seen.buckets.iter_mut()) {
-        let head: AggHead = super::bpf::read_pod(v).unwrap_or_default();
+        let head: AggHead = super::abi::read_pod(v).unwrap_or_default();
         first_turns += head.first_turns;
         if head.latest_end > seen.latest_end && latest.is_none_or(|(e, _)| head.latest_end > e) {
             latest = Some((head.latest_end, head.latest_ns));

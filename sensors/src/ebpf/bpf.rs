@@ -2,13 +2,14 @@
 //! drains the ring buffer and feeds the per-target statistics.
 
 use std::cell::RefCell;
-use std::mem::{offset_of, size_of, MaybeUninit};
+use std::mem::MaybeUninit;
 use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use libbpf_rs::{MapCore, MapFlags, RingBufferBuilder};
+use libbpf_rs::{MapCore, MapFlags, RingBuffer, RingBufferBuilder};
 
+use super::abi::*;
 use super::agg::AggReader;
 use super::hooks::{self, sock_skel, sys_skel, Hooks, Maps};
 use super::sockfds::SocketFds;
@@ -21,74 +22,6 @@ use sys_skel::types::{conn_key, conn_state, port_key, req_record, target_cfg};
 
 mod open;
 use open::{flush_open, remove_target};
-
-// Constants of bpf/requests.h.
-pub(crate) const REC_TURN: u8 = 1;
-pub(crate) const REC_CONN: u8 = 2;
-const REC_GRPC: u8 = 3;
-const REC_H2: u8 = 4;
-const EMIT_TURN: u8 = 1;
-const EMIT_CONN: u8 = 2;
-const EMIT_H2: u8 = 4;
-const CNT_LOST: u32 = 0;
-const CNT_GAVE_UP: u32 = 2;
-const TGID_WORDS: u32 = 65536;
-const ST_IDLE: u8 = 0;
-const ST_RESPONDING: u8 = 2;
-/// conn_id of connections seeded from /proc (see requests.bpf.c).
-const SEEDED_ID_BIT: u64 = 1 << 63;
-
-// The layout of bpf/requests.h, pinned on this side too (the C side has
-// _Static_asserts with the same figures).
-const _: () = {
-    assert!(size_of::<req_record>() == 48);
-    assert!(offset_of!(req_record, start_ns) == 0);
-    assert!(offset_of!(req_record, end_ns) == 8);
-    assert!(offset_of!(req_record, conn_id) == 16);
-    assert!(offset_of!(req_record, tgid) == 24);
-    assert!(offset_of!(req_record, fd) == 28);
-    assert!(offset_of!(req_record, turns) == 32);
-    assert!(offset_of!(req_record, kind) == 36);
-    assert!(offset_of!(req_record, nreq) == 38);
-    assert!(offset_of!(req_record, arrive_ns) == 40);
-    assert!(size_of::<sock_state>() == 88);
-    assert!(offset_of!(sock_state, nreq) == 68);
-    assert!(offset_of!(sock_state, tgid) == 56);
-    assert!(offset_of!(sock_state, state) == 66);
-    assert!(size_of::<sock_skel::types::req_record>() == 48);
-    assert!(size_of::<conn_key>() == 8);
-    assert!(size_of::<conn_state>() == 64);
-    assert!(offset_of!(conn_state, nreq) == 40);
-    assert!(offset_of!(conn_state, state) == 38);
-    assert!(size_of::<target_cfg>() == 8);
-    assert!(offset_of!(target_cfg, root) == 4);
-    assert!(size_of::<port_key>() == 8);
-};
-
-/// Views a plain-old-data BPF type as bytes for map updates.
-fn bytes_of<T: Copy>(v: &T) -> &[u8] {
-    // SAFETY: T is one of the #[repr(C)] integer-only skeleton types; every
-    // byte is initialised (explicit padding fields) and the slice borrows v.
-    unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), size_of::<T>()) }
-}
-
-/// Reads a plain-old-data BPF type from bytes (unaligned).
-pub(crate) fn read_pod<T: Copy + Default>(data: &[u8]) -> Option<T> {
-    if data.len() < size_of::<T>() {
-        return None;
-    }
-    let mut v = T::default();
-    // SAFETY: T is #[repr(C)] made of integers (any bit pattern is valid),
-    // and data holds at least size_of::<T>() bytes.
-    unsafe {
-        std::ptr::copy_nonoverlapping(
-            data.as_ptr(),
-            (&mut v as *mut T).cast::<u8>(),
-            size_of::<T>(),
-        )
-    };
-    Some(v)
-}
 
 fn bpf_err(what: &str) -> impl Fn(libbpf_rs::Error) -> TraceError + '_ {
     move |e| TraceError::Bpf(format!("{what}: {e}"))
@@ -150,11 +83,7 @@ fn add_target(
     let mut stats = TargetStats::new(mode, window, super::monotonic_ns());
     stats.probes = probes;
     stats.warning = warning;
-    shared
-        .targets
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(pid, stats);
+    shared.lock_targets().insert(pid, stats);
     let sockets = maps.lports.is_some();
     let mut members = vec![pid];
     if opts.follow_children {
@@ -249,9 +178,7 @@ fn refresh_ports(maps: &Maps<'_>, shared: &Shared, shadow: &mut Vec<u64>) {
         return;
     }
     let roots: Vec<(u32, Vec<u16>)> = shared
-        .targets
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
+        .lock_targets()
         .iter()
         .map(|(pid, t)| (*pid, t.ports.clone()))
         .collect();
@@ -274,7 +201,7 @@ fn ingest(shared: &Shared, records: &mut Vec<req_record>) {
     if records.is_empty() {
         return;
     }
-    let mut targets = shared.targets.lock().unwrap_or_else(|e| e.into_inner());
+    let mut targets = shared.lock_targets();
     for r in records.drain(..) {
         let Some(t) = targets.get_mut(&r.tgid) else {
             continue;
@@ -313,7 +240,7 @@ fn counter(maps: &Maps<'_>, idx: u32) -> u64 {
 
 /// Pids that have exited since the last check, marked as such.
 fn newly_exited(shared: &Shared) -> Vec<u32> {
-    let mut targets = shared.targets.lock().unwrap_or_else(|e| e.into_inner());
+    let mut targets = shared.lock_targets();
     targets
         .iter_mut()
         .filter(|(pid, t)| !t.exited && !std::path::Path::new(&format!("/proc/{pid}")).exists())
@@ -322,6 +249,70 @@ fn newly_exited(shared: &Shared) -> Vec<u32> {
             *pid
         })
         .collect()
+}
+
+/// The ring buffer's records, as the callback leaves them for the loop.
+type Records = RefCell<Vec<req_record>>;
+
+/// The ring buffer over the events map, its records collected in `pending`.
+fn open_ring<'a>(maps: &Maps<'a>, pending: &'a Records) -> Result<RingBuffer<'a>, TraceError> {
+    let mut builder = RingBufferBuilder::new();
+    let added = builder
+        .add(maps.events, |data: &[u8]| {
+            if let Some(r) = read_pod::<req_record>(data) {
+                pending.borrow_mut().push(r);
+            }
+            0
+        })
+        .map(|_| ());
+    added
+        .and_then(|()| builder.build())
+        .map_err(|e| TraceError::Bpf(format!("opening the ring buffer: {e}")))
+}
+
+/// Starts tracing `pid` for the caller: the kernel's target and its
+/// request histograms; then the ports it listens on, before the reply, so
+/// that what the caller sends next is seen.
+fn on_add(
+    maps: &Maps<'_>,
+    grpc: &mut Result<GrpcProbes<'_>, String>,
+    shared: &Shared,
+    agg: &RefCell<AggReader>,
+    (window, pid, t): (usize, u32, &TargetOptions),
+    port_shadow: &mut Vec<u64>,
+) -> Result<(), TraceError> {
+    add_target(maps, grpc, shared, window, pid, t)?;
+    agg.borrow_mut()
+        .add(maps, pid)
+        .map_err(bpf_err("making the request histograms"))?;
+    if let Some(st) = shared.lock_targets().get_mut(&pid) {
+        st.ports = t.ports.clone();
+    }
+    refresh_ports(maps, shared, port_shadow);
+    Ok(())
+}
+
+/// Every 200 ms: the lost-record and by-turns counters, and the traced
+/// processes that exited (their last replies were complete; then the pid
+/// is no longer matched in the kernel, as it may be reused).
+fn check_counters_and_exits(
+    maps: &Maps<'_>,
+    grpc: &mut Result<GrpcProbes<'_>, String>,
+    shared: &Shared,
+    agg: &RefCell<AggReader>,
+    flush: &mut dyn FnMut(u32),
+) {
+    shared
+        .dropped
+        .store(counter(maps, CNT_LOST), Ordering::Relaxed);
+    let gave_up = counter(maps, CNT_GAVE_UP);
+    shared.by_turns.store(gave_up, Ordering::Relaxed);
+    for pid in newly_exited(shared) {
+        tracing::info!(pid, "traced process exited");
+        flush(pid);
+        remove_target(maps, grpc, pid);
+        agg.borrow_mut().remove(maps, shared, pid);
+    }
 }
 
 /// The thread body: load, report readiness, then poll until told to stop.
@@ -353,20 +344,11 @@ pub(super) fn run(
         // Request tracing still works; gRPC targets get this as a warning.
         tracing::warn!("gRPC uprobes unavailable: {e}");
     }
-    let pending: RefCell<Vec<req_record>> = RefCell::new(Vec::with_capacity(4096));
-    let mut builder = RingBufferBuilder::new();
-    let added = builder.add(maps.events, |data: &[u8]| {
-        if let Some(r) = read_pod::<req_record>(data) {
-            pending.borrow_mut().push(r);
-        }
-        0
-    });
-    let ring = match added.map(|_| ()).and_then(|()| builder.build()) {
+    let pending: Records = RefCell::new(Vec::with_capacity(4096));
+    let ring = match open_ring(&maps, &pending) {
         Ok(r) => r,
         Err(e) => {
-            let _ = ready.send(Err(TraceError::Bpf(format!(
-                "opening the ring buffer: {e}"
-            ))));
+            let _ = ready.send(Err(e));
             return;
         }
     };
@@ -404,35 +386,14 @@ pub(super) fn run(
         loop {
             match cmds.try_recv() {
                 Ok(Cmd::Add(pid, t, reply)) => {
-                    let r = add_target(&maps, &mut grpc, &shared, opts.window, pid, &t).and_then(
-                        |()| {
-                            agg.borrow_mut()
-                                .add(&maps, pid)
-                                .map_err(bpf_err("making the request histograms"))
-                        },
-                    );
-                    if r.is_ok() {
-                        if let Some(st) = shared
-                            .targets
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .get_mut(&pid)
-                        {
-                            st.ports = t.ports.clone();
-                        }
-                        // Before the reply: what the caller sends next is seen.
-                        refresh_ports(&maps, &shared, &mut port_shadow);
-                    }
+                    let what = (opts.window, pid, &t);
+                    let r = on_add(&maps, &mut grpc, &shared, &agg, what, &mut port_shadow);
                     let _ = reply.send(r);
                 }
                 Ok(Cmd::Remove(pid, reply)) => {
                     remove_target(&maps, &mut grpc, pid);
                     agg.borrow_mut().remove(&maps, &shared, pid);
-                    shared
-                        .targets
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .remove(&pid);
+                    shared.lock_targets().remove(&pid);
                     refresh_ports(&maps, &shared, &mut port_shadow);
                     let _ = reply.send(Ok(()));
                 }
@@ -446,61 +407,13 @@ pub(super) fn run(
         }
         if last_check.elapsed() >= Duration::from_millis(200) {
             last_check = Instant::now();
-            shared
-                .dropped
-                .store(counter(&maps, CNT_LOST), Ordering::Relaxed);
-            let gave_up = counter(&maps, CNT_GAVE_UP);
-            shared.by_turns.store(gave_up, Ordering::Relaxed);
-            for pid in newly_exited(&shared) {
-                tracing::info!(pid, "traced process exited");
-                // Its last replies were complete; then stop matching the
-                // pid in the kernel (it may be reused).
-                flush(&mut batch, pid);
-                remove_target(&maps, &mut grpc, pid);
-                agg.borrow_mut().remove(&maps, &shared, pid);
-            }
+            let mut flush_pid = |pid| flush(&mut batch, pid);
+            check_counters_and_exits(&maps, &mut grpc, &shared, &agg, &mut flush_pid);
         }
         // A traced process (or a child) may listen on a new port.
         if last_ports.elapsed() >= Duration::from_secs(1) {
             last_ports = Instant::now();
             refresh_ports(&maps, &shared, &mut port_shadow);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn record_round_trips_through_bytes() {
-        let r = req_record {
-            start_ns: 1,
-            end_ns: 2,
-            conn_id: 3,
-            tgid: 4,
-            fd: 5,
-            turns: 6,
-            kind: REC_CONN,
-            pad: 0,
-            nreq: 8,
-            arrive_ns: 7,
-        };
-        let back: req_record = read_pod(bytes_of(&r)).unwrap();
-        assert_eq!(
-            (
-                back.start_ns,
-                back.end_ns,
-                back.conn_id,
-                back.tgid,
-                back.fd,
-                back.turns,
-                back.kind,
-                back.arrive_ns,
-                back.nreq
-            ),
-            (1, 2, 3, 4, 5, 6, REC_CONN, 7, 8)
-        );
-        assert!(read_pod::<req_record>(&[0u8; 47]).is_none());
     }
 }

@@ -14,9 +14,10 @@
 //! emits one record per request; the statistics are all done here (see
 //! [`crate::stats`]).
 
+mod abi;
+pub(crate) use abi::read_pod;
 mod agg;
 mod bpf;
-pub(crate) use bpf::read_pod;
 mod grpc;
 pub mod hooks;
 mod probe;
@@ -187,6 +188,14 @@ struct Shared {
     by_turns: AtomicU64,
 }
 
+impl Shared {
+    /// The per-target statistics. A panic while holding the lock leaves
+    /// plain counters behind: still readable.
+    fn lock_targets(&self) -> MutexGuard<'_, HashMap<u32, TargetStats>> {
+        self.targets.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
 /// A running request tracer. Cheap to share (`Send + Sync`); stopping it
 /// (drop) detaches every program.
 pub struct RequestTracer {
@@ -277,12 +286,7 @@ impl RequestTracer {
     }
 
     fn targets(&self) -> MutexGuard<'_, HashMap<u32, TargetStats>> {
-        // A panic while holding the lock leaves plain counters behind:
-        // still readable.
-        self.shared
-            .targets
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        self.shared.lock_targets()
     }
 
     fn with<T>(&self, pid: u32, f: impl FnOnce(&TargetStats) -> T) -> Option<T> {

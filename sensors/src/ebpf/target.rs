@@ -189,13 +189,13 @@ impl TargetStats {
     /// last read (kernel aggregation).
     pub fn add_aggregated(&mut self, kind: u8, service: bool, end_ns: u64, d: &Delta) {
         let k = match kind {
-            super::bpf::REC_TURN => {
+            super::abi::REC_TURN => {
                 if !service {
                     self.first_turns += d.first_turns;
                 }
                 &mut self.turn
             }
-            super::bpf::REC_CONN => &mut self.conn,
+            super::abi::REC_CONN => &mut self.conn,
             _ => return,
         };
         k.add_aggregated(service, end_ns, d);

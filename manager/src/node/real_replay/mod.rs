@@ -207,23 +207,9 @@ fn calibration(sc: &Scenario, args: &RealOptions, seed: u64) -> anyhow::Result<C
 /// with the servers after the restore); the state file's lock goes too
 /// once nothing is left in the journal.
 fn restore(node: ReplayNode, state: &Path, procs: &mut Processes) {
-    let (mut act, jobs) = node.into_parts();
+    let (act, jobs) = node.into_parts();
     procs.jobs = jobs.into_iter().map(Some).collect();
-    match act.restore_all() {
-        Ok(ch) if !ch.is_empty() => eprintln!("restored {} setting(s)", ch.len()),
-        Ok(_) => {}
-        Err(e) => eprintln!(
-            "restoring the knobs: {e} (run `qosd restore --state-file {}`)",
-            state.display()
-        ),
-    }
-    // Dropping `act` releases the state file's lock. Everything is back:
-    // the lock file is all that is left of the journal; it is not an
-    // output.
-    drop(act);
-    if !state.exists() {
-        let _ = std::fs::remove_file(state.with_extension("lock"));
-    }
+    crate::node::setup::finish_actuation(act, state);
 }
 
 /// Writes the timeline, summary and plots and prints the summary.

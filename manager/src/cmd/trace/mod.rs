@@ -7,18 +7,18 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args as ClapArgs;
-use qosd_core::AppPower;
 use qosd_sensors::ebpf::{
-    Aggregate, HookChoice, Hooks, KindReport, Mode, RequestTracer, TargetOptions, TargetReport,
-    TraceError, TracerOptions,
+    Aggregate, HookChoice, Mode, RequestTracer, TargetOptions, TraceError, TracerOptions,
 };
 use qosd_sensors::power::{PowerConfig, PowerSensor};
-use serde_json::json;
 
 use crate::config::Match;
 use crate::daemon::discover::Finder;
 use crate::secs::{secs, MAX_SECS};
 use crate::{signals, usage};
+
+mod print;
+use print::Line;
 
 #[derive(ClapArgs, Debug)]
 #[command(after_help = "Examples:\n  \
@@ -195,8 +195,8 @@ fn check_user_pid(pid: u32) -> anyhow::Result<()> {
     })
 }
 
-pub fn run(mut a: Args) -> anyhow::Result<()> {
-    let (interval, duration) = check_args(&a)?;
+/// The boundary mode and the tracer's options the arguments ask for.
+fn tracer_options(a: &Args) -> anyhow::Result<(Mode, TracerOptions)> {
     let mode: Mode = a.mode.parse().map_err(|e: String| usage!("{e}"))?;
     let mut topts = TracerOptions {
         ringbuf_bytes: a.ringbuf_kib.saturating_mul(1024),
@@ -206,6 +206,12 @@ pub fn run(mut a: Args) -> anyhow::Result<()> {
         topts.hooks = h.parse::<HookChoice>().map_err(|e: String| usage!("{e}"))?;
     }
     topts.aggregate = a.aggregate.get();
+    Ok((mode, topts))
+}
+
+pub fn run(mut a: Args) -> anyhow::Result<()> {
+    let (interval, duration) = check_args(&a)?;
+    let (mode, topts) = tracer_options(&a)?;
     a.pid = select(&a)?;
     let tracer = RequestTracer::start(topts).map_err(trace_err)?;
     for &pid in &a.pid {
@@ -216,15 +222,6 @@ pub fn run(mut a: Args) -> anyhow::Result<()> {
         };
         tracer.add_target(pid, opts).map_err(trace_err)?;
     }
-    let banner = match (tracer.hooks(), tracer.fallback_reason()) {
-        (Hooks::Sockets, _) => "hooks: sockets (socket tracepoints; latency from each \
-                                request's arrival, service from the first read)"
-            .to_string(),
-        (Hooks::Syscalls, why) => format!(
-            "hooks: syscalls (fallback: {}; latency = service, from the first read)",
-            why.unwrap_or("asked for")
-        ),
-    };
     let mut power = if a.power {
         let ps = PowerSensor::open(&PowerConfig::default(), std::path::Path::new("/"))
             .context("starting the power sensor (--power)")?;
@@ -234,28 +231,35 @@ pub fn run(mut a: Args) -> anyhow::Result<()> {
     };
     signals::install()?;
     let start = Instant::now();
-    let end = duration.map(|d| start + d);
     let mut out = std::io::stdout().lock();
-    if a.json {
-        writeln!(
-            out,
-            "{}",
-            json!({ "hooks": tracer.hooks().as_str(), "aggregate": tracer.aggregate().as_str(),
-                "banner": banner })
-        )?;
-    } else {
-        writeln!(out, "{banner}")?;
-        writeln!(
-            out,
-            "{}{}",
-            header(),
-            if a.power {
-                "   power_w  mJ/request"
-            } else {
-                ""
-            }
-        )?;
+    print::banner(&mut out, a.json, a.power, &tracer)?;
+    let end = duration.map(|d| start + d);
+    live(
+        &mut out,
+        &a,
+        &tracer,
+        power.as_mut(),
+        (start, interval, end),
+    )?;
+    // Replies already sent on connections still open are finished requests.
+    for &pid in &a.pid {
+        tracer.flush_open(pid).map_err(trace_err)?;
     }
+    let t_s = start.elapsed().as_secs_f64();
+    print::totals(&mut out, (a.json, &a.pid, &a.port), &tracer, t_s)?;
+    out.flush().context("writing to stdout")?;
+    Ok(())
+}
+
+/// A line per pid every `interval` from `start` until `end`, a stop
+/// signal, or every pid has exited.
+fn live(
+    out: &mut impl Write,
+    a: &Args,
+    tracer: &RequestTracer,
+    mut power: Option<&mut PowerSensor>,
+    (start, interval, end): (Instant, Duration, Option<Instant>),
+) -> anyhow::Result<()> {
     let mut next = start + interval;
     loop {
         // Sleep to the next deadline in small steps so Ctrl-C is prompt.
@@ -266,7 +270,7 @@ pub fn run(mut a: Args) -> anyhow::Result<()> {
         let t_s = start.elapsed().as_secs_f64();
         let finished = signals::stop_requested() || end.is_some_and(|e| Instant::now() >= e);
         let mut all_exited = true;
-        let sample = match power.as_mut() {
+        let sample = match power.as_deref_mut() {
             Some(ps) => Some(ps.sample().context("sampling power")?),
             None => None,
         };
@@ -287,7 +291,7 @@ pub fn run(mut a: Args) -> anyhow::Result<()> {
                     by_turns: 0,
                     power: pw.as_ref(),
                 };
-                print_line(&mut out, a.json, &line, None)?;
+                print::line(out, a.json, &line, None)?;
             }
         }
         next += interval;
@@ -295,186 +299,5 @@ pub fn run(mut a: Args) -> anyhow::Result<()> {
             break;
         }
     }
-    // Replies already sent on connections still open are finished requests.
-    for &pid in &a.pid {
-        tracer.flush_open(pid).map_err(trace_err)?;
-    }
-    let t_s = start.elapsed().as_secs_f64();
-    for &pid in &a.pid {
-        if let Some(r) = tracer.take_report(pid) {
-            let line = Line {
-                t_s,
-                pid,
-                mode: r.mode,
-                k: &r.total,
-                svc: &r.service_total,
-                dropped: tracer.dropped(),
-                by_turns: tracer.counted_by_turns(),
-                power: None,
-            };
-            print_line(&mut out, a.json, &line, Some(&r))?;
-            if !a.json {
-                if let Some(p) = &r.probes {
-                    writeln!(out, "pid {pid}: gRPC calls from uprobes on {p}")?;
-                }
-                if let Some(w) = &r.warning {
-                    writeln!(out, "pid {pid}: warning: {w}")?;
-                }
-                if line.by_turns > 0 {
-                    writeln!(
-                        out,
-                        "{} connection(s) counted one request per turn: their bytes could not \
-                         be read, or a read needed more parsing than the counter's bound \
-                         (docs/requests.md)",
-                        line.by_turns
-                    )?;
-                }
-                if r.exited {
-                    writeln!(out, "pid {pid} exited during the trace")?;
-                }
-            }
-            if r.connections == 0 {
-                // Said on stderr too, so that --json users see it.
-                let note = no_connection_note(pid, &a.port);
-                if !a.json {
-                    writeln!(out, "{note}")?;
-                }
-                eprintln!("qosd trace: {note}");
-            }
-        }
-    }
-    out.flush().context("writing to stdout")?;
-    Ok(())
-}
-
-/// Why a target may have shown nothing.
-fn no_connection_note(pid: u32, ports: &[u16]) -> String {
-    let on = if ports.is_empty() {
-        String::new()
-    } else {
-        format!(" on port(s) {ports:?}")
-    };
-    format!(
-        "pid {pid}: no connection was seen{on} during the trace: it (and its descendants) \
-         accepted or served none; check the pid (a server's workers, not a launcher script) \
-         and --port"
-    )
-}
-
-fn header() -> String {
-    format!(
-        "{:>7} {:>8} {:>10} {:>9} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>7}",
-        "t_s",
-        "pid",
-        "mode",
-        "requests",
-        "rps",
-        "latest_us",
-        "mean_us",
-        "p50_us",
-        "p95_us",
-        "p99_us",
-        "svc_p50_us",
-        "svc_p99_us",
-        "dropped"
-    )
-}
-
-/// One line of output: a pid's figures over an interval or the whole run.
-struct Line<'a> {
-    t_s: f64,
-    pid: u32,
-    mode: Mode,
-    k: &'a KindReport,
-    /// The same requests' service times.
-    svc: &'a KindReport,
-    dropped: u64,
-    /// Connections counted by turns after all (node-wide; the summary's).
-    by_turns: u64,
-    power: Option<&'a AppPower>,
-}
-
-fn print_line(
-    out: &mut impl Write,
-    json: bool,
-    l: &Line<'_>,
-    summary_of: Option<&TargetReport>,
-) -> anyhow::Result<()> {
-    let summary = summary_of.is_some();
-    let (t_s, pid, k, svc, dropped) = (l.t_s, l.pid, l.k, l.svc, l.dropped);
-    let mode = if l.mode == Mode::Auto {
-        "undecided"
-    } else {
-        l.mode.as_str()
-    };
-    if json {
-        let mut v = json!({
-            "t_s": (t_s * 1000.0).round() / 1000.0,
-            "pid": pid,
-            "mode": mode,
-            "requests": k.requests,
-            "rps": (k.rps * 10.0).round() / 10.0,
-            "latest_us": k.latest_us,
-            "mean_us": k.mean_us,
-            "p50_us": k.p50_us,
-            "p95_us": k.p95_us,
-            "p99_us": k.p99_us,
-            "svc_latest_us": svc.latest_us,
-            "svc_mean_us": svc.mean_us,
-            "svc_p50_us": svc.p50_us,
-            "svc_p95_us": svc.p95_us,
-            "svc_p99_us": svc.p99_us,
-            "dropped": dropped,
-        });
-        if let Some(p) = l.power {
-            v["power_w"] = json!(p.power_w);
-            v["energy_per_request_j"] = json!(p.energy_per_request_j);
-            v["power_source"] = json!(p.source);
-            v["energy_is_estimate"] = json!(p.energy_is_estimate);
-        }
-        if let Some(r) = summary_of {
-            v["summary"] = json!(true);
-            v["counted_by_turns"] = json!(l.by_turns);
-            v["max_us"] = json!(k.max_us);
-            v["svc_max_us"] = json!(svc.max_us);
-            if let Some(p) = &r.probes {
-                v["probes"] = json!(p);
-            }
-            if let Some(w) = &r.warning {
-                v["warning"] = json!(w);
-            }
-        }
-        writeln!(out, "{v}")?;
-    } else {
-        let f = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{x:.1}"));
-        if summary {
-            writeln!(out, "summary over {t_s:.1} s:")?;
-        }
-        let power = l.power.map_or(String::new(), |p| {
-            let est = if p.energy_is_estimate { "~" } else { "" };
-            let mj = p
-                .energy_per_request_j
-                .map_or("-".into(), |j| format!("{est}{:.3}", j * 1e3));
-            format!(" {:>9} {:>11}", format!("{est}{:.2}", p.power_w), mj)
-        });
-        writeln!(
-            out,
-            "{:>7.1} {:>8} {:>10} {:>9} {:>10.1} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>7}{power}",
-            t_s,
-            pid,
-            mode,
-            k.requests,
-            k.rps,
-            f(k.latest_us),
-            f(k.mean_us),
-            f(k.p50_us),
-            f(k.p95_us),
-            f(k.p99_us),
-            f(svc.p50_us),
-            f(svc.p99_us),
-            dropped
-        )?;
-    }
-    out.flush()?;
     Ok(())
 }
