@@ -710,3 +710,77 @@ fn daemon_net_sensor_counts_an_apps_port_and_top_peers_and_is_removed_on_sigterm
         "left behind: {tc}"
     );
 }
+
+#[test]
+fn daemon_discovers_an_apps_ports_from_its_sockets_when_the_config_gives_none() {
+    let p = Pair::new("p", 66);
+    sh(&["ip", "-n", &p.a, "link", "set", "lo", "up"]);
+    let (api, port) = (19266u16, 7266u16);
+    // The app: a process in `a` bound to a UDP port (no `ports:` for it).
+    let bind = format!(
+        "import socket,time; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); \
+         s.bind(('{}', {port})); print('bound', flush=True); time.sleep(60)",
+        p.ip(1)
+    );
+    let mut app = Command::new("ip")
+        .args(["netns", "exec", &p.a, "python3", "-c", &bind])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(app.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "bound");
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("config.yaml");
+    let policy = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies/parties.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "apps:\n  - name: udpapp\n    match: {{ pid: {} }}\n    class: lc\n    \
+             target: {{ p99: 1ms }}\n    feedback: client\n\
+             policy: {}\napi:\n  listen: 127.0.0.1:{api}\n  token_file: {}\n\
+             state_file: {}\nactuators: {{ enabled: [] }}\n\
+             sensors:\n  power: false\n  net: {{ ifaces: [{}] }}\n",
+            app.id(),
+            policy.display(),
+            dir.path().join("api.token").display(),
+            dir.path().join("state.json").display(),
+            p.va
+        ),
+    )
+    .unwrap();
+    let mut d = daemon(&p, &cfg);
+    let n = 50u64;
+    let to = SocketAddrV4::new(p.ip(1), port);
+    Pair::within(&p.b, || {
+        let sock = UdpSocket::bind((p.ip(2), 0)).unwrap();
+        for _ in 0..n {
+            sock.send_to(&[1u8; 100], to).unwrap();
+        }
+    });
+    let want = format!("qosd_app_net_packets_total{{app=\"udpapp\",direction=\"ingress\"}} {n}\n");
+    let t0 = Instant::now();
+    let mut m = String::new();
+    while t0.elapsed() < Duration::from_secs(10) && !m.contains(&want) {
+        std::thread::sleep(Duration::from_millis(200));
+        m = http_get(&p.a, api, "/metrics").1;
+    }
+    let (_, net) = http_get(&p.a, api, "/v1/net");
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(d.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    let _ = d.wait();
+    let _ = app.kill();
+    let _ = app.wait();
+    assert!(m.contains(&want), "{want}\n{m}");
+    let v: Value = serde_json::from_str(&net).unwrap();
+    assert_eq!(
+        v["apps"]["udpapp"]["ports"],
+        serde_json::json!([port]),
+        "{v}"
+    );
+    assert_eq!(v["apps"]["udpapp"]["ports_from"], "discovered", "{v}");
+}

@@ -5,6 +5,7 @@
 //! ([`cpus`]). Sensors and actuators build their own views on these.
 
 pub mod cpus;
+pub mod sockets;
 pub mod stat;
 pub mod tree;
 

@@ -107,7 +107,7 @@ impl SloView {
 
 /// An app's traffic, `[ingress, egress]`: totals since the net sensor
 /// started, and the fullest bin of the last complete 1 s window.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct AppNet {
     pub packets_total: [u64; 2],
     pub bytes_total: [u64; 2],
@@ -115,6 +115,10 @@ pub struct AppNet {
     pub peak_bytes_per_second: [f64; 2],
     /// Bin width of the peaks, ms.
     pub bin_ms: u32,
+    /// The ports counted in the last window: the config's `ports:`, or
+    /// where it gives none, those the app's processes listen on.
+    pub ports: Vec<u16>,
+    pub ports_from: qosd_sensors::sensor::net::PortsFrom,
 }
 
 impl AppNet {
@@ -127,6 +131,8 @@ impl AppNet {
             self.peak_bytes_per_second[d] = f.peak_bps(t.bin_ms) / 8.0;
         }
         self.bin_ms = t.bin_ms;
+        self.ports.clone_from(&t.ports);
+        self.ports_from = t.ports_from;
     }
 }
 

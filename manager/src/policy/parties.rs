@@ -186,20 +186,45 @@ impl Parties {
             }
             self.mem(app).cursor = idx;
             self.mem(app).last_up = Some(true);
-            self.pending = Some(Pending {
-                app: app.to_owned(),
-                resource: r,
-                at_ms: 0,
-                changes: ed.plan.decisions.clone(),
-                judged: Judged::Up {
-                    before_us,
-                    fell: 0,
-                    counted: 0,
-                },
-            });
+            self.pend_up(ed, app, r, before_us);
             return true;
         }
         false
+    }
+
+    /// Remembers an upsize of `r` for `app`, judged at the next decisions.
+    fn pend_up(&mut self, ed: &Editor<'_>, app: &str, r: Resource, before_us: f64) {
+        self.pend(
+            ed,
+            app,
+            r,
+            Judged::Up {
+                before_us,
+                fell: 0,
+                counted: 0,
+            },
+        );
+    }
+
+    /// Remembers a downsize of `r` for `app`, reverted if it hurts.
+    fn pend_down(&mut self, ed: &Editor<'_>, app: &str, r: Resource) {
+        let judged = Judged::Down {
+            hurt: None,
+            below: 0,
+            counted: 0,
+            requests: BTreeMap::new(),
+        };
+        self.pend(ed, app, r, judged);
+    }
+
+    fn pend(&mut self, ed: &Editor<'_>, app: &str, resource: Resource, judged: Judged) {
+        self.pending = Some(Pending {
+            app: app.to_owned(),
+            resource,
+            at_ms: 0,
+            changes: ed.plan.decisions.clone(),
+            judged,
+        });
     }
 
     /// The last resort (paper 003, issue 27): when no resource can grow
@@ -218,17 +243,7 @@ impl Parties {
             return false;
         }
         self.mem(app).last_up = Some(true);
-        self.pending = Some(Pending {
-            app: app.to_owned(),
-            resource: Resource::Hedge,
-            at_ms: 0,
-            changes: ed.plan.decisions.clone(),
-            judged: Judged::Up {
-                before_us: before_us.unwrap_or(f64::INFINITY),
-                fell: 0,
-                counted: 0,
-            },
-        });
+        self.pend_up(ed, app, Resource::Hedge, before_us.unwrap_or(f64::INFINITY));
         true
     }
 
@@ -239,18 +254,7 @@ impl Parties {
             return false;
         }
         self.mem(app).last_up = Some(false);
-        self.pending = Some(Pending {
-            app: app.to_owned(),
-            resource: Resource::Hedge,
-            at_ms: 0,
-            changes: ed.plan.decisions.clone(),
-            judged: Judged::Down {
-                hurt: None,
-                below: 0,
-                counted: 0,
-                requests: BTreeMap::new(),
-            },
-        });
+        self.pend_down(ed, app, Resource::Hedge);
         true
     }
 
@@ -287,18 +291,7 @@ impl Parties {
             }
             self.mem(app).cursor = idx;
             self.mem(app).last_up = Some(false);
-            self.pending = Some(Pending {
-                app: app.to_owned(),
-                resource: r,
-                at_ms: 0,
-                changes: ed.plan.decisions.clone(),
-                judged: Judged::Down {
-                    hurt: None,
-                    below: 0,
-                    counted: 0,
-                    requests: BTreeMap::new(),
-                },
-            });
+            self.pend_down(ed, app, r);
             return true;
         }
         false

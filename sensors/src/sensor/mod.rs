@@ -131,7 +131,7 @@ impl Measurements {
             a.cpu_s = b.cpu_s.or(a.cpu_s);
             a.cpu_by_pid = b.cpu_by_pid.or(a.cpu_by_pid.take());
             a.power = b.power.or(a.power.take());
-            a.net = b.net.or(a.net);
+            a.net = b.net.or(a.net.take());
         }
         self.net = other.net.or(self.net.take());
         self.node_power_w = other.node_power_w.or(self.node_power_w);

@@ -1,8 +1,10 @@
 //! The `net` plugin: the TC packet counters of [`crate::net`] (eCounter,
 //! paper 004) as a daemon sensor. Each complete 1 s window is read once:
-//! per target, the traffic of its listening ports (`Target::ports`; a
-//! target without ports has no figures: its traffic cannot be told from
-//! the node's), and for the node the top-N peers by bytes with the rest
+//! per target, the traffic of its listening ports (`Target::ports`, or
+//! where the config gives none, the ports its processes listen on,
+//! discovered from their sockets at every window, so they follow the
+//! app's pids; a target with neither has no figures: its traffic cannot
+//! be told from the node's), and for the node the top-N peers by bytes with the rest
 //! summed as one `other` row, so what is exported stays bounded whatever
 //! the traffic. Attaching the programs (and journalling the TC objects)
 //! is the caller's: the sensors crate knows no journal.
@@ -16,11 +18,25 @@ use crate::net::{now_ns, Direction, Figures, NetSensor, PeerKey, Window};
 /// One target's traffic over the windows completed in a tick,
 /// `[ingress, egress]`; the peaks are the last window's (an upper bound
 /// when the target has several ports: their peaks add up).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct NetTick {
     pub dirs: [Figures; 2],
     /// Bin width of the peaks, ms.
     pub bin_ms: u32,
+    /// The ports counted, and where they came from.
+    pub ports: Vec<u16>,
+    pub ports_from: PortsFrom,
+}
+
+/// Where a target's ports came from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PortsFrom {
+    /// The config's `ports:`.
+    #[default]
+    Config,
+    /// Its processes' listening sockets (`qosd_core::sys::sockets`).
+    Discovered,
 }
 
 /// One peer row of the node's last window (`peer: None`: every peer
@@ -65,6 +81,20 @@ impl NetPlugin {
             next: now_ns() / 1_000_000_000,
         }
     }
+}
+
+/// The ports whose traffic is `t`'s: the config's, else those its
+/// processes listen on now (none when they cannot be read).
+fn ports_of(t: &Target<'_>) -> (Vec<u16>, PortsFrom) {
+    if !t.ports.is_empty() {
+        return (t.ports.to_vec(), PortsFrom::Config);
+    }
+    let root = qosd_core::sys::Root::default();
+    let found = qosd_core::sys::sockets::listening_ports(&root, t.pids).unwrap_or_else(|e| {
+        tracing::debug!("net: the ports of {}: {e}", t.name);
+        Vec::new()
+    });
+    (found, PortsFrom::Discovered)
 }
 
 /// A target's figures in window `w`, `[ingress, egress]`.
@@ -122,14 +152,17 @@ impl Sensor for NetPlugin {
             let w = self.sensor.read(self.next)?;
             self.next += 1;
             for (r, t) in m.apps.iter_mut().zip(targets) {
-                if t.ports.is_empty() {
+                let (ports, ports_from) = ports_of(t);
+                if ports.is_empty() {
                     continue;
                 }
-                let figs = target_figures(&w, t.ports);
+                let figs = target_figures(&w, &ports);
                 let net = r.net.get_or_insert(NetTick {
                     bin_ms,
                     ..NetTick::default()
                 });
+                net.ports = ports;
+                net.ports_from = ports_from;
                 for (acc, f) in net.dirs.iter_mut().zip(figs) {
                     acc.packets += f.packets;
                     acc.bytes += f.bytes;

@@ -96,6 +96,7 @@ fn state() -> Shared {
         peak_packets: [2, 1],
         peak_bytes_per_second: [284_000.0, 142_000.0],
         bin_ms: 1,
+        ..Default::default()
     });
     sh.net = Some(qosd_sensors::sensor::net::NetNode {
         window: 9,
