@@ -43,6 +43,22 @@ static __always_inline int read_kind(__u64 nr)
 	return BUF_NONE;
 }
 
+#define MSG_PEEK 2
+
+/* Whether the inbound syscall `nr` (registers at its exit) only peeked:
+ * nothing was consumed and the bytes will be read again (nginx peeks at a
+ * connection's first byte to tell TLS from plain HTTP). Flags are
+ * recvfrom's fourth argument and recvmsg's third; read and readv cannot
+ * peek. */
+static __always_inline bool peeked(__u64 nr, const struct pt_regs *regs)
+{
+	if (nr == NR_recvfrom)
+		return regs->r10 & MSG_PEEK;
+	if (nr == NR_recvmsg)
+		return regs->dx & MSG_PEEK;
+	return false;
+}
+
 /* The user address where an inbound syscall's bytes landed, given its
  * args[1] (0: unknown, or its first piece holds fewer than `need` bytes:
  * they did not all land in one place). */

@@ -90,7 +90,6 @@ struct {
 #define TCP_CLOSE_WAIT 8
 #define TCP_LAST_ACK 9
 #define IPPROTO_TCP 6
-#define MSG_PEEK 2
 
 static __always_inline bool port_traced(__u16 port)
 {
@@ -114,25 +113,14 @@ static __always_inline void emit(struct sock_state *ss, __u8 kind,
  */
 static __always_inline void emit_turn(struct sock_state *ss)
 {
-	if (ss->nreq && ss->parse.proto == QOSD_PROTO_TLS &&
-	    !(ss->parse.tls & QOSD_TLS_REQ)) {
-		ss->parse.tls |= QOSD_TLS_REQ;
-		if (ss->accept_ns) {
-			ss->accept_ns = ss->req_arrive_ns;
-			ss->first_read_ns = ss->req_start_ns;
-		}
+	if (tls_first_request(&ss->parse, ss->nreq) && ss->accept_ns) {
+		ss->accept_ns = ss->req_arrive_ns;
+		ss->first_read_ns = ss->req_start_ns;
 	}
 	if (ss->emit & QOSD_EMIT_TURN)
 		emit_record_n(QOSD_REC_TURN, ss->tgid, 0, ss->conn_id,
 			      ss->turns, ss->nreq, ss->req_arrive_ns,
 			      ss->req_start_ns, ss->last_out_ns, wakeup_bytes);
-}
-
-/* Whether the connection carried a request (a TLS one: past its handshake). */
-static __always_inline bool had_request(const struct sock_state *ss)
-{
-	return ss->turns > 0 && (ss->parse.proto != QOSD_PROTO_TLS ||
-				 (ss->parse.tls & QOSD_TLS_REQ));
 }
 
 /* The entry of sk (NULL: none). The helper takes sockets as void *. */
@@ -172,8 +160,8 @@ static __always_inline void finish(const struct sock *sk, struct sock_state *ss)
 	if (ss->tgid) {
 		if (ss->state == QOSD_ST_RESPONDING)
 			emit_turn(ss);
-		if ((ss->emit & QOSD_EMIT_CONN) && had_request(ss) &&
-		    ss->accept_ns)
+		if ((ss->emit & QOSD_EMIT_CONN) &&
+		    had_request(&ss->parse, ss->turns) && ss->accept_ns)
 			emit(ss, QOSD_REC_CONN, ss->accept_ns,
 			     ss->first_read_ns, now);
 	}
