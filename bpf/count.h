@@ -301,6 +301,26 @@ static __always_inline long count_skipped(struct req_parse *p, long ret)
 	return s.count;
 }
 
+/* Whether a turn that carries `nreq` requests holds a TLS connection's
+ * first request, which then marks it: the connection's time (its CONN
+ * record) starts there, not at the handshake. */
+static __always_inline bool tls_first_request(struct req_parse *p, __u16 nreq)
+{
+	if (!nreq || p->proto != QOSD_PROTO_TLS || (p->tls & QOSD_TLS_REQ))
+		return false;
+	p->tls |= QOSD_TLS_REQ;
+	return true;
+}
+
+/* Whether a connection of `turns` turns carried a request (a TLS one: past
+ * its handshake): one that did not is no request in connection mode. */
+static __always_inline bool had_request(const struct req_parse *p,
+					__u32 turns)
+{
+	return turns > 0 &&
+	       (p->proto != QOSD_PROTO_TLS || (p->tls & QOSD_TLS_REQ));
+}
+
 /* The requests a turn stands for, after `count` more were completed. */
 static __always_inline __u16 turn_requests(const struct req_parse *p,
 					   __u16 nreq, __u32 count)

@@ -53,21 +53,19 @@ static __always_inline void emit_record_n(__u8 kind, __u32 tgid, __u32 fd,
 {
 	if (agg_record(kind, tgid, turns, nreq, arrive, start, end))
 		return;
-	struct req_record *r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);
-	if (!r) {
-		count(QOSD_CNT_LOST);
-		return;
-	}
-	r->arrive_ns = arrive;
-	r->start_ns = start;
-	r->end_ns = end;
-	r->conn_id = conn_id;
-	r->tgid = tgid;
-	r->fd = fd;
-	r->turns = turns;
-	r->kind = kind;
-	r->pad = 0;
-	r->nreq = nreq;
+	/* Built on the stack and copied by one bpf_ringbuf_output: one call
+	 * fewer than reserve + submit (a call costs ~40 ns here, count.h). */
+	struct req_record r = {
+		.arrive_ns = arrive,
+		.start_ns = start,
+		.end_ns = end,
+		.conn_id = conn_id,
+		.tgid = tgid,
+		.fd = fd,
+		.turns = turns,
+		.kind = kind,
+		.nreq = nreq,
+	};
 	__u64 flags = BPF_RB_NO_WAKEUP;
 	if (wake_at == 0) {
 		flags = BPF_RB_FORCE_WAKEUP;
@@ -77,14 +75,14 @@ static __always_inline void emit_record_n(__u8 kind, __u32 tgid, __u32 fd,
 		 * forced wakeup whose irq_work already ran raises another
 		 * (an IPI, a VM exit under a hypervisor), so a reader slow
 		 * to be scheduled cost a wakeup per record. Waiting bytes
-		 * include this record (reserved above). */
-		__u64 avail = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA);
-		__u64 before = avail > QOSD_REC_FOOTPRINT ?
-				       avail - QOSD_REC_FOOTPRINT : 0;
-		if (avail / wake_at != before / wake_at)
+		 * after this record: what waits now and its footprint. */
+		__u64 before = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA);
+		__u64 after = before + QOSD_REC_FOOTPRINT;
+		if (after / wake_at != before / wake_at)
 			flags = BPF_RB_FORCE_WAKEUP;
 	}
-	bpf_ringbuf_submit(r, flags);
+	if (bpf_ringbuf_output(&events, &r, sizeof(r), flags))
+		count(QOSD_CNT_LOST);
 }
 
 /* One record that stands for one request. */

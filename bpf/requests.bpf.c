@@ -188,6 +188,10 @@ static __always_inline void on_io_exit(__u32 tgid, long fd, long ret,
 						 user_buf(arg1, kind, ret));
 		}
 		cs->nreq = turn_requests(&cs->parse, cs->nreq, done);
+		/* A TLS connection's time starts at its first request (no
+		 * arrival on this path: its first read). */
+		if (tls_first_request(&cs->parse, cs->nreq) && cs->accept_ns)
+			cs->accept_ns = cs->req_start_ns;
 	} else if (cs->state != QOSD_ST_IDLE) {
 		/* Outbound bytes before any request (a greeting) are not a reply. */
 		cs->state = QOSD_ST_RESPONDING;
@@ -212,7 +216,8 @@ int BPF_PROG(qosd_sys_exit, struct pt_regs *regs, long ret)
 	/* One call site per direction: the request counter is inlined. */
 	int kind = read_kind(nr);
 	if (kind != BUF_NONE) {
-		on_io_exit(tgid, fd, ret, 0, regs->si, kind);
+		if (!peeked(nr, regs))
+			on_io_exit(tgid, fd, ret, 0, regs->si, kind);
 		return 0;
 	}
 	switch (nr) {
@@ -246,7 +251,8 @@ int enter_close(struct trace_event_raw_sys_enter *ctx)
 	if (cs->state == QOSD_ST_RESPONDING)
 		emit_turn(key.tgid, key.fd, cs);
 	/* accept_ns == 0: seeded by userspace, accepted before tracing began. */
-	if ((cs->emit & QOSD_EMIT_CONN) && cs->turns > 0 && cs->accept_ns)
+	if ((cs->emit & QOSD_EMIT_CONN) && had_request(&cs->parse, cs->turns) &&
+	    cs->accept_ns)
 		emit(key.tgid, key.fd, cs, QOSD_REC_CONN, cs->accept_ns, now);
 	bpf_map_delete_elem(&conns, &key);
 	return 0;

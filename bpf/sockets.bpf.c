@@ -32,9 +32,11 @@
  *   sched:sched_process_exit  under the same root / forgotten (follow.h).
  *
  * Cost on untraced work: socket events of sockets on untraced ports leave
- * after one array load (the traced-port bitmap, for the softirq hooks) or
- * one array load on the tgid bitmap (task-context hooks); fork/exit after
- * one tgid bitmap load.
+ * after one array load (the traced-port bitmap); fork/exit after one tgid
+ * bitmap load. On a traced connection, BPF calls are what cost (~40 ns
+ * each on this VM, the CPU's return-thunk mitigation: see count.h), so each
+ * program makes one socket-storage lookup and takes its times from TCP's
+ * own clock stamps where it can (tcp_stamp()).
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -88,7 +90,6 @@ struct {
 #define TCP_CLOSE_WAIT 8
 #define TCP_LAST_ACK 9
 #define IPPROTO_TCP 6
-#define MSG_PEEK 2
 
 static __always_inline bool port_traced(__u16 port)
 {
@@ -112,25 +113,14 @@ static __always_inline void emit(struct sock_state *ss, __u8 kind,
  */
 static __always_inline void emit_turn(struct sock_state *ss)
 {
-	if (ss->nreq && ss->parse.proto == QOSD_PROTO_TLS &&
-	    !(ss->parse.tls & QOSD_TLS_REQ)) {
-		ss->parse.tls |= QOSD_TLS_REQ;
-		if (ss->accept_ns) {
-			ss->accept_ns = ss->req_arrive_ns;
-			ss->first_read_ns = ss->req_start_ns;
-		}
+	if (tls_first_request(&ss->parse, ss->nreq) && ss->accept_ns) {
+		ss->accept_ns = ss->req_arrive_ns;
+		ss->first_read_ns = ss->req_start_ns;
 	}
 	if (ss->emit & QOSD_EMIT_TURN)
 		emit_record_n(QOSD_REC_TURN, ss->tgid, 0, ss->conn_id,
 			      ss->turns, ss->nreq, ss->req_arrive_ns,
 			      ss->req_start_ns, ss->last_out_ns, wakeup_bytes);
-}
-
-/* Whether the connection carried a request (a TLS one: past its handshake). */
-static __always_inline bool had_request(const struct sock_state *ss)
-{
-	return ss->turns > 0 && (ss->parse.proto != QOSD_PROTO_TLS ||
-				 (ss->parse.tls & QOSD_TLS_REQ));
 }
 
 /* The entry of sk (NULL: none). The helper takes sockets as void *. */
@@ -170,8 +160,8 @@ static __always_inline void finish(const struct sock *sk, struct sock_state *ss)
 	if (ss->tgid) {
 		if (ss->state == QOSD_ST_RESPONDING)
 			emit_turn(ss);
-		if ((ss->emit & QOSD_EMIT_CONN) && had_request(ss) &&
-		    ss->accept_ns)
+		if ((ss->emit & QOSD_EMIT_CONN) &&
+		    had_request(&ss->parse, ss->turns) && ss->accept_ns)
 			emit(ss, QOSD_REC_CONN, ss->accept_ns,
 			     ss->first_read_ns, now);
 	}
@@ -223,26 +213,77 @@ int BPF_PROG(qosd_set_state, const struct sock *sk, const int oldstate,
 }
 
 /*
- * When the bytes sk_data_ready announces reached the socket. TCP stamps
- * its clock cache (tcp_clock_cache: CLOCK_MONOTONIC ns, bpf_ktime_get_ns()'s
- * clock) as it starts on each received segment, a microsecond or so
- * before data_ready: reading it saves a clock read per request (65 ns a
- * read on this VM). The stamp is trusted only if it is not older than the
- * connection's last reply or its handshake (a request arrives after
- * both); else (a path that did not refresh it, e.g. a child socket still
- * holding its listener's stamp, or no bound known) the clock is read.
+ * TCP's clock cache of sk (tcp_clock_cache: CLOCK_MONOTONIC ns,
+ * bpf_ktime_get_ns()'s clock), which TCP stamps as it starts on each
+ * received segment, as it copies bytes to a reader (tcp_recvmsg ->
+ * tcp_rcv_space_adjust) and as it transmits: reading it saves a clock read
+ * (a helper call, ~65 ns on this VM). Where the kernel has bpf_rdonly_cast
+ * (6.2+; the verifier inlines it) the read costs no call at all; else
+ * bpf_skc_to_tcp_sock makes it one. 0: not a TCP socket.
+ */
+static __always_inline __u64 tcp_stamp(const struct sock *sk)
+{
+	if (bpf_ksym_exists(bpf_rdonly_cast)) {
+		struct tcp_sock *tp = bpf_core_cast(sk, struct tcp_sock);
+		return tp->tcp_clock_cache;
+	}
+	struct tcp_sock *tp = bpf_skc_to_tcp_sock((void *)sk);
+	return tp ? tp->tcp_clock_cache : 0;
+}
+
+/*
+ * When the bytes sk_data_ready announces reached the socket: TCP's stamp of
+ * the segment, a microsecond or so before data_ready. The stamp is trusted
+ * only if it is not older than the connection's last reply or its
+ * handshake (a request arrives after both); else (a path that did not
+ * refresh it, e.g. a child socket still holding its listener's stamp, or
+ * no bound known) the clock is read.
  */
 static __always_inline __u64 arrival_ns(const struct sock *sk,
 					const struct sock_state *ss)
 {
 	__u64 floor = ss->last_out_ns > ss->accept_ns ? ss->last_out_ns :
 							ss->accept_ns;
-	struct tcp_sock *tp = bpf_skc_to_tcp_sock((void *)sk);
-	if (floor && tp) {
+	__u64 stamp = tcp_stamp(sk);
+	if (floor && stamp >= floor)
+		return stamp;
+	return bpf_ktime_get_ns();
+}
+
+/*
+ * When the bytes of a write just made left: TCP stamped its clock as it
+ * started transmitting them (tcp_write_xmit). Trusted only when every byte
+ * written so far is sent (snd_nxt == write_seq): then a transmit ran after
+ * this write queued its bytes, and the stamp lies between it and now
+ * (within the transmit's own microseconds). Bytes still queued (autocork,
+ * Nagle, a full window) or no bpf_rdonly_cast (before 6.2; a cast by
+ * helper would cost the call the clock does): the clock is read.
+ */
+static __always_inline __u64 sent_ns(const struct sock *sk,
+				     const struct sock_state *ss)
+{
+	if (bpf_ksym_exists(bpf_rdonly_cast)) {
+		struct tcp_sock *tp = bpf_core_cast(sk, struct tcp_sock);
 		__u64 stamp = tp->tcp_clock_cache;
-		if (stamp >= floor)
+		if (tp->snd_nxt == tp->write_seq && stamp >= ss->req_start_ns)
 			return stamp;
 	}
+	return bpf_ktime_get_ns();
+}
+
+/*
+ * Now, for a read of a claimed connection: TCP stamped the clock as it
+ * copied the bytes (tcp_rcv_space_adjust, on every read that got any),
+ * just before sock_recv_length. Trusted if not older than the request's
+ * arrival and the last reply (else the clock is read).
+ */
+static __always_inline __u64 read_ns(const struct sock *sk,
+				     const struct sock_state *ss)
+{
+	__u64 stamp = tcp_stamp(sk);
+	if (stamp && stamp >= ss->arrive_ns && stamp >= ss->last_out_ns &&
+	    stamp >= ss->accept_ns)
+		return stamp;
 	return bpf_ktime_get_ns();
 }
 
@@ -268,17 +309,26 @@ int BPF_PROG(qosd_data_ready, const struct sock *sk)
 }
 
 /*
- * The entry of sk for a traced task, claiming it for the task's root at
- * its first read or write (and adopting a connection open before tracing
- * that nothing has been seen on yet). NULL: not a traced connection.
+ * The entry of sk for a read or write by a task, claiming it for the
+ * task's root at its first read or write by a traced tgid (and adopting a
+ * connection open before tracing that nothing has been seen on yet).
+ * NULL: not a traced connection. The port test comes first and costs no
+ * call, so the other end of a traced connection (a client on this node)
+ * and untraced servers leave at once; a claimed connection needs no test
+ * of the task (one storage lookup in all).
  */
-static __always_inline struct sock_state *claim(struct sock *sk, __u32 tgid)
+static __always_inline struct sock_state *claim(struct sock *sk)
 {
+	__u16 port = sk->__sk_common.skc_num;
+	if (!port_traced(port))
+		return NULL;
 	struct sock_state *ss = entry_of(sk);
 	if (ss && ss->tgid)
 		return ss;
-	__u16 port = sk->__sk_common.skc_num;
-	if (!port_traced(port) || sk->sk_protocol != IPPROTO_TCP)
+	if (sk->sk_protocol != IPPROTO_TCP)
+		return NULL;
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	if (!is_traced(tgid))
 		return NULL;
 	struct target_cfg *cfg = bpf_map_lookup_elem(&targets, &tgid);
 	if (!cfg)
@@ -320,13 +370,10 @@ int BPF_PROG(qosd_recv, struct sock *sk, int ret, int flags)
 	 * common on event-driven servers. */
 	if (ret <= 0 || (flags & MSG_PEEK))
 		return 0;
-	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
-	if (!is_traced(tgid))
-		return 0;
-	struct sock_state *ss = claim(sk, tgid);
+	struct sock_state *ss = claim(sk);
 	if (!ss)
 		return 0;
-	__u64 now = bpf_ktime_get_ns();
+	__u64 now = read_ns(sk, ss);
 	if (ss->turns == 0 && (ss->emit & QOSD_EMIT_H2) &&
 	    ret >= QOSD_H2_PREFACE_LEN && saw_preface())
 		emit(ss, QOSD_REC_H2, now, now, now);
@@ -365,10 +412,7 @@ int BPF_PROG(qosd_send, struct sock *sk, int ret, int flags)
 {
 	if (ret <= 0)
 		return 0;
-	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
-	if (!is_traced(tgid))
-		return 0;
-	struct sock_state *ss = claim(sk, tgid);
+	struct sock_state *ss = claim(sk);
 	if (!ss)
 		return 0;
 	/* The next request's arrival is the first data_ready from now on. */
@@ -376,7 +420,7 @@ int BPF_PROG(qosd_send, struct sock *sk, int ret, int flags)
 	/* Outbound bytes before any request (a greeting) are not a reply. */
 	if (ss->state != QOSD_ST_IDLE) {
 		ss->state = QOSD_ST_RESPONDING;
-		ss->last_out_ns = bpf_ktime_get_ns();
+		ss->last_out_ns = sent_ns(sk, ss);
 	}
 	return 0;
 }

@@ -76,11 +76,30 @@ bpf_per_request() {
     return 1
   fi
   local sum="import json,sys; ids={$ids}; print(sum(p.get('run_time_ns',0) for p in json.load(sys.stdin) if p['id'] in ids))"
-  local ns0 s0; ns0=$(bpftool -j prog show | python3 -c "$sum"); s0=$($served)
+  local ns0 s0; bpftool -j prog show >"$out.p0"; ns0=$(python3 -c "$sum" <"$out.p0"); s0=$($served)
   "$@"
-  local ns1 s1; ns1=$(bpftool -j prog show | python3 -c "$sum"); s1=$($served)
+  local ns1 s1; bpftool -j prog show >"$out.p1"; ns1=$(python3 -c "$sum" <"$out.p1"); s1=$($served)
   kill -INT "$t"; wait "$t" || true
+  [ -n "${PER_PROG:-}" ] && per_prog "$out.p0" "$out.p1" "$ids" $((s1 - s0 - 1)) >&2
   awk -v a="$ns0" -v b="$ns1" -v r0="$s0" -v r1="$s1" 'BEGIN { printf "%.0f\n", (b - a) / (r1 - r0 - 1) }'
+}
+# PER_PROG=1: each program's runs and ns per request served, on stderr.
+per_prog() {
+  python3 - "$@" <<'PY'
+import json, sys
+a, b, ids, served = sys.argv[1], sys.argv[2], {int(i) for i in sys.argv[3].split(',')}, int(sys.argv[4])
+p0 = {p['id']: p for p in json.load(open(a))}
+rows = []
+for p in json.load(open(b)):
+    if p['id'] not in ids:
+        continue
+    q = p0.get(p['id'], {})
+    ns = p.get('run_time_ns', 0) - q.get('run_time_ns', 0)
+    n = p.get('run_cnt', 0) - q.get('run_cnt', 0)
+    if n:
+        rows.append(f"{p.get('name', p['id'])} {n / served:.2f} runs {ns / served:.0f} ns ({ns / n:.0f}/run)")
+print('  per request: ' + '; '.join(rows))
+PY
 }
 med() { printf '%s\n' "$@" | sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 
