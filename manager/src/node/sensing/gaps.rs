@@ -3,7 +3,7 @@
 //! app's last decision intervals of client and eBPF latencies, widened
 //! until both sides hold enough requests for the percentile.
 
-use qosd_core::slo::SloSide;
+use qosd_core::slo::{Load, SloSide};
 use qosd_sensors::stats::LogHistogram;
 
 use super::{Sensing, WIDEST_INTERVALS};
@@ -63,7 +63,11 @@ impl Sensing {
                 continue;
             };
             if let Some((rps, client_us, ebpf_us)) = m.gap.measured(a.percentile) {
-                slo.refresh(rps, client_us, ebpf_us);
+                let load = Load {
+                    rps,
+                    cpus: m.cpus_held,
+                };
+                slo.refresh(load, client_us, ebpf_us);
             }
         }
     }
