@@ -120,9 +120,17 @@ static __always_inline bool agg_record(__u8 kind, __u32 tgid, __u32 turns,
 		return false;
 	__u64 from = arrive < start ? arrive : start;
 	bool first = kind == QOSD_REC_TURN && turns == 1;
-	if (!agg_add(tgid, kind, QOSD_FIG_LATENCY, nreq, first,
-		     end > from ? end - from : 0, end))
+	__u64 lat = end > from ? end - from : 0;
+	/* A turn's requests after its first came while the first waited in
+	 * the socket: timed from the middle of that wait (turn_latencies in
+	 * sensors/src/ebpf/target.rs). */
+	__u64 half_wait = (start - from) / 2;
+	if (!agg_add(tgid, kind, QOSD_FIG_LATENCY, nreq ? 1 : 0, first, lat,
+		     end))
 		return false;
+	if (nreq > 1)
+		agg_add(tgid, kind, QOSD_FIG_LATENCY, nreq - 1, false,
+			lat > half_wait ? lat - half_wait : 0, end);
 	agg_add(tgid, kind, QOSD_FIG_SERVICE, nreq, false,
 		end > start ? end - start : 0, end);
 	return true;

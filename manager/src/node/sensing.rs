@@ -23,6 +23,9 @@ use qosd_sensors::stats::LogHistogram;
 use super::actuate::Actuation;
 use super::latency::Recent;
 
+mod gaps;
+use gaps::GapWindows;
+
 /// The sensors of a real node, in one list: the client's reports
 /// (`client`, fed by the node's own channels), CPU time from `root`'s
 /// /proc, and where the node has them the eBPF request sensor and the
@@ -115,8 +118,8 @@ struct Meter {
     iv_server: LogHistogram,
     iv_completed: u64,
     /// The last decision intervals' client and server latencies, for the
-    /// client/server gap: wide enough for the percentile on both sides.
-    gap: [Recent; 2],
+    /// client/server gap.
+    gap: GapWindows,
     offered_rps: Option<f64>,
     /// Seconds since its CPU time was last read.
     cpu_span_s: f64,
@@ -136,7 +139,6 @@ impl Meter {
     fn new(nr_slots: usize, percentile: f64) -> Meter {
         let enough = qosd_core::measure::samples_for_percentile(percentile);
         let window = || Recent::widening(nr_slots, enough, nr_slots * WIDEST_INTERVALS);
-        let intervals = || Recent::widening(1, enough, WIDEST_INTERVALS);
         Meter {
             pids: Vec::new(),
             client: window(),
@@ -144,7 +146,7 @@ impl Meter {
             iv_client: LogHistogram::new(),
             iv_server: LogHistogram::new(),
             iv_completed: 0,
-            gap: std::array::from_fn(|_| intervals()),
+            gap: GapWindows::new(enough),
             offered_rps: None,
             cpu_span_s: 0.0,
             cpu_util: 0.0,
@@ -417,43 +419,6 @@ impl Sensing {
             power_w: m.power.as_ref().map(|p| p.power_w),
             limits: a.limits,
         }
-    }
-
-    /// The SLO step of a decision tick, the one place the client/server
-    /// gap is kept current (replays and the daemon alike): where an app's
-    /// client latencies (a load generator's, or POSTed to the daemon's
-    /// API) and its eBPF ones cover the same last intervals, and both hold
-    /// enough requests for the percentile (over up to
-    /// [`WIDEST_INTERVALS`] intervals for a low-rate app), the measured
-    /// gap corrects its eBPF-side target.
-    fn refresh_gaps(&mut self, now_ms: u64) {
-        let iv_s = (now_ms.saturating_sub(self.interval_start_ms) as f64 / 1000.0).max(1e-9);
-        for (a, m) in self.apps.iter_mut().zip(&mut self.meters) {
-            let [c, e] = &mut m.gap;
-            c.push(m.iv_client.clone(), iv_s, None);
-            e.push(m.iv_server.clone(), iv_s, None);
-            let enough = qosd_core::measure::samples_for_percentile(a.percentile);
-            let Some(slo) = a.slo.as_mut() else {
-                continue;
-            };
-            if c.requests() < enough || e.requests() < enough {
-                continue;
-            }
-            if let (Some(cu), Some(eu)) =
-                (c.percentile_us(a.percentile), e.percentile_us(a.percentile))
-            {
-                let load = Load {
-                    rps: e.rps(),
-                    cpus: m.cpus_held,
-                };
-                slo.refresh(load, cu, eu);
-            }
-        }
-    }
-
-    /// App `i`'s SLO as it stands (the eBPF side's target and gap).
-    pub fn slo(&self, i: usize) -> Option<&SloSide> {
-        self.apps[i].slo.as_ref()
     }
 
     /// Every app's figures over the decision interval that ends now.

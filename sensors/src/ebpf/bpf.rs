@@ -216,11 +216,10 @@ fn ingest(shared: &Shared, records: &mut Vec<req_record>) {
                     t.first_turns += 1;
                 }
                 // Requests read together (pipelined) were answered by
-                // this turn's replies: each is timed as the turn; a TLS
-                // handshake turn stands for none (bpf/count.h).
-                for _ in 0..r.nreq {
-                    t.turn.record(r.end_ns, latency, service);
-                }
+                // this turn's replies; a TLS handshake turn stands for
+                // none (bpf/count.h).
+                t.turn
+                    .record_turn(r.arrive_ns, r.start_ns, r.end_ns, r.nreq);
             }
             REC_CONN => t.conn.record(r.end_ns, latency, service),
             REC_GRPC => t.grpc.record(r.end_ns, latency, service),

@@ -88,6 +88,29 @@ impl Figures {
     }
 }
 
+/// The latencies of a turn's `nreq` requests (arrival in the socket -> the
+/// turn's last reply bytes), in order. The first arrived with the turn
+/// (`arrive_ns`); the later ones came while it waited in the socket, by
+/// the first read (`start_ns`): an open-loop client's requests queue on a
+/// connection one by one while the server is busy. Their arrivals are
+/// taken at the middle of that wait (W = start − arrive): each is timed
+/// L − W/2, where timing every one as the whole turn (L) would put the
+/// first request's wait on all of them, the tail a stall makes counted
+/// `nreq` times (replay_real saw eBPF p99s above the client's). A batch
+/// sent in one write (arrivals together, W ≈ 0) stays exact. bpf/agg.h
+/// aggregates the same two figures in the kernel.
+pub fn turn_latencies(
+    arrive_ns: u64,
+    start_ns: u64,
+    end_ns: u64,
+    nreq: u16,
+) -> impl Iterator<Item = u64> {
+    let arrive = arrive_ns.min(start_ns);
+    let latency = end_ns.saturating_sub(arrive);
+    let later = latency.saturating_sub((start_ns - arrive) / 2);
+    (0..nreq).map(move |i| if i == 0 { latency } else { later })
+}
+
 /// Figures of one record kind.
 #[derive(Debug)]
 pub(crate) struct KindStats {
@@ -113,6 +136,15 @@ impl KindStats {
         self.svc.record(end_ns, service_ns);
         self.interval_count += 1;
         self.total_count += 1;
+    }
+
+    /// A TURN record's `nreq` requests, read together (pipelined) and
+    /// answered by the turn's replies: see [`turn_latencies`].
+    pub fn record_turn(&mut self, arrive_ns: u64, start_ns: u64, end_ns: u64, nreq: u16) {
+        let service = end_ns.saturating_sub(start_ns);
+        for latency in turn_latencies(arrive_ns, start_ns, end_ns, nreq) {
+            self.record(end_ns, latency, service);
+        }
     }
 
     /// One figure's requests counted in the kernel; the latency figure
@@ -388,6 +420,39 @@ pub struct TargetReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_turns_later_requests_are_timed_from_the_middle_of_its_wait() {
+        // One request: the turn, arrival to last reply.
+        assert_eq!(turn_latencies(100, 400, 1000, 1).collect::<Vec<_>>(), [900]);
+        // Four read together after the first waited 300 ns: the first is
+        // the turn, the three that came during its wait 150 ns less.
+        assert_eq!(
+            turn_latencies(100, 400, 1000, 4).collect::<Vec<_>>(),
+            [900, 750, 750, 750]
+        );
+        // A batch that arrived at the read (no wait): all exact.
+        assert_eq!(
+            turn_latencies(400, 400, 1000, 3).collect::<Vec<_>>(),
+            [600, 600, 600]
+        );
+        // An arrival stamped after the read counts from the read; a
+        // handshake turn stands for no request.
+        assert_eq!(
+            turn_latencies(500, 400, 1000, 2).collect::<Vec<_>>(),
+            [600, 600]
+        );
+        assert_eq!(turn_latencies(100, 400, 1000, 0).count(), 0);
+        let mut k = KindStats::new(16);
+        k.record_turn(100, 400, 1000, 4);
+        assert_eq!(
+            (k.interval_count, k.lat.interval.len(), k.svc.interval.len()),
+            (4, 4, 4)
+        );
+        // Service is the turn's for each; the latencies' mean (exact).
+        assert_eq!(k.svc.interval.mean(), Some(600.0));
+        assert_eq!(k.lat.interval.mean(), Some(787.5));
+    }
 
     fn stats_with(turns: u64, first_turns: u64, conns: u64) -> TargetStats {
         let mut t = TargetStats::new(Mode::Auto, 100, 0);
