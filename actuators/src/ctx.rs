@@ -431,10 +431,13 @@ impl Ctx {
     }
 
     /// Journals how to remove a TC program qosd is about to attach to
-    /// `dev`'s `dir` hook (`ingress`/`egress`) at priority `pref`: the whole
-    /// clsact qdisc when qosd makes it (none there, or one qosd made
-    /// earlier under `prefix`), else only qosd's filter, so a clsact qdisc
-    /// that was there before is never removed. Keys start with `prefix`.
+    /// `dev`'s `dir` hook (`ingress`/`egress`) at priority `pref`: always
+    /// only qosd's filter (by its priority), and, when qosd makes the
+    /// clsact qdisc (none there yet), the qdisc too, recorded first so it
+    /// is restored last, and removed only if no filter is left on it
+    /// ([`crate::netns::clsact_in_use`]): another tool's filters, or
+    /// another qosd part's, keep it. A clsact qdisc that was there before
+    /// is never removed. Keys start with `prefix`.
     pub fn tc_hook(
         &mut self,
         knob: &'static str,
@@ -446,11 +449,9 @@ impl Ctx {
     ) -> Result<()> {
         let sv = |a: &[&str]| a.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
         let qdiscs = ns.run(&sv(&["tc", "qdisc", "show", "dev", dev]))?;
-        let has_clsact = qdiscs.lines().any(|l| l.starts_with("qdisc clsact"));
-        let clsact_key = format!("{prefix}clsact:{dev}");
-        if !has_clsact || self.journal.has(&format!("net:{}:{clsact_key}", ns.inode)) {
+        if !qdiscs.lines().any(|l| l.starts_with("qdisc clsact")) {
             let undo = sv(&["tc", "qdisc", "del", "dev", dev, "clsact"]);
-            return self.net(knob, ns, None, &clsact_key, undo);
+            self.net(knob, ns, None, &format!("{prefix}clsact:{dev}"), undo)?;
         }
         let pref = pref.to_string();
         let undo = sv(&["tc", "filter", "del", "dev", dev, dir, "pref", &pref]);

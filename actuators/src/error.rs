@@ -50,6 +50,15 @@ impl From<qosd_core::cpulist::CpuListError> for Error {
     }
 }
 
+impl From<qosd_core::sys::SysError> for Error {
+    fn from(e: qosd_core::sys::SysError) -> Self {
+        match e {
+            qosd_core::sys::SysError::Io { op, path, source } => Error::Io { op, path, source },
+            e @ qosd_core::sys::SysError::Parse { .. } => Error::Invalid(e.to_string()),
+        }
+    }
+}
+
 impl Error {
     pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io {

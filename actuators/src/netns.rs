@@ -102,6 +102,22 @@ pub fn already_gone(e: &Error) -> bool {
     }
 }
 
+/// True when `dev`'s clsact qdisc in `ns` still holds a filter on either
+/// hook (anyone's): qosd removes a clsact qdisc it made only when it is
+/// empty, so another tool's filters on it survive qosd's exit.
+pub fn clsact_in_use(ns: &NetnsRef, dev: &str) -> Result<bool> {
+    for dir in ["ingress", "egress"] {
+        let argv: Vec<String> = ["tc", "filter", "show", "dev", dev, dir]
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect();
+        if !ns.run(&argv)?.trim().is_empty() {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
 /// The only commands a journal entry may run to restore network objects:
 /// `ip link del qhd-…` (a delay line qosd made), `tc filter del … pref
 /// <qosd's>` and `tc qdisc del … clsact`. A forged state file cannot make

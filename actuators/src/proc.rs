@@ -8,6 +8,7 @@ use nix::unistd::Pid;
 
 use crate::error::{Error, Result};
 use crate::root::Root;
+use qosd_core::sys::stat::Stat;
 
 /// A /proc file of `pid` that cannot be read: the process is gone when the
 /// file is missing, otherwise an I/O error naming the path.
@@ -30,19 +31,25 @@ pub fn tids(root: &Root, pid: i32) -> Result<Vec<i32>> {
     Ok(v)
 }
 
+/// The `/proc/PID/stat` of `pid`: `NoSuchPid` when it is gone.
+fn stat(root: &Root, pid: i32) -> Result<Stat> {
+    Stat::read(root, pid, None).map_err(|e| {
+        if e.is_gone() {
+            Error::NoSuchPid(pid)
+        } else {
+            e.into()
+        }
+    })
+}
+
 /// The process start time (field 22 of `/proc/PID/stat`, clock ticks since
 /// boot): with the pid it names a process uniquely, so a restore after a
 /// crash never touches a different process that reused the pid.
 pub fn start_time(root: &Root, pid: i32) -> Result<u64> {
-    let p = root.path(format!("/proc/{pid}/stat"));
-    let s = std::fs::read_to_string(&p).map_err(|e| pid_err(pid, "reading", &p, e))?;
-    // The command name (field 2) may hold spaces and parentheses: split
-    // after the last ')'. Field 22 is then the 20th field after it.
-    let rest = s.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    rest.split_whitespace()
-        .nth(19)
-        .and_then(|f| f.parse().ok())
-        .ok_or_else(|| Error::Invalid(format!("{}: no start time field", p.display())))
+    stat(root, pid)?.start_ticks.ok_or_else(|| {
+        let p = root.path(format!("/proc/{pid}/stat"));
+        Error::Invalid(format!("{}: no start time field", p.display()))
+    })
 }
 
 /// True when `pid` is alive and is the process that started at `start`.
@@ -51,38 +58,21 @@ pub fn same_process(root: &Root, pid: i32, start: u64) -> bool {
 }
 
 /// Fails with `NoSuchPid` unless the process exists, and with `Invalid`
-/// for a kernel thread (see [`kernel_thread`]): qosd manages user
+/// for a kernel thread ([`Stat::kernel_thread`]): qosd manages user
 /// processes only. Every command and the daemon go through here.
 pub fn check_pid(root: &Root, pid: i32) -> Result<()> {
     if pid <= 0 {
         return Err(Error::Invalid(format!("pid {pid} is not a process id")));
     }
-    let p = root.path(format!("/proc/{pid}/stat"));
-    let s = std::fs::read_to_string(&p).map_err(|e| pid_err(pid, "reading", &p, e))?;
-    if let Some(name) = kernel_thread(&s) {
-        return Err(Error::Invalid(format!(
-            "pid {pid} ({name}) is a kernel thread: qosd manages user processes only"
-        )));
+    match stat(root, pid) {
+        Ok(s) if s.kernel_thread() => Err(Error::Invalid(format!(
+            "pid {pid} ({}) is a kernel thread: qosd manages user processes only",
+            s.comm
+        ))),
+        // A line that is not a stat line tells nothing against the pid.
+        Ok(_) | Err(Error::Invalid(_)) => Ok(()),
+        Err(e) => Err(e),
     }
-    Ok(())
-}
-
-/// PF_KTHREAD, in the flags field of `/proc/PID/stat` (include/linux/sched.h).
-const PF_KTHREAD: u64 = 0x0020_0000;
-
-/// The command name when a `/proc/PID/stat` line is a kernel thread's: the
-/// PF_KTHREAD flag, or kthreadd (pid 2) and its children where the flag is
-/// absent (a fake tree). Changing their affinity or cgroup breaks the
-/// kernel's own work (kthreadd's affinity is inherited by new kthreads).
-pub fn kernel_thread(stat: &str) -> Option<&str> {
-    let (head, rest) = stat.rsplit_once(')')?;
-    let (pid, name) = head.split_once(" (")?;
-    let mut f = rest.split_whitespace();
-    // Fields 3.. after the name: state, ppid, pgrp, session, tty, tpgid, flags.
-    let ppid = f.nth(1)?;
-    let flags: u64 = f.nth(4).and_then(|x| x.parse().ok()).unwrap_or(0);
-    let kthread = flags & PF_KTHREAD != 0 || pid.trim() == "2" || ppid == "2";
-    kthread.then_some(name)
 }
 
 /// `Cpus_allowed_list` of a thread or process, from `/proc/PID/status`.
@@ -168,23 +158,16 @@ pub fn on_kernel_fs(p: &Path) -> bool {
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn kernel_threads_are_told_apart_from_user_processes() {
-        use super::kernel_thread;
-        let me = std::fs::read_to_string("/proc/self/stat").unwrap();
-        assert_eq!(kernel_thread(&me), None);
-        let init = std::fs::read_to_string("/proc/1/stat").unwrap();
-        assert_eq!(kernel_thread(&init), None);
-        let kthreadd = std::fs::read_to_string("/proc/2/stat").unwrap();
-        assert_eq!(kernel_thread(&kthreadd), Some("kthreadd"));
-        // The flag alone, whatever the parent; a name with ") (" in it.
-        let flagged = "77 (odd) (name) S 1 0 0 0 -1 2129984 0 0";
-        assert_eq!(kernel_thread(flagged), Some("odd) (name"));
-        assert_eq!(kernel_thread("77 (user) S 1 0 0 0 -1 4194560 0 0"), None);
-        assert_eq!(kernel_thread("garbage"), None);
-    }
-
     use super::*;
+
+    #[test]
+    fn kernel_threads_are_refused() {
+        let r = Root::default();
+        assert!(check_pid(&r, std::process::id() as i32).is_ok());
+        let e = check_pid(&r, 2).unwrap_err().to_string();
+        assert!(e.contains("kthreadd") && e.contains("kernel thread"), "{e}");
+        assert!(matches!(check_pid(&r, i32::MAX), Err(Error::NoSuchPid(_))));
+    }
 
     #[test]
     fn reads_own_process() {

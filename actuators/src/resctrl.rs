@@ -165,7 +165,7 @@ fn schemata_of(root: &Root, app: &AppTarget) -> Result<String> {
     if g.exists() {
         read_file(&g)
     } else {
-        root.read(format!("{BASE}/schemata"))
+        Ok(root.read(format!("{BASE}/schemata"))?)
     }
 }
 

@@ -1,10 +1,10 @@
-//! CPU topology (online CPUs grouped into physical cores by
-//! `thread_siblings_list`) and the core allocator, which hands out whole
+//! CPU topology (online CPUs grouped into physical cores by their
+//! hyperthread siblings, as `qosd_core::sys::cpus` reads them) and the core allocator, which hands out whole
 //! physical cores so two apps never share a core's hyperthreads.
 
 use crate::error::{Error, Result};
 use crate::root::Root;
-use qosd_core::cpulist;
+use qosd_core::{cpulist, sys};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Topology {
@@ -16,20 +16,15 @@ pub struct Topology {
 }
 
 impl Topology {
-    /// Reads `/sys/devices/system/cpu/online` and each CPU's
-    /// `topology/thread_siblings_list` under `root`. A CPU without the
-    /// file is its own core.
+    /// Reads the online CPUs and each one's hyperthread siblings under
+    /// `root` (`qosd_core::sys::cpus`). A CPU without a siblings file is
+    /// its own core.
     pub fn read(root: &Root) -> Result<Self> {
-        let cpus = cpulist::parse(&root.read("/sys/devices/system/cpu/online")?)?;
-        let mut groups = Vec::new();
-        for &c in &cpus {
-            let p = format!("/sys/devices/system/cpu/cpu{c}/topology/thread_siblings_list");
-            let sib = match root.read(&p) {
-                Ok(s) => cpulist::parse(&s)?,
-                Err(_) => vec![c],
-            };
-            groups.push(sib);
-        }
+        let cpus = sys::cpus::list(root, sys::cpus::CpuSet::Online)?;
+        let groups = cpus
+            .iter()
+            .map(|&c| sys::cpus::siblings(root, c).unwrap_or_else(|_| vec![c]))
+            .collect();
         Ok(Self::from_groups(&cpus, groups))
     }
 

@@ -1,6 +1,7 @@
 //! Types shared by every qosd crate: what a sensor measures, which
 //! resources exist and what an app is given of each, and the policy
-//! interface (snapshot → plan), the [`control::Node`] interface and the
+//! interface (snapshot → plan), the one reader of `/proc` and `/sys`
+//! ([`sys`], under one root prefix), the [`control::Node`] interface and the
 //! one control loop that the daemon, real replays and the simulator all
 //! drive, and the YAML file reader whose errors name `file:line:col` and
 //! the key (config, policies and scenarios alike). Kept small so that
@@ -18,6 +19,7 @@ pub mod power;
 pub mod quota;
 pub mod resources;
 pub mod slo;
+pub mod sys;
 pub mod yamlfile;
 
 pub use knobs::{knob, Knob, KNOBS};

@@ -6,7 +6,9 @@
 //! by the client target: slack then means the same on both sides
 //! (`(T − gap − L_server) / T = (T − L_client) / T` when
 //! `L_client = L_server + gap`). The gap comes from calibration, as a
-//! curve over load ([`GapModel`]); where client samples exist beside the
+//! curve over load ([`GapModel`]), read at the same utilisation: a curve
+//! measured on one CPU says nothing of 900 req/s on two, where the server
+//! is half as busy ([`Load`]); where client samples exist beside the
 //! eBPF ones (replays, a daemon app that also gets POSTed latencies) a
 //! slow correction keeps it current ([`SloSide`]).
 
@@ -26,6 +28,26 @@ pub struct GapPoint {
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct GapModel {
     pub points: Vec<GapPoint>,
+    /// CPUs the app held while the points were measured (a real
+    /// calibration confines it); `None`: read the points at face value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<f64>,
+}
+
+/// The load an app is under: its rate and, where known, the CPUs it holds
+/// (`oa::cpus_held`). The gap grows with how busy the server is, so a
+/// rate on `cpus` CPUs reads the curve at `rps × model CPUs / cpus`.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Load {
+    pub rps: f64,
+    pub cpus: Option<f64>,
+}
+
+impl Load {
+    /// `rps` with the CPUs it is served on unknown.
+    pub fn rps(rps: f64) -> Load {
+        Load { rps, cpus: None }
+    }
 }
 
 impl GapModel {
@@ -60,7 +82,28 @@ impl GapModel {
             }
             i += n;
         }
-        Some(GapModel { points: pts })
+        Some(GapModel {
+            points: pts,
+            cpus: None,
+        })
+    }
+
+    /// The same curve, measured with the app on `cpus` CPUs.
+    pub fn on_cpus(self, cpus: Option<f64>) -> GapModel {
+        GapModel {
+            cpus: cpus.filter(|c| *c > 0.0),
+            ..self
+        }
+    }
+
+    /// The gap under `load`, µs: at the rate that keeps the server as
+    /// busy on the CPUs it was measured on.
+    pub fn gap_at(&self, load: Load) -> f64 {
+        let rps = match (self.cpus, load.cpus) {
+            (Some(m), Some(c)) if c > 0.0 => load.rps * m / c,
+            _ => load.rps,
+        };
+        self.gap_us(rps)
     }
 
     /// The gap at `rps`, µs.
@@ -135,31 +178,35 @@ impl SloSide {
         }
     }
 
-    /// The gap at `rps`, µs (≥ 0).
-    pub fn gap_us(&self, rps: f64) -> f64 {
-        let m = self.model.as_ref().map_or(0.0, |m| m.gap_us(rps));
-        (m + self.correction_us).max(0.0)
+    /// The modelled gap under `load`, µs (0 without a calibration).
+    fn model_gap_us(&self, load: Load) -> f64 {
+        self.model.as_ref().map_or(0.0, |m| m.gap_at(load))
     }
 
-    /// The eBPF-side target at `rps` and where it came from.
-    pub fn ebpf_target_us(&self, rps: f64) -> (f64, TargetFrom) {
+    /// The gap under `load`, µs (≥ 0).
+    pub fn gap_us(&self, load: Load) -> f64 {
+        (self.model_gap_us(load) + self.correction_us).max(0.0)
+    }
+
+    /// The eBPF-side target under `load` and where it came from.
+    pub fn ebpf_target_us(&self, load: Load) -> (f64, TargetFrom) {
         let from = match (self.nr_refreshes, &self.model) {
             (n, _) if n > 0 => TargetFrom::RefreshedGap,
             (_, Some(_)) => TargetFrom::CalibratedGap,
             (_, None) => TargetFrom::Client,
         };
         let t = self.client_target_us;
-        ((t - self.gap_us(rps)).max(MIN_SHARE * t), from)
+        ((t - self.gap_us(load)).max(MIN_SHARE * t), from)
     }
 
-    /// One interval with both figures at the target's percentile, µs, at
-    /// `rps`: the measured gap corrects the model slowly. Intervals with
-    /// too few samples for the percentile are not passed here.
-    pub fn refresh(&mut self, rps: f64, client_us: f64, ebpf_us: f64) {
+    /// One interval with both figures at the target's percentile, µs,
+    /// under `load`: the measured gap corrects the model slowly. Intervals
+    /// with too few samples for the percentile are not passed here.
+    pub fn refresh(&mut self, load: Load, client_us: f64, ebpf_us: f64) {
         if !(client_us.is_finite() && ebpf_us.is_finite()) {
             return;
         }
-        let model = self.model.as_ref().map_or(0.0, |m| m.gap_us(rps));
+        let model = self.model_gap_us(load);
         let residual = (client_us - ebpf_us).max(0.0) - model;
         // The first sample sets it; later ones move it by a fraction.
         let w = if self.nr_refreshes == 0 && self.model.is_none() {
@@ -210,13 +257,13 @@ mod tests {
         // client at 800 µs, slack 0.2 either way.
         let m = GapModel::fit(pts(&[(0.0, 300.0)]));
         let s = SloSide::new(1000.0, m);
-        let (t, from) = s.ebpf_target_us(50.0);
+        let (t, from) = s.ebpf_target_us(Load::rps(50.0));
         assert_eq!((t, from), (700.0, TargetFrom::CalibratedGap));
         let ebpf_slack = (t - 500.0) / s.client_target_us;
         assert!((ebpf_slack - (1000.0 - 800.0) / 1000.0).abs() < 1e-12);
         // A gap beyond the target leaves the floor, not a negative target.
         let huge = SloSide::new(100.0, GapModel::fit(pts(&[(0.0, 500.0)])));
-        assert_eq!(huge.ebpf_target_us(1.0).0, 2.0);
+        assert_eq!(huge.ebpf_target_us(Load::rps(1.0)).0, 2.0);
     }
 
     #[test]
@@ -224,19 +271,43 @@ mod tests {
         let mut s = SloSide::new(1000.0, GapModel::fit(pts(&[(0.0, 100.0)])));
         // The real gap is 300 µs: after many intervals the target follows.
         for _ in 0..200 {
-            s.refresh(10.0, 800.0, 500.0);
+            s.refresh(Load::rps(10.0), 800.0, 500.0);
         }
-        let (t, from) = s.ebpf_target_us(10.0);
+        let (t, from) = s.ebpf_target_us(Load::rps(10.0));
         assert!((t - 700.0).abs() < 1.0, "{t}");
         assert_eq!(from, TargetFrom::RefreshedGap);
         // One wild interval moves it by a twentieth of its error at most.
-        s.refresh(10.0, 5000.0, 500.0);
-        let (t2, _) = s.ebpf_target_us(10.0);
+        s.refresh(Load::rps(10.0), 5000.0, 500.0);
+        let (t2, _) = s.ebpf_target_us(Load::rps(10.0));
         assert!((t - t2) < 0.051 * 4200.0 + 1.0, "{t} -> {t2}");
         // Without a calibration the first sample sets the gap.
         let mut n = SloSide::new(1000.0, None);
-        assert_eq!(n.ebpf_target_us(1.0), (1000.0, TargetFrom::Client));
-        n.refresh(1.0, 400.0, 150.0);
-        assert_eq!(n.ebpf_target_us(1.0).0, 750.0);
+        assert_eq!(
+            n.ebpf_target_us(Load::rps(1.0)),
+            (1000.0, TargetFrom::Client)
+        );
+        n.refresh(Load::rps(1.0), 400.0, 150.0);
+        assert_eq!(n.ebpf_target_us(Load::rps(1.0)).0, 750.0);
+    }
+
+    #[test]
+    fn the_curve_is_read_at_the_same_utilisation() {
+        // Measured on 1 CPU: the client's backlog near that CPU's capacity
+        // (900 req/s) is 40 ms. On 2 CPUs 900 req/s keeps the server as
+        // busy as 450 did on one: the gap there, not the backlog.
+        let m = GapModel::fit(pts(&[(450.0, 300.0), (900.0, 40_000.0)]))
+            .unwrap()
+            .on_cpus(Some(1.0));
+        let on = |rps, cpus| Load { rps, cpus };
+        assert_eq!(m.gap_at(on(900.0, Some(2.0))), 300.0);
+        assert_eq!(m.gap_at(on(900.0, Some(1.0))), 40_000.0);
+        // Unknown CPUs, on either side: the rate at face value.
+        assert_eq!(m.gap_at(Load::rps(900.0)), 40_000.0);
+        let face = m.clone().on_cpus(None);
+        assert_eq!(face.gap_at(on(900.0, Some(2.0))), 40_000.0);
+        // The SLO reads its target the same way.
+        let s = SloSide::new(10_000.0, Some(m));
+        assert_eq!(s.ebpf_target_us(on(900.0, Some(2.0))).0, 9_700.0);
+        assert_eq!(s.ebpf_target_us(on(900.0, Some(1.0))).0, 200.0);
     }
 }

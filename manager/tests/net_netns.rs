@@ -5,8 +5,9 @@
 //! peer (and S + 62 over IPv6), and an app's listening port counts exactly what it received; a
 //! burst of K packets inside one millisecond bin is one bin of K; LRU
 //! evictions are counted; the TC programs are removed after SIGTERM and
-//! after SIGKILL + `qosd restore`, and a clsact qdisc that was there
-//! before stays. Needs root.
+//! after SIGKILL + `qosd restore`, a clsact qdisc that was there
+//! before stays, and so does one qosd made that another tool's filter
+//! joined. Needs root.
 
 use std::io::{BufRead, BufReader};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6, UdpSocket};
@@ -445,6 +446,51 @@ fn lru_evictions_are_counted_and_sigkill_then_restore_removes_only_qosds_filters
         tc.contains("clsact"),
         "the clsact qdisc that was there before is gone: {tc}"
     );
+}
+
+/// `tc filter add` of another tool's filter on `va`'s ingress (priority 7,
+/// not one of qosd's; `u32`, which this kernel has, unlike `matchall`).
+fn add_other_tools_filter(p: &Pair) {
+    sh(&[
+        "ip", "netns", "exec", &p.a, "tc", "filter", "add", "dev", &p.va, "ingress", "pref", "7",
+        "protocol", "all", "u32", "match", "u32", "0", "0",
+    ]);
+}
+
+#[test]
+fn another_tools_filter_on_the_clsact_qosd_made_survives_sigterm_and_sigkill_restore() {
+    use nix::sys::signal::Signal;
+    let p = Pair::new("s", 65);
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state.json");
+    for sig in [Signal::SIGTERM, Signal::SIGKILL] {
+        assert!(!p.tc().contains("clsact"), "{}", p.tc());
+        // qosd makes the clsact qdisc; then another tool hooks a filter on it.
+        let mut q = p.qosd(&state, &[]);
+        add_other_tools_filter(&p);
+        q.signal(sig);
+        if sig == Signal::SIGKILL {
+            let out = Command::new(QOSD)
+                .args(["restore", "--state-file"])
+                .arg(&state)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let tc = p.tc();
+        assert!(!tc.contains("net_"), "{sig}: qosd's filters left: {tc}");
+        assert!(
+            tc.contains("clsact") && tc.contains("pref 7 u32"),
+            "{sig}: the other tool's filter went with qosd: {tc}"
+        );
+        sh(&[
+            "ip", "netns", "exec", &p.a, "tc", "qdisc", "del", "dev", &p.va, "clsact",
+        ]);
+    }
 }
 
 #[test]

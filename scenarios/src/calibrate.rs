@@ -141,10 +141,10 @@ impl Calibration {
     /// calibrated gap (none: the client's target stands for both until
     /// client samples refresh it). `None` for an app without a target.
     pub fn slo(&self, app: &AppSpec) -> Option<SloSide> {
-        let model = self
-            .apps
-            .get(&app.name)
-            .and_then(|c| GapModel::fit(c.gap.clone()));
+        let model = self.apps.get(&app.name).and_then(|c| {
+            let model = GapModel::fit(c.gap.clone())?;
+            Some(model.on_cpus(c.nr_cpus.map(|n| n as f64)))
+        });
         Some(SloSide::new(self.target_us(app)?, model))
     }
 

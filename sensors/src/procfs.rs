@@ -8,13 +8,15 @@
 //! longer span (the daemon uses its decision interval).
 
 use std::collections::HashMap;
-use std::io;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
+
+use qosd_core::sys::stat::Stat;
+use qosd_core::sys::{Root, SysError};
 
 /// Reads CPU time under a root prefix (`/` on a real machine).
 #[derive(Debug, Clone)]
 pub struct Procfs {
-    root: PathBuf,
+    root: Root,
     ticks_per_s: f64,
 }
 
@@ -39,87 +41,65 @@ impl NodeCpu {
     }
 }
 
-fn not_found(e: &io::Error) -> bool {
-    e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH)
-}
-
 impl Procfs {
     /// `root` is the prefix of `/proc` (normally `/`).
     pub fn new(root: impl Into<PathBuf>) -> Self {
         // SAFETY: sysconf has no preconditions and only reads a constant.
         let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
         Procfs {
-            root: root.into(),
+            root: Root::new(root),
             ticks_per_s: if hz > 0 { hz as f64 } else { 100.0 },
         }
     }
 
-    fn path(&self, abs: &str) -> PathBuf {
-        self.root.join(abs.trim_start_matches('/'))
+    pub fn root(&self) -> &Root {
+        &self.root
     }
 
-    pub fn root(&self) -> &Path {
-        &self.root
+    /// CPU seconds of one stat file (`task`: one thread's, else the whole
+    /// process's). `Ok(None)` when it is gone.
+    fn cpu_s(&self, pid: i32, task: Option<i32>) -> Result<Option<f64>, SysError> {
+        let st = match Stat::read(&self.root, pid, task) {
+            Ok(s) => s,
+            Err(e) if e.is_gone() => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let ticks = st.cpu_ticks.ok_or_else(|| SysError::Parse {
+            path: self.root.path(format!("/proc/{pid}/stat")),
+            what: "utime/stime fields".into(),
+        })?;
+        Ok(Some(ticks as f64 / self.ticks_per_s))
     }
 
     /// CPU seconds used so far by every thread of `pid` (utime + stime).
     /// `Ok(None)` when the process is gone.
-    pub fn process_cpu_s(&self, pid: i32) -> io::Result<Option<f64>> {
-        let p = self.path(&format!("/proc/{pid}/stat"));
-        let s = match std::fs::read_to_string(&p) {
-            Ok(s) => s,
-            Err(e) if not_found(&e) => return Ok(None),
-            Err(e) => return Err(e),
-        };
-        let ticks = parse_stat_cpu_ticks(&s).ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("{}: no utime/stime fields", p.display()),
-            )
-        })?;
-        Ok(Some(ticks as f64 / self.ticks_per_s))
+    pub fn process_cpu_s(&self, pid: i32) -> Result<Option<f64>, SysError> {
+        self.cpu_s(pid, None)
     }
 
     /// CPU seconds used so far by each thread of `pid`
     /// (`/proc/PID/task/TID/stat`), as (tid, seconds); empty when the
     /// process is gone. Threads that exit while being read are skipped.
-    pub fn thread_cpu_s(&self, pid: i32) -> io::Result<Vec<(i32, f64)>> {
-        let dir = self.path(&format!("/proc/{pid}/task"));
-        let entries = match std::fs::read_dir(&dir) {
-            Ok(e) => e,
-            Err(e) if not_found(&e) => return Ok(Vec::new()),
-            Err(e) => return Err(e),
-        };
-        let mut out = Vec::new();
-        for e in entries.flatten() {
-            let Some(tid) = e.file_name().to_str().and_then(|t| t.parse::<i32>().ok()) else {
-                continue;
-            };
-            let Ok(s) = std::fs::read_to_string(e.path().join("stat")) else {
-                continue;
-            };
-            if let Some(t) = parse_stat_cpu_ticks(&s) {
-                out.push((tid, t as f64 / self.ticks_per_s));
-            }
-        }
+    pub fn thread_cpu_s(&self, pid: i32) -> Vec<(i32, f64)> {
+        let mut out: Vec<(i32, f64)> = (self.root.numbered(format!("/proc/{pid}/task")))
+            .into_iter()
+            .filter_map(|tid| Some((tid, self.cpu_s(pid, Some(tid)).ok()??)))
+            .collect();
         out.sort_by_key(|(t, _)| *t);
-        Ok(out)
+        out
     }
 
     /// The node's CPU time from the first line of `/proc/stat`.
-    pub fn node_cpu(&self) -> io::Result<NodeCpu> {
-        let p = self.path("/proc/stat");
-        let s = std::fs::read_to_string(&p)?;
+    pub fn node_cpu(&self) -> Result<NodeCpu, SysError> {
+        let s = self.root.read("/proc/stat")?;
         parse_proc_stat(&s)
             .map(|(busy, total)| NodeCpu {
                 busy_s: busy as f64 / self.ticks_per_s,
                 total_s: total as f64 / self.ticks_per_s,
             })
-            .ok_or_else(|| {
-                io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("{}: no `cpu` line", p.display()),
-                )
+            .ok_or_else(|| SysError::Parse {
+                path: self.root.path("/proc/stat"),
+                what: "a `cpu` line".into(),
             })
     }
 
@@ -138,17 +118,6 @@ impl Procfs {
                 )
             })
     }
-}
-
-/// utime + stime (fields 14 and 15) of a `/proc/PID/stat` line, in ticks.
-/// The command name (field 2) may hold spaces and parentheses: fields are
-/// counted after the last `)`.
-pub fn parse_stat_cpu_ticks(stat: &str) -> Option<u64> {
-    let rest = stat.rsplit_once(')')?.1;
-    let mut f = rest.split_whitespace().skip(11); // field 3 is index 0
-    let utime: u64 = f.next()?.parse().ok()?;
-    let stime: u64 = f.next()?.parse().ok()?;
-    Some(utime + stime)
 }
 
 /// (busy, total) ticks of the aggregate `cpu` line of `/proc/stat`.
@@ -208,15 +177,15 @@ mod tests {
     #[test]
     fn threads_of_this_process_are_read() {
         let me = std::process::id() as i32;
-        let t = Procfs::new("/").thread_cpu_s(me).unwrap();
+        let t = Procfs::new("/").thread_cpu_s(me);
         assert!(t.iter().any(|(tid, _)| *tid == me), "{t:?}");
         assert!(t.iter().all(|(_, s)| *s >= 0.0));
-        assert!(Procfs::new("/").thread_cpu_s(i32::MAX).unwrap().is_empty());
+        assert!(Procfs::new("/").thread_cpu_s(i32::MAX).is_empty());
     }
 
     use super::*;
 
-    fn put(root: &Path, abs: &str, text: &str) {
+    fn put(root: &std::path::Path, abs: &str, text: &str) {
         let p = root.join(abs.trim_start_matches('/'));
         std::fs::create_dir_all(p.parent().unwrap()).unwrap();
         std::fs::write(p, text).unwrap();
@@ -239,10 +208,15 @@ mod tests {
     }
 
     #[test]
-    fn parses_fields_after_a_tricky_comm() {
-        let s = stat_line(7, "a) b (c", 150, 50);
-        assert_eq!(parse_stat_cpu_ticks(&s), Some(200));
-        assert_eq!(parse_stat_cpu_ticks("7 (x) S 1"), None);
+    fn cpu_time_after_a_tricky_comm_and_a_short_line() {
+        let d = tempfile::tempdir().unwrap();
+        let pf = Procfs::new(d.path());
+        put(d.path(), "/proc/7/stat", &stat_line(7, "a) b (c", 150, 50));
+        let s = pf.process_cpu_s(7).unwrap().unwrap();
+        assert!((s - 200.0 / pf.ticks_per_s).abs() < 1e-9);
+        put(d.path(), "/proc/8/stat", "8 (x) S 1");
+        let e = pf.process_cpu_s(8).unwrap_err().to_string();
+        assert!(e.contains("cannot parse utime/stime"), "{e}");
     }
 
     #[test]
@@ -269,7 +243,7 @@ mod tests {
     fn meter_counts_each_pid_from_its_first_sight() {
         let d = tempfile::tempdir().unwrap();
         let pf = Procfs {
-            root: d.path().to_owned(),
+            root: Root::new(d.path()),
             ticks_per_s: 100.0,
         };
         put(d.path(), "/proc/10/stat", &stat_line(10, "srv", 100, 0));

@@ -250,6 +250,22 @@ pub(super) fn net(
         );
         return Ok(out);
     };
+    if let ["tc", "qdisc", "del", "dev", dev, "clsact"] = argv
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .as_slice()
+    {
+        match crate::netns::clsact_in_use(netns, dev) {
+            Ok(false) => {}
+            Ok(true) => {
+                tracing::info!("the clsact qdisc of {dev} still holds filters: kept");
+                return Ok(out);
+            }
+            Err(e) if crate::netns::already_gone(&e) => return Ok(out),
+            Err(e) => return Err(e),
+        }
+    }
     if !dry_run {
         match crate::tool::run(&full) {
             Err(e) if crate::netns::already_gone(&e) => return Ok(out),

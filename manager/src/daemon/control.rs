@@ -16,9 +16,9 @@ use qosd_core::oa::{cpus_held, Oa};
 use qosd_core::{Allocations, AppClass, Feedback, Limits, NodeCaps, Plan, Policy};
 use qosd_sensors::ebpf::RequestTracer;
 use qosd_sensors::power::PowerSensor;
-use qosd_sensors::procfs::{CpuMeter, Procfs};
 use qosd_sensors::sensor::client::{ClientFeeds, ClientSensor};
 use qosd_sensors::sensor::ebpf::EbpfSensor;
+use qosd_sensors::sensor::AppReading;
 
 use qosd_actuators::grouplock::{GroupLocks, PidClaims};
 
@@ -38,9 +38,6 @@ struct AppRt {
     pids: Vec<i32>,
     /// Why it is not managed, or its last failure to apply.
     note: Option<String>,
-    /// Its processes' CPU time per pid (the per-pid operational figures;
-    /// the app's own figures come from the sensing layer).
-    cpu: CpuMeter,
     /// Seconds since its per-pid CPU time was last read.
     cpu_span_s: f64,
     /// Its processes' requests and CPU time, per pid.
@@ -79,10 +76,9 @@ pub struct DaemonNode {
     client_feeds: ClientFeeds,
     /// The root prefix (for the group locks of other daemons).
     root: qosd_actuators::Root,
-    /// The tracer and /proc again, for per-pid operational figures (the
-    /// sensing layer's figures are per app).
+    /// The tracer again, for per-pid operational figures (the sensing
+    /// layer's figures are per app).
     tracer: Option<Arc<RequestTracer>>,
-    procfs: Procfs,
     /// The processes this daemon manages, claimed so that another daemon
     /// matching them sees it (none in a dry run: it manages nothing).
     claims: Option<PidClaims>,
@@ -157,7 +153,6 @@ impl Controller {
             client_feeds,
             root: qosd_actuators::Root::new(root),
             tracer,
-            procfs: Procfs::new(root),
             claims: (!dry_run).then(|| PidClaims::new(qosd_actuators::Root::new(root))),
             jobs: Jobs::none(nr_apps),
             scan: true,
@@ -252,7 +247,6 @@ impl AppRt {
             cfg: cfg.clone(),
             pids: Vec::new(),
             note: None,
-            cpu: CpuMeter::default(),
             cpu_span_s: 0.0,
             per_pid: Default::default(),
             containers: Vec::new(),
@@ -328,14 +322,14 @@ impl DaemonNode {
             .collect()
     }
 
-    /// Each app's CPU time per pid over the decision interval that ends
-    /// with this tick, and its per-pid operational figures.
-    fn per_pid_cpu(&mut self, dt_s: f64) {
-        for a in &mut self.apps {
+    /// Each app's per-pid operational figures over the decision interval
+    /// that ends with this tick, from the procfs sensor's CPU time per pid.
+    fn per_pid_cpu(&mut self, dt_s: f64, readings: &[AppReading]) {
+        for (a, r) in self.apps.iter_mut().zip(readings) {
             a.cpu_span_s += dt_s;
-            let by_pid = a.cpu.delta_by_pid(&self.procfs, &a.pids);
+            let by_pid = r.cpu_by_pid.as_deref().unwrap_or_default();
             let secs = std::mem::take(&mut a.cpu_span_s);
-            a.per_pid.update(&by_pid, self.tracer.as_deref(), secs);
+            a.per_pid.update(by_pid, self.tracer.as_deref(), secs);
         }
     }
 
@@ -345,7 +339,7 @@ impl DaemonNode {
     fn measure(&mut self, tick: &Tick) -> Sensed {
         let (mut sensed, readings) = self.sensing.sense(tick, &self.act);
         if tick.decide {
-            self.per_pid_cpu(tick.dt_s);
+            self.per_pid_cpu(tick.dt_s, &readings);
         } else {
             self.apps.iter_mut().for_each(|a| a.cpu_span_s += tick.dt_s);
         }
@@ -385,11 +379,13 @@ impl DaemonNode {
                 let node = self.act.node();
                 let used = self.sensing.cpus_used(i);
                 live.oa = Oa::of_interval(live.recent.rps(), used, share, node);
-                live.pid_oa = a.per_pid.figures(cpus_held(share, node));
-                live.slo = self
-                    .sensing
-                    .slo(i)
-                    .map(|s| SloView::of(s, live.recent.rps()));
+                let held = cpus_held(share, node);
+                live.pid_oa = a.per_pid.figures(held);
+                let load = qosd_core::slo::Load {
+                    rps: live.recent.rps(),
+                    cpus: held,
+                };
+                live.slo = self.sensing.slo(i).map(|s| SloView::of(s, load));
             }
         }
         for (i, row) in sensed.interval.iter_mut().enumerate() {

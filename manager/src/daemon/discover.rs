@@ -7,7 +7,8 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use qosd_actuators::proc::kernel_thread;
+use qosd_core::sys::stat::Stat;
+use qosd_core::sys::{Root, SysError};
 
 use crate::config::Match;
 use crate::kube::select::PodSource;
@@ -18,7 +19,7 @@ pub use qosd_sensors::sensor::ebpf::topmost;
 /// Reads `/proc` and cgroup files under a root prefix.
 #[derive(Debug, Clone)]
 pub struct Finder {
-    root: PathBuf,
+    root: Root,
     own_pid: i32,
     /// The node's pods, for `match: { pod: ... }`.
     pods: Option<PodSource>,
@@ -27,7 +28,7 @@ pub struct Finder {
 impl Finder {
     pub fn new(root: impl Into<PathBuf>) -> Self {
         Finder {
-            root: root.into(),
+            root: Root::new(root),
             own_pid: std::process::id() as i32,
             pods: None,
         }
@@ -46,13 +47,9 @@ impl Finder {
     /// The containers a pod matcher selects now (none for other matchers).
     pub fn containers_of(&self, m: &Match) -> Vec<PodRef> {
         match (&m.pod, &self.pods) {
-            (Some(pm), Some(src)) => src.select(&self.root, pm, |_| Vec::new()).containers,
+            (Some(pm), Some(src)) => src.select(self.root.dir(), pm, |_| Vec::new()).containers,
             _ => Vec::new(),
         }
-    }
-
-    fn path(&self, abs: &Path) -> PathBuf {
-        self.root.join(abs.strip_prefix("/").unwrap_or(abs))
     }
 
     /// True while `pid` exists, is not a zombie (an exited process its
@@ -64,18 +61,15 @@ impl Finder {
     /// running app because qosd could not open a file would hand its
     /// resources away.
     pub fn alive(&self, pid: i32) -> bool {
-        let p = self.path(Path::new(&format!("/proc/{pid}/stat")));
-        let s = match std::fs::read_to_string(p) {
-            Ok(s) => s,
-            Err(e) => return !gone(&e),
-        };
-        if let Some(name) = kernel_thread(&s) {
-            tracing::debug!("pid {pid} ({name}) is a kernel thread: not an app");
-            return false;
+        match Stat::read(&self.root, pid, None) {
+            Ok(s) if s.kernel_thread() => {
+                tracing::debug!("pid {pid} ({}) is a kernel thread: not an app", s.comm);
+                false
+            }
+            Ok(s) => !s.exited(),
+            Err(e @ SysError::Io { .. }) => !e.is_gone(),
+            Err(SysError::Parse { .. }) => false,
         }
-        s.rsplit_once(')')
-            .and_then(|(_, r)| r.split_whitespace().next())
-            .is_some_and(|state| state != "Z" && state != "X")
     }
 
     /// The processes of every matcher, in one pass over `/proc` for all the
@@ -107,7 +101,7 @@ impl Finder {
             let known = known.get(i).copied().unwrap_or_default();
             match (&m.pod, &self.pods) {
                 (Some(pm), Some(src)) => {
-                    let sel = src.select(&self.root, pm, |d| self.cgroup_procs(d));
+                    let sel = src.select(self.root.dir(), pm, |d| self.cgroup_procs(d));
                     found[i].extend(&sel.pids);
                     let kept = known.iter().filter(|&&p| src.still_selected(p, &sel));
                     found[i].extend(kept);
@@ -136,35 +130,21 @@ impl Finder {
 
     /// Every process's (pid, comm).
     fn processes(&self) -> Vec<(i32, String)> {
-        let dir = self.path(Path::new("/proc"));
-        let Ok(rd) = std::fs::read_dir(&dir) else {
-            return Vec::new();
-        };
-        let mut out = Vec::new();
-        for e in rd.flatten() {
-            let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
-                continue;
-            };
-            // The process may exit between readdir and read: skip it.
-            if let Ok(c) = std::fs::read_to_string(dir.join(format!("{pid}/comm"))) {
-                out.push((pid, c.trim_end_matches('\n').to_owned()));
-            }
-        }
-        out
+        // The process may exit between readdir and read: skip it.
+        (self.root.numbered("/proc").into_iter())
+            .filter_map(|pid| {
+                let c = self.root.read(format!("/proc/{pid}/comm")).ok()?;
+                Some((pid, c.trim_end_matches('\n').to_owned()))
+            })
+            .collect()
     }
 
     /// The pids in a cgroup directory (`cgroup.procs`); none if it is gone.
     fn cgroup_procs(&self, cg: &Path) -> Vec<i32> {
-        std::fs::read_to_string(self.path(&cg.join("cgroup.procs")))
+        std::fs::read_to_string(self.root.path(cg.join("cgroup.procs")))
             .map(|s| s.lines().filter_map(|l| l.trim().parse().ok()).collect())
             .unwrap_or_default()
     }
-}
-
-/// True if reading a process's `/proc` file failed because the process is
-/// gone (as opposed to qosd failing to read it).
-fn gone(e: &std::io::Error) -> bool {
-    e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH)
 }
 
 #[cfg(test)]

@@ -86,14 +86,14 @@ pub struct SloView {
 }
 
 impl SloView {
-    /// `slo` at `rps`, the load eBPF counts.
-    pub fn of(slo: &qosd_core::slo::SloSide, rps: f64) -> SloView {
-        let (t, from) = slo.ebpf_target_us(rps);
+    /// `slo` under `load` (the rate eBPF counts, the CPUs held).
+    pub fn of(slo: &qosd_core::slo::SloSide, load: qosd_core::slo::Load) -> SloView {
+        let (t, from) = slo.ebpf_target_us(load);
         SloView {
             client_target_us: slo.client_target_us,
             ebpf_target_us: t,
             ebpf_target_from: from.name(),
-            gap_us: slo.gap_us(rps),
+            gap_us: slo.gap_us(load),
             nr_refreshes: slo.nr_refreshes,
         }
     }

@@ -20,12 +20,12 @@ use qosd_scenarios::sim::fit::{self, JobPoint, ServerPoint, BUSY_THREAD_SHARE};
 use qosd_scenarios::sim::fitted::ModelFile;
 use qosd_scenarios::sim::model::SimModel;
 use qosd_scenarios::sweep::{self, SweepOptions};
-use qosd_sensors::ebpf::{Mode, RequestTracer, TargetOptions, TracerOptions};
+use qosd_sensors::ebpf::{RequestTracer, TracerOptions};
 use qosd_sensors::procfs::Procfs;
 
 use super::actuate::Actuation;
 use super::latency::from_tracer;
-use super::replay::server_pids;
+use super::replay::trace_server;
 
 /// Load steps of a server at each allocation, as fractions of the
 /// capacity expected there (the last one saturates it).
@@ -79,7 +79,7 @@ fn cpu(procfs: &Procfs, pids: &[i32]) -> (f64, BTreeMap<i32, f64>) {
     let mut threads = BTreeMap::new();
     for &p in pids {
         total += procfs.process_cpu_s(p).ok().flatten().unwrap_or(0.0);
-        for (t, s) in procfs.thread_cpu_s(p).unwrap_or_default() {
+        for (t, s) in procfs.thread_cpu_s(p) {
             threads.insert(t, s);
         }
     }
@@ -126,20 +126,8 @@ struct Ctx<'a> {
 fn server_points(c: &mut Ctx, app: &AppSpec) -> anyhow::Result<Vec<ServerPoint>> {
     let fixture = super::setup::fixture_cmd()?;
     let srv = servers::start(app, &fixture)?;
-    let pids = server_pids(srv.pid);
     eprintln!("fitting {} ({}, pid {})", app.name, srv.addr, srv.pid);
-    if let Some(t) = c.tracer {
-        for &pid in &pids {
-            let opts = TargetOptions {
-                mode: Mode::Auto,
-                ports: vec![srv.port],
-                follow_children: false,
-            };
-            if let Err(e) = t.add_target(pid as u32, opts) {
-                eprintln!("  eBPF: tracing pid {pid}: {e}");
-            }
-        }
-    }
+    let pids = trace_server(c.tracer, srv.pid, srv.port);
     let pct = app.target.as_ref().map_or(99.0, |t| t.percentile);
     let fig = crate::config::figure_of(app.latency);
     // A short drain: a saturated step's achieved rate is then close to

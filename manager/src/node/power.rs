@@ -50,25 +50,3 @@ impl RunPower {
         self.sensor
     }
 }
-
-/// `pid` and its descendants (from /proc/PID/task/TID/children): the
-/// processes whose power is the app's.
-pub fn process_tree(pid: u32) -> Vec<u32> {
-    let mut out = vec![pid];
-    let mut i = 0;
-    while i < out.len() && out.len() < 4096 {
-        let p = out[i];
-        i += 1;
-        let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else {
-            continue;
-        };
-        for t in tasks.flatten() {
-            let kids = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
-            out.extend(
-                kids.split_whitespace()
-                    .filter_map(|k| k.parse::<u32>().ok()),
-            );
-        }
-    }
-    out
-}

@@ -16,13 +16,13 @@ use qosd_core::{Allocations, Feedback, Limits, NodeCaps, Plan};
 use qosd_scenarios::batch::BatchJob;
 use qosd_scenarios::load::IntervalReport;
 use qosd_scenarios::scenario::AppSpec;
-use qosd_sensors::ebpf::RequestTracer;
+use qosd_sensors::ebpf::{Mode, RequestTracer, TargetOptions};
 use qosd_sensors::procfs::Procfs;
 use qosd_sensors::sensor::client::ClientSensor;
 use qosd_sensors::sensor::ebpf::EbpfSensor;
 
 use super::actuate::Actuation;
-use super::power::{process_tree, RunPower};
+use super::power::RunPower;
 use super::sensing::{plugins, SenseApp, Sensing};
 
 /// One app of the replay.
@@ -192,5 +192,27 @@ impl Node for ReplayNode {
 
 /// The pids of a server: it and its descendants, as `i32`.
 pub fn server_pids(pid: u32) -> Vec<i32> {
-    process_tree(pid).into_iter().map(|p| p as i32).collect()
+    qosd_core::sys::tree::process_tree(&qosd_core::sys::Root::default(), pid as i32)
+}
+
+/// The pids of a fixture server (listening on `port`), each traced as a
+/// target of its own when there is a tracer: a calibration or a fit
+/// merges their latencies itself, so children are not followed under the
+/// parent.
+pub fn trace_server(tracer: Option<&RequestTracer>, pid: u32, port: u16) -> Vec<i32> {
+    let tree = server_pids(pid);
+    let Some(t) = tracer else {
+        return tree;
+    };
+    for &pid in &tree {
+        let opts = TargetOptions {
+            mode: Mode::Auto,
+            ports: vec![port],
+            follow_children: false,
+        };
+        if let Err(e) = t.add_target(pid as u32, opts) {
+            eprintln!("  eBPF: tracing pid {pid}: {e}");
+        }
+    }
+    tree
 }

@@ -9,7 +9,7 @@
 use std::path::Path;
 
 use qosd_core::control::{AppInterval, Sensed, Tick};
-use qosd_core::slo::{SloSide, TargetFrom};
+use qosd_core::slo::{Load, SloSide, TargetFrom};
 use qosd_core::{AppClass, AppPower, AppState, Feedback, Limits, QosTarget};
 use qosd_sensors::ebpf::Figure;
 use qosd_sensors::power::PowerSensor;
@@ -49,6 +49,9 @@ pub fn plugins(
 pub trait Holdings {
     fn managed(&self, app: &str) -> bool;
     fn nr_cpus(&self, app: &str) -> usize;
+    /// CPUs' worth the app's allocation gives it, quota included
+    /// ([`qosd_core::oa::cpus_held`]); `None` when not known.
+    fn cpus_held(&self, app: &str) -> Option<f64>;
 }
 
 impl Holdings for Actuation {
@@ -58,6 +61,10 @@ impl Holdings for Actuation {
 
     fn nr_cpus(&self, app: &str) -> usize {
         self.cpus(app).map_or(self.nr_online_cpus(), |c| c.len())
+    }
+
+    fn cpus_held(&self, app: &str) -> Option<f64> {
+        qosd_core::oa::cpus_held(self.current().get(app), self.node())
     }
 }
 
@@ -116,6 +123,9 @@ struct Meter {
     cpu_util: f64,
     /// CPUs' worth of time its processes used over the last reading.
     cpus_used: Option<f64>,
+    /// CPUs' worth its allocation gives it (the gap is read at the same
+    /// utilisation as calibrated).
+    cpus_held: Option<f64>,
     cpu_total_s: f64,
     power: Option<AppPower>,
 }
@@ -139,6 +149,7 @@ impl Meter {
             cpu_span_s: 0.0,
             cpu_util: 0.0,
             cpus_used: None,
+            cpus_held: None,
             cpu_total_s: 0.0,
             power: None,
         }
@@ -325,6 +336,7 @@ impl Sensing {
             w.push(t.hist, tick.dt_s, t.latest_ns);
         }
         m.cpu_span_s += tick.dt_s;
+        m.cpus_held = act.cpus_held(&a.name);
         if let Some(used) = r.cpu_s {
             m.cpu_total_s += used;
             let nr_cpus = act.nr_cpus(&a.name);
@@ -362,11 +374,15 @@ impl Sensing {
         }
     }
 
-    /// App `a`'s eBPF-side target at `rps` (the load eBPF counts) and
-    /// where it came from.
-    fn ebpf_target(a: &SenseApp, rps: f64) -> Option<(f64, TargetFrom)> {
+    /// App `a`'s eBPF-side target at `rps` (the load eBPF counts) on the
+    /// CPUs it holds, and where it came from.
+    fn ebpf_target(a: &SenseApp, m: &Meter, rps: f64) -> Option<(f64, TargetFrom)> {
+        let load = Load {
+            rps,
+            cpus: m.cpus_held,
+        };
         match &a.slo {
-            Some(s) => Some(s.ebpf_target_us(rps)),
+            Some(s) => Some(s.ebpf_target_us(load)),
             None => a.client_target_us.map(|v| (v, TargetFrom::Client)),
         }
     }
@@ -377,7 +393,7 @@ impl Sensing {
         match a.feedback {
             Feedback::Client => a.client_target_us.map(|v| QosTarget::new(a.percentile, v)),
             Feedback::Ebpf => {
-                let (v, _) = Self::ebpf_target(a, Self::fed(a, m).rps())?;
+                let (v, _) = Self::ebpf_target(a, m, Self::fed(a, m).rps())?;
                 Some(QosTarget {
                     slo_us: a.slo.as_ref().map(|s| s.client_target_us),
                     ..QosTarget::new(a.percentile, v)
@@ -426,7 +442,11 @@ impl Sensing {
             if let (Some(cu), Some(eu)) =
                 (c.percentile_us(a.percentile), e.percentile_us(a.percentile))
             {
-                slo.refresh(e.rps(), cu, eu);
+                let load = Load {
+                    rps: e.rps(),
+                    cpus: m.cpus_held,
+                };
+                slo.refresh(load, cu, eu);
             }
         }
     }
@@ -444,7 +464,7 @@ impl Sensing {
             let pct = a.percentile;
             let at = |h: &LogHistogram| h.percentile(pct).map(|v| v as f64 / 1e3);
             let server_rps = m.iv_server.len() as f64 / iv_s;
-            let ebpf_target = Self::ebpf_target(a, server_rps);
+            let ebpf_target = Self::ebpf_target(a, m, server_rps);
             rows.push(AppInterval {
                 app: a.name.clone(),
                 offered_rps: a.driven.then(|| m.offered_rps.unwrap_or(0.0)),

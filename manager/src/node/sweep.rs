@@ -7,10 +7,10 @@ use qosd_core::slo::GapPoint;
 use qosd_scenarios::calibrate::{self, Calibration};
 use qosd_scenarios::sweep::{self, SweepOptions};
 use qosd_scenarios::{load::LoadError, servers};
-use qosd_sensors::ebpf::{Mode, RequestTracer, TargetOptions, TracerOptions};
+use qosd_sensors::ebpf::{RequestTracer, TracerOptions};
 
 use super::latency::from_tracer;
-use super::replay::server_pids;
+use super::replay::trace_server;
 use super::setup::fixture_cmd;
 use crate::usage;
 
@@ -68,20 +68,8 @@ pub fn calibrate(
             "calibrating {} ({}, pid {}, CPUs {cpus:?})",
             app.name, srv.addr, srv.pid
         );
-        let tree = server_pids(srv.pid);
-        if let Some(t) = &tracer {
-            for &pid in &tree {
-                let opts = TargetOptions {
-                    mode: Mode::Auto,
-                    ports: vec![srv.port],
-                    // Every pid of the tree is its own target, merged below.
-                    follow_children: false,
-                };
-                if let Err(e) = t.add_target(pid as u32, opts) {
-                    eprintln!("  eBPF: tracing pid {pid}: {e}");
-                }
-            }
-        }
+        // Every pid of the tree is its own target, merged below.
+        let tree = trace_server(tracer.as_ref(), srv.pid, srv.port);
         let pct = app.target.as_ref().map_or(99.0, |t| t.percentile);
         let mut ebpf: Vec<(f64, Option<f64>)> = Vec::new();
         let c = sweep::sweep(app, &srv.addr, o, &mut |p| {

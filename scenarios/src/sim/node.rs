@@ -10,7 +10,7 @@
 
 use qosd_core::admit::{admit, even_share, Peers};
 use qosd_core::control::{AppInterval, Applied, Node, Sensed, Tick};
-use qosd_core::slo::SloSide;
+use qosd_core::slo::{Load, SloSide};
 use qosd_core::{Allocations, AppState, Limits, NodeCaps, Plan, QosTarget, Resource, Share};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -188,12 +188,17 @@ impl SimulatedNode {
             st.energy_j += p * dt;
             self.node_energy_j += p * dt;
             let seen = sampled_percentiles(&[sample], st.percentile, &mut st.rng);
+            let held = st.model.effective_cpus(&a, node);
+            let load = Load {
+                rps: served / dt,
+                cpus: Some(held),
+            };
             states.push(state(
                 st,
                 seen,
                 self.client_feedback,
-                served / dt,
-                (busy / st.model.effective_cpus(&a, node).max(1e-9), busy),
+                load,
+                (busy / held.max(1e-9), busy),
                 p,
             ));
         }
@@ -218,7 +223,7 @@ impl SimulatedNode {
                 st,
                 (None, None, 0),
                 self.client_feedback,
-                0.0,
+                Load::default(),
                 (util, cpus),
                 p,
             ));
@@ -272,7 +277,12 @@ impl SimulatedNode {
             let job = st.spec.job.is_some();
             // The eBPF-side target at the interval's load, as the policy
             // would derive it from what eBPF counts.
-            let ebpf_target = st.slo.as_ref().map(|s| s.ebpf_target_us(st.served / iv_s));
+            let held = st.model.effective_cpus(&a, &self.node);
+            let load = Load {
+                rps: st.served / iv_s,
+                cpus: Some(held),
+            };
+            let ebpf_target = st.slo.as_ref().map(|s| s.ebpf_target_us(load));
             // What the sensors saw of the interval's requests: the
             // timeline and the policy get the same figures.
             let samples = std::mem::take(&mut st.samples);
@@ -291,12 +301,12 @@ impl SimulatedNode {
                 cpus_used: Some(st.busy_core_s / iv_s),
             });
             let busy = st.busy_core_s / iv_s;
-            let util = busy / st.model.effective_cpus(&a, &self.node).max(1e-9);
+            let util = busy / held.max(1e-9);
             states.push(state(
                 st,
                 seen,
                 self.client_feedback,
-                st.served / iv_s,
+                load,
                 (util, busy),
                 power,
             ));
@@ -379,7 +389,7 @@ fn state(
     st: &AppSim,
     seen: (Option<f64>, Option<f64>, u64),
     client: bool,
-    rps: f64,
+    load: Load,
     cpu: (f64, f64),
     power_w: f64,
 ) -> AppState {
@@ -394,11 +404,11 @@ fn state(
         } else {
             st.slo.as_ref().map(|s| QosTarget {
                 slo_us: Some(s.client_target_us),
-                ..QosTarget::new(st.percentile, s.ebpf_target_us(rps).0)
+                ..QosTarget::new(st.percentile, s.ebpf_target_us(load).0)
             })
         },
         latency_us: if client { seen.0 } else { seen.1 },
-        rps,
+        rps: load.rps,
         nr_samples: seen.2,
         cpu_util: cpu.0.clamp(0.0, 1.0),
         cpus_used: Some(cpu.1),

@@ -158,7 +158,7 @@ fn add_target(
     let sockets = maps.lports.is_some();
     let mut members = vec![pid];
     if opts.follow_children {
-        members.extend(seed::descendants(pid));
+        members.extend(super::descendants(pid));
     }
     for &m in &members {
         let cfg = cfg_of(opts, emit, pid);

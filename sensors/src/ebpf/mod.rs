@@ -38,7 +38,11 @@ pub use probe::{check_environment, monotonic_ns};
 /// Every live descendant of `pid`, from /proc: what tracing `pid` follows
 /// on the socket path.
 pub fn descendants(pid: u32) -> Vec<u32> {
-    seed::descendants(pid)
+    let root = qosd_core::sys::Root::default();
+    qosd_core::sys::tree::descendants(&root, pid as i32)
+        .into_iter()
+        .map(|p| p as u32)
+        .collect()
 }
 pub use target::{Figure, KindReport, TargetReport};
 

@@ -102,45 +102,6 @@ fn leading_listeners(r: impl std::io::BufRead) -> Vec<TcpRow> {
     rows
 }
 
-/// Every live descendant of `pid` (children, their children, ...), from
-/// the parent pids in /proc/*/stat.
-pub(crate) fn descendants(pid: u32) -> Vec<u32> {
-    let Ok(dir) = fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
-    for e in dir.flatten() {
-        let Some(p) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
-            continue;
-        };
-        let ppid = fs::read_to_string(format!("/proc/{p}/stat"))
-            .ok()
-            .and_then(|s| parse_ppid(&s));
-        if let Some(pp) = ppid {
-            children.entry(pp).or_default().push(p);
-        }
-    }
-    let mut out = Vec::new();
-    let mut todo = vec![pid];
-    while let Some(p) = todo.pop() {
-        for &c in children.get(&p).map(Vec::as_slice).unwrap_or(&[]) {
-            if c != pid && !out.contains(&c) {
-                out.push(c);
-                todo.push(c);
-            }
-        }
-    }
-    out.sort_unstable();
-    out
-}
-
-/// The parent pid in a /proc/PID/stat line (after the parenthesised comm,
-/// which may itself hold spaces and parentheses).
-fn parse_ppid(stat: &str) -> Option<u32> {
-    let (_, rest) = stat.rsplit_once(')')?;
-    rest.split_whitespace().nth(1)?.parse().ok()
-}
-
 /// (fd, local port) of every established TCP connection of `pid` whose
 /// local port is one the process listens on, i.e. one it accepted.
 pub(crate) fn accepted_connections(pid: u32) -> Vec<(u32, u16)> {
@@ -241,18 +202,12 @@ mod tests {
     }
 
     #[test]
-    fn parses_the_parent_pid_after_an_odd_comm() {
-        assert_eq!(parse_ppid("42 (a) b (c) S 7 42 42 0 -1"), Some(7));
-        assert_eq!(parse_ppid("42 no-paren S 7"), None);
-    }
-
-    #[test]
     fn finds_children_and_listening_ports() {
         let mut child = std::process::Command::new("sleep")
             .arg("5")
             .spawn()
             .unwrap();
-        let found = descendants(std::process::id());
+        let found = crate::ebpf::descendants(std::process::id());
         let _ = child.kill();
         let _ = child.wait();
         assert!(found.contains(&child.id()), "{found:?}");

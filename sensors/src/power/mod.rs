@@ -57,6 +57,15 @@ pub enum PowerError {
     Unavailable(&'static str, String),
 }
 
+impl From<qosd_core::sys::SysError> for PowerError {
+    fn from(e: qosd_core::sys::SysError) -> Self {
+        match e {
+            qosd_core::sys::SysError::Io { path, source, .. } => PowerError::Io { path, source },
+            qosd_core::sys::SysError::Parse { path, what } => PowerError::Parse { path, what },
+        }
+    }
+}
+
 /// What was detected at start: the energy source, the weighting, and
 /// everything that is missing on this machine and why.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -146,7 +155,7 @@ impl PowerSensor {
     /// first interval.
     pub fn open(cfg: &PowerConfig, root: &Path) -> Result<PowerSensor, PowerError> {
         cfg.validate()?;
-        let topo = CpuPackages::read(root)?;
+        let topo = CpuPackages::read(&qosd_core::sys::Root::new(root))?;
         let mut notes = Vec::new();
         let energy = detect_energy(cfg, root, &topo, &mut notes)?;
         let mut sched = Sched::open(&topo, cfg.nr_threads_max, cfg.use_cycles)?;

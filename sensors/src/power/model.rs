@@ -76,7 +76,7 @@ mod tests {
     fn formula_term_by_term() {
         let d = tempfile::tempdir().unwrap();
         fake_cpus(d.path(), 2, 2, 1); // CPUs 0,1 on socket 0; 2,3 on socket 1
-        let topo = CpuPackages::read(d.path()).unwrap();
+        let topo = CpuPackages::read(&qosd_core::sys::Root::new(d.path())).unwrap();
         let cfg = ModelConfig {
             base_w: 20.0,
             idle_w_per_cpu: 2.0,
@@ -102,7 +102,7 @@ mod tests {
         fs::create_dir_all(&f).unwrap();
         fs::write(f.join("scaling_cur_freq"), "1200000\n").unwrap();
         fs::write(f.join("cpuinfo_max_freq"), "2400000\n").unwrap();
-        let topo = CpuPackages::read(d.path()).unwrap();
+        let topo = CpuPackages::read(&qosd_core::sys::Root::new(d.path())).unwrap();
         assert_eq!(freq_ratios(d.path(), &topo), vec![None, Some(0.5)]);
     }
 }

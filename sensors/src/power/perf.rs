@@ -261,7 +261,7 @@ mod tests {
 
     #[test]
     fn this_machine_reports_why_cycles_are_missing_or_opens_them() {
-        let topo = CpuPackages::read(Path::new("/")).unwrap();
+        let topo = CpuPackages::read(&qosd_core::sys::Root::default()).unwrap();
         let has_pmu = Path::new("/sys/bus/event_source/devices/cpu").exists()
             || Path::new("/sys/bus/event_source/devices/cpu_core").exists();
         match open_cycle_counters(&topo) {

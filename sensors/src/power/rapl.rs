@@ -234,7 +234,7 @@ pub(crate) mod tests {
         fake_zone(root, 1, Some(0), "dram", 7, range);
         // psys is platform-wide, not a socket: ignored.
         fake_zone(root, 2, None, "psys", 0, range);
-        let topo = CpuPackages::read(root).unwrap();
+        let topo = CpuPackages::read(&qosd_core::sys::Root::new(root)).unwrap();
         let mut p = Powercap::detect(root, &topo).unwrap().unwrap();
         assert_eq!(
             p.domains,
@@ -261,7 +261,7 @@ pub(crate) mod tests {
     fn no_powercap_is_none() {
         let d = tempfile::tempdir().unwrap();
         fake_cpus(d.path(), 1, 2, 1);
-        let topo = CpuPackages::read(d.path()).unwrap();
+        let topo = CpuPackages::read(&qosd_core::sys::Root::new(d.path())).unwrap();
         assert!(Powercap::detect(d.path(), &topo).unwrap().is_none());
     }
 }

@@ -21,7 +21,7 @@ fn open_slice_counts_towards_busy_time() {
 /// sizes and our encoding and decoding agree.
 #[test]
 fn root_records_round_trip_through_the_kernel() {
-    let topo = CpuPackages::read(std::path::Path::new("/")).unwrap();
+    let topo = CpuPackages::read(&qosd_core::sys::Root::default()).unwrap();
     let s = Sched::load(&topo, 1024, false).expect("load the sched program (root)");
     assert_eq!(s.skel.maps.cpus.max_entries() as usize, s.nr_cpus());
     let st = CpuState {

@@ -1,8 +1,11 @@
 //! CPU topology for attribution: which socket each CPU is on and its SMT
-//! sibling, read from `<root>/sys/devices/system/cpu` so that tests can
-//! describe any machine in a temp dir.
+//! sibling, from the topology files as `qosd_core::sys::cpus` reads them
+//! under the root prefix, so that tests can describe any machine in a
+//! temp dir.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+use qosd_core::sys::{cpus, Root};
 
 use super::PowerError;
 
@@ -21,7 +24,7 @@ pub struct Cpu {
 /// they sit on: what power attribution needs. Not the actuators'
 /// `Topology`, which groups online CPUs into physical cores for the core
 /// allocator; both read `sys/devices/system/cpu` through
-/// `qosd_core::cpulist`.
+/// `qosd_core::sys::cpus`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CpuPackages {
     pub cpus: Vec<Cpu>,
@@ -52,27 +55,21 @@ pub(crate) fn read_cpu_list(path: &Path) -> Result<Vec<u32>, PowerError> {
 }
 
 impl CpuPackages {
-    /// Reads `possible` and each CPU's `topology/` under `root`.
-    pub fn read(root: &Path) -> Result<CpuPackages, PowerError> {
-        let base = root.join("sys/devices/system/cpu");
-        let ids = read_cpu_list(&base.join("possible"))?;
+    /// Reads the possible CPUs and each one's package and siblings under
+    /// `root` (`qosd_core::sys::cpus`); a CPU without a `topology/`
+    /// directory is offline.
+    pub fn read(root: &Root) -> Result<CpuPackages, PowerError> {
+        let ids = cpus::list(root, cpus::CpuSet::Possible)?;
         let n = ids.iter().max().map_or(0, |m| *m as usize + 1);
         let mut packages = vec![None; n];
         let mut siblings = vec![None; n];
         let mut wide = 0;
         for cpu in ids {
-            let t: PathBuf = base.join(format!("cpu{cpu}/topology"));
-            if !t.exists() {
+            if !cpus::has_topology(root, cpu) {
                 continue; // offline
             }
-            let pkg = read_trimmed(&t.join("physical_package_id"))?;
-            let pkg: i64 = pkg.parse().map_err(|_| PowerError::Parse {
-                path: t.join("physical_package_id"),
-                what: format!("package id {pkg:?}"),
-            })?;
-            // -1 on some virtual machines: one socket.
-            packages[cpu as usize] = Some(pkg.max(0) as u32);
-            let sibs = read_cpu_list(&t.join("thread_siblings_list"))?;
+            packages[cpu as usize] = Some(cpus::package(root, cpu)?);
+            let sibs = cpus::siblings(root, cpu)?;
             match sibs.as_slice() {
                 [a, b] => siblings[cpu as usize] = Some(if *a == cpu { *b } else { *a }),
                 [_] | [] => {}
@@ -162,7 +159,7 @@ pub(crate) mod tests {
     fn two_sockets_with_smt() {
         let d = tempfile::tempdir().unwrap();
         fake_cpus(d.path(), 2, 2, 2);
-        let t = CpuPackages::read(d.path()).unwrap();
+        let t = CpuPackages::read(&Root::new(d.path())).unwrap();
         assert_eq!(t.cpus.len(), 8);
         assert_eq!(t.sockets, vec![0, 1]);
         assert_eq!(t.cpus[0].sibling, Some(4));
@@ -175,7 +172,7 @@ pub(crate) mod tests {
 
     #[test]
     fn this_machine_reads() {
-        let t = CpuPackages::read(Path::new("/")).unwrap();
+        let t = CpuPackages::read(&Root::default()).unwrap();
         assert!(!t.cpus.is_empty());
         assert!(t.cpus.iter().any(|c| c.online));
     }

@@ -88,6 +88,9 @@ pub struct AppReading {
     pub server: Option<[LatencyTick; 2]>,
     /// CPU seconds its processes used since the previous reading.
     pub cpu_s: Option<f64>,
+    /// The same per pid, for the pids read before too (a pid seen for the
+    /// first time counts from now on): per-process figures.
+    pub cpu_by_pid: Option<Vec<(i32, f64)>>,
     /// Its power since the previous reading (`energy_per_request_j` is
     /// left to the caller, who knows its throughput).
     pub power: Option<AppPower>,
@@ -126,6 +129,7 @@ impl Measurements {
             a.client = b.client.or(a.client.take());
             a.server = b.server.or(a.server.take());
             a.cpu_s = b.cpu_s.or(a.cpu_s);
+            a.cpu_by_pid = b.cpu_by_pid.or(a.cpu_by_pid.take());
             a.power = b.power.or(a.power.take());
             a.net = b.net.or(a.net);
         }

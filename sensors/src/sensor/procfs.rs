@@ -1,5 +1,6 @@
 //! CPU time from `/proc` as a plugin: the CPU seconds each target's
-//! processes used since the previous sample, and the node's utilisation.
+//! processes used since the previous sample (in all and per pid), and the
+//! node's utilisation.
 //! Sampled on decision ticks only: the kernel counts CPU time in 10 ms
 //! ticks, too coarse for a 100 ms monitoring tick.
 
@@ -45,7 +46,9 @@ impl Sensor for ProcfsSensor {
         let mut m = Measurements::empty(targets.len());
         self.meters.resize_with(targets.len(), CpuMeter::default);
         for ((r, t), meter) in m.apps.iter_mut().zip(targets).zip(&mut self.meters) {
-            r.cpu_s = Some(meter.delta_s(&self.procfs, t.pids));
+            let by_pid = meter.delta_by_pid(&self.procfs, t.pids);
+            r.cpu_s = Some(by_pid.iter().map(|(_, d)| d).sum());
+            r.cpu_by_pid = Some(by_pid);
         }
         // The node's figure is a bonus: a process figure without it is
         // still worth having.
@@ -99,6 +102,9 @@ mod tests {
         }
         let m = s.sample(&tick, &t).unwrap();
         assert!(m.apps[0].cpu_s.unwrap() > 0.0, "{m:?}");
+        let by_pid = m.apps[0].cpu_by_pid.as_deref().unwrap();
+        assert_eq!(by_pid.len(), 1);
+        assert_eq!((by_pid[0].0, Some(by_pid[0].1)), (me[0], m.apps[0].cpu_s));
         assert!(m.node_cpu_util.is_some_and(|u| (0.0..=1.0).contains(&u)));
     }
 }

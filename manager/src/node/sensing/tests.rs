@@ -43,6 +43,9 @@ impl Holdings for TwoCpus {
     fn nr_cpus(&self, _: &str) -> usize {
         2
     }
+    fn cpus_held(&self, _: &str) -> Option<f64> {
+        Some(2.0)
+    }
 }
 
 fn app(name: &str, feedback: Feedback) -> SenseApp {
@@ -189,7 +192,9 @@ fn ebpf_target_after(n: u64, ticks: u64) -> (f64, TargetFrom) {
     for k in 1..=ticks {
         s.sense(&tick(k), &TwoCpus);
     }
-    s.slo(0).unwrap().ebpf_target_us(0.0)
+    s.slo(0)
+        .unwrap()
+        .ebpf_target_us(qosd_core::slo::Load::rps(0.0))
 }
 
 #[test]
