@@ -105,17 +105,14 @@ impl Procfs {
 
     /// The node's 1-minute load average (`/proc/loadavg`'s first field):
     /// how many tasks wanted a CPU, on average.
-    pub fn loadavg_1m(&self) -> io::Result<f64> {
-        let p = self.path("/proc/loadavg");
-        let s = std::fs::read_to_string(&p)?;
+    pub fn loadavg_1m(&self) -> Result<f64, SysError> {
+        let s = self.root.read("/proc/loadavg")?;
         s.split_whitespace()
             .next()
             .and_then(|f| f.parse().ok())
-            .ok_or_else(|| {
-                io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("{}: unexpected {s:?}", p.display()),
-                )
+            .ok_or_else(|| SysError::Parse {
+                path: self.root.path("/proc/loadavg"),
+                what: format!("a load average in {s:?}"),
             })
     }
 }
