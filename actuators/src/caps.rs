@@ -163,14 +163,38 @@ pub type Detected = (KnobCaps, Option<Box<dyn Actuator>>);
 pub type Detect = fn(&Probe) -> Detected;
 
 /// Every knob's detection, in [`Resource::ALL`] order.
-pub const DETECTORS: [(Resource, Detect); 6] = [
+pub const DETECTORS: [(Resource, Detect); 7] = [
     (Resource::Cores, cores::detect),
     (Resource::Frequency, freq::detect),
     (Resource::CacheWays, resctrl::detect_ways),
     (Resource::MemoryBandwidth, resctrl::detect_mb),
     (Resource::CpuQuota, quota::detect),
     (Resource::CpuPriority, priority::detect),
+    (Resource::Hedge, linked_hedge),
 ];
+
+/// The hedge knob's detection, which lives in the `qosd-hedge` crate (it
+/// builds on this one): the binary links it in at start ([`link_hedge`]).
+static HEDGE_DETECT: std::sync::OnceLock<Detect> = std::sync::OnceLock::new();
+
+/// Links the hedge knob's detection in (once; later calls are ignored).
+pub fn link_hedge(detect: Detect) {
+    let _ = HEDGE_DETECT.set(detect);
+}
+
+fn linked_hedge(p: &Probe) -> Detected {
+    match HEDGE_DETECT.get() {
+        Some(detect) => detect(p),
+        None => {
+            let probe = BackendProbe {
+                name: "tc-bpf".into(),
+                available: false,
+                reason: "the hedger is not linked into this program".into(),
+            };
+            (KnobCaps::choose(vec![probe], |_| true), None)
+        }
+    }
+}
 
 /// Probes the machine: what `qosd caps` shows, the chosen plugins (in
 /// [`Resource::ALL`] order) and what the policy may hand out.
