@@ -85,6 +85,10 @@ pub struct Config {
     /// The CFS period quotas are enforced over, µs (1000-1000000); `None`
     /// leaves each group's own (the kernel's 100 ms).
     pub cpu_quota_period_us: Option<u64>,
+    /// CFS burst, % of the quota (0-100): how much of a period's quota
+    /// that went unused may be spent later (`cpu.max.burst`,
+    /// `cpu.cfs_burst_us`; kernels without them: none).
+    pub cpu_quota_burst_pct: u32,
     /// Restore every change when the set is dropped (the daemon, replays);
     /// `qosd set` turns it off to leave its one-shot change in place.
     pub restore_on_drop: bool,
@@ -105,6 +109,7 @@ impl Default for Config {
             cpu_quota_backend: QuotaBackend::Auto,
             cpu_quota_unit_milli: DEFAULT_QUOTA_UNIT_MILLI,
             cpu_quota_period_us: None,
+            cpu_quota_burst_pct: crate::quota::DEFAULT_BURST_PCT,
             restore_on_drop: true,
             hedge: Default::default(),
         }
@@ -129,6 +134,12 @@ impl Config {
                     "actuators.cpu_quota_period_us: {p} is not in 1000-1000000 (1 ms to 1 s)"
                 )));
             }
+        }
+        if self.cpu_quota_burst_pct > 100 {
+            return Err(Error::Invalid(format!(
+                "actuators.cpu_quota_burst_pct: {} is not in 0-100 (% of the quota)",
+                self.cpu_quota_burst_pct
+            )));
         }
         if !self.root.is_absolute() || !self.root.is_dir() {
             return Err(Error::Invalid(format!(

@@ -245,6 +245,12 @@ pub struct ActuatorsConfig {
     /// waits for the next period, so a short one bounds that wait.
     #[serde(default)]
     pub cpu_quota_period_us: Option<u64>,
+    /// CFS burst, % of the quota (0-100; default 100): how much of a
+    /// period's quota that went unused the app may spend later, so a
+    /// burst of requests is not throttled (where the kernel has
+    /// `cpu.max.burst` / `cpu.cfs_burst_us`; docs/sharing.md).
+    #[serde(default = "default_burst_pct")]
+    pub cpu_quota_burst_pct: u32,
     /// Root prefix of every /sys, /proc, cgroup and resctrl path (tests
     /// point it at a fake tree).
     #[serde(default = "default_root")]
@@ -260,6 +266,9 @@ fn all_resources() -> Vec<Resource> {
 fn default_quota_unit() -> u32 {
     qosd_actuators::config::DEFAULT_QUOTA_UNIT_MILLI
 }
+fn default_burst_pct() -> u32 {
+    qosd_actuators::quota::DEFAULT_BURST_PCT
+}
 fn default_root() -> PathBuf {
     PathBuf::from("/")
 }
@@ -274,6 +283,7 @@ impl Default for ActuatorsConfig {
             cpu_quota_backend: QuotaBackend::default(),
             cpu_quota_unit_milli: default_quota_unit(),
             cpu_quota_period_us: None,
+            cpu_quota_burst_pct: default_burst_pct(),
             root: default_root(),
             dry_run: false,
         }

@@ -155,6 +155,26 @@ fn bad_input_exits_2_and_names_what_is_wrong() {
             text(&out.stderr)
         );
     }
+    for p in ["999", "1000001"] {
+        let out = qosd(&[
+            "set",
+            "--state-file",
+            s,
+            "quota",
+            "--pid",
+            &me,
+            "--quota",
+            "0.5",
+            "--period-us",
+            p,
+        ]);
+        assert_eq!(out.status.code(), Some(2), "--period-us {p}");
+        let err = text(&out.stderr);
+        assert!(
+            err.contains("--period-us: ") && err.contains("is not in 1000-1000000"),
+            "{p}: {err}"
+        );
+    }
     assert!(!state.exists(), "nothing recorded, nothing changed");
     // A fake tree where the knob is missing: a runtime failure, with why.
     let root = d.path().join("root");
@@ -387,6 +407,37 @@ fn real_quota_set_restore_and_sigkill_then_restore_are_exact() {
         "{}",
         text(&out.stdout)
     );
+    assert_eq!(cpu_group(&pid), before);
+    assert!(!Path::new(&group).exists() && !s.exists());
+
+    // Over a period of its own: the quota is 0.3 CPU of that period.
+    let out = qosd(&[
+        "set",
+        "--state-file",
+        st,
+        "quota",
+        "--pid",
+        &pid,
+        "--quota",
+        "0.3",
+        "--period-us",
+        "10000",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(cpu_group(&pid).1, "3000", "0.3 CPU of a 10 ms period");
+    let v2 = cpu_mount().unwrap().1;
+    let period = if v2 {
+        std::fs::read_to_string(format!("{group}/cpu.max")).unwrap()
+    } else {
+        std::fs::read_to_string(format!("{group}/cpu.cfs_period_us")).unwrap()
+    };
+    assert_eq!(
+        period.split_whitespace().last(),
+        Some("10000"),
+        "{period:?}"
+    );
+    let out = qosd(&["restore", "--state-file", st]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(cpu_group(&pid), before);
     assert!(!Path::new(&group).exists() && !s.exists());
 

@@ -3,7 +3,9 @@
 //! `cpuset` and `cpu` hierarchies, with its own settings there (1.5 CPU of
 //! quota, `cpu.shares` 512, its own affinity inside its cpuset); `qosd run`
 //! manages it with every knob combination this machine has (cores through
-//! a cpuset group or through affinity, CPU quota, both; the CPU priority
+//! a cpuset group or through affinity, CPU quota, both, quota over a CFS
+//! period of qosd's own (the user's group has a period of its own too,
+//! 80 ms, which must come back); the CPU priority
 //! knob, alone and with quota, on a best-effort app, and its SCHED_IDLE
 //! fallback forced with `QOSD_PRETEND_NO_PRIORITY_CGROUP=1`) and is stopped by
 //! SIGTERM, SIGINT, SIGUSR1, SIGKILL then `qosd restore`, and SIGKILL then
@@ -72,6 +74,9 @@ impl UserGroups {
         };
         w(cs.join("cpuset.mems"), "0");
         w(cs.join("cpuset.cpus"), "0-1");
+        // A period other than the kernel's default: restore must put the
+        // user's pair back, not only the quota.
+        w(cpu.join("cpu.cfs_period_us"), "80000");
         w(cpu.join("cpu.cfs_quota_us"), "150000");
         w(cpu.join("cpu.shares"), "512");
         w(cs.join("cgroup.procs"), &pid.to_string());
@@ -120,7 +125,21 @@ enum Stop {
     KillThenNextStart,
 }
 
-fn config(dir: &Path, port: u16, app: &str, matcher: &str, knobs: &str, backend: &str) -> PathBuf {
+/// One knob combination of the matrix: the knobs, their backend, and the
+/// CFS period qosd enforces quotas over (`None`: the group's own).
+#[derive(Debug, Clone, Copy)]
+struct Combo {
+    knobs: &'static str,
+    backend: &'static str,
+    period_us: Option<u64>,
+}
+
+fn config(dir: &Path, port: u16, app: &str, matcher: &str, c: Combo) -> PathBuf {
+    let Combo {
+        knobs,
+        backend,
+        period_us,
+    } = c;
     let p = dir.join("config.yaml");
     // The priority knob acts on best-effort apps (the idle class).
     let class = if knobs.contains("cpu_priority") {
@@ -134,7 +153,7 @@ fn config(dir: &Path, port: u16, app: &str, matcher: &str, knobs: &str, backend:
             "apps:\n  - name: {app}\n    match: {matcher}\n    {class}\n    \
              resources: {{ initial: {{ nr_cores: 1, cpu_quota_milli: 500 }} }}\n\
              policy: {}\nstate_file: {}\n\
-             actuators:\n  enabled: [{knobs}]\n  cores_backend: {}\n\
+             actuators:\n  enabled: [{knobs}]\n  cores_backend: {}\n{}\
              api:\n  listen: 127.0.0.1:{port}\n  token_file: {}\n",
             parties().display(),
             dir.join("state.json").display(),
@@ -143,6 +162,7 @@ fn config(dir: &Path, port: u16, app: &str, matcher: &str, knobs: &str, backend:
             } else {
                 backend
             },
+            period_us.map_or(String::new(), |p| format!("  cpu_quota_period_us: {p}\n")),
             dir.join("api.token").display(),
         ),
     )
@@ -174,7 +194,8 @@ fn wait_exit(d: &mut Daemon) -> std::process::ExitStatus {
 }
 
 /// One case: returns a description of what differs (empty: restored).
-fn case(knobs: &str, backend: &str, stop: Stop) -> Vec<String> {
+fn case(c: Combo, stop: Stop) -> Vec<String> {
+    let Combo { knobs, backend, .. } = c;
     let sleeper = Killed::sleeper(120);
     let pid = sleeper.pid();
     let groups = UserGroups::make("m", pid);
@@ -182,14 +203,7 @@ fn case(knobs: &str, backend: &str, stop: Stop) -> Vec<String> {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let app = format!("hm-{pid}");
-    let cfg = config(
-        dir.path(),
-        port,
-        &app,
-        &format!("{{ pid: {pid} }}"),
-        knobs,
-        backend,
-    );
+    let cfg = config(dir.path(), port, &app, &format!("{{ pid: {pid} }}"), c);
     let mut d = start(&cfg, port, backend);
     let managed = wait_for(Duration::from_secs(10), || {
         d.get(&format!("/v1/apps/{app}"))["managed"] == true && snapshot(pid, &groups) != before
@@ -199,8 +213,23 @@ fn case(knobs: &str, backend: &str, stop: Stop) -> Vec<String> {
         "{knobs}/{backend}: nothing changed: {:?}",
         d.output()
     );
-    let daemon_pid = nix::unistd::Pid::from_raw(d.child.id() as i32);
     let mut diffs = Vec::new();
+    if let Some(p) = c.period_us {
+        // The quota is enforced over qosd's period in qosd's group.
+        let f = Path::new(CPU).join(format!("qosd-{app}/cpu.cfs_period_us"));
+        let got = std::fs::read_to_string(&f).unwrap_or_default();
+        if got.trim() != p.to_string() {
+            diffs.push(format!("{}: {got:?}, not {p}", f.display()));
+        }
+        // And with the default burst: one period's quota may be banked.
+        let read = |n: &str| std::fs::read_to_string(f.with_file_name(n)).ok();
+        if let (Some(b), Some(q)) = (read("cpu.cfs_burst_us"), read("cpu.cfs_quota_us")) {
+            if b != q {
+                diffs.push(format!("burst {b:?} is not the quota {q:?}"));
+            }
+        }
+    }
+    let daemon_pid = nix::unistd::Pid::from_raw(d.child.id() as i32);
     match stop {
         Stop::Signal(s) => {
             nix::sys::signal::kill(daemon_pid, s).unwrap();
@@ -228,14 +257,7 @@ fn case(knobs: &str, backend: &str, stop: Stop) -> Vec<String> {
             } else {
                 // The next start matches nothing: it only puts back.
                 let port2 = free_port();
-                let cfg2 = config(
-                    dir.path(),
-                    port2,
-                    &app,
-                    "{ comm: qd-never-runs }",
-                    knobs,
-                    backend,
-                );
+                let cfg2 = config(dir.path(), port2, &app, "{ comm: qd-never-runs }", c);
                 let d2 = start(&cfg2, port2, backend);
                 if !d2.output().iter().any(|l| l.starts_with("put back ")) {
                     diffs.push(format!("no 'put back' line: {:?}", d2.output()));
@@ -287,15 +309,24 @@ fn hardening2_every_knob_combination_and_stop_restores_exactly() {
             && Path::new(CPU).join("cpu.cfs_quota_us").exists(),
         "this test needs the cgroup v1 cpuset and cpu hierarchies at {CPUSET} and {CPU}"
     );
+    let combo = |knobs, backend| Combo {
+        knobs,
+        backend,
+        period_us: None,
+    };
     let combos = [
-        ("cores", "cgroup1"),
-        ("cores", "affinity"),
-        ("cpu_quota", "auto"),
-        ("cores, cpu_quota", "cgroup1"),
-        ("cores, cpu_quota", "affinity"),
-        ("cpu_priority", "auto"),
-        ("cpu_quota, cpu_priority", "auto"),
-        ("cpu_priority", SCHED_IDLE),
+        combo("cores", "cgroup1"),
+        combo("cores", "affinity"),
+        combo("cpu_quota", "auto"),
+        Combo {
+            period_us: Some(10_000),
+            ..combo("cpu_quota", "auto")
+        },
+        combo("cores, cpu_quota", "cgroup1"),
+        combo("cores, cpu_quota", "affinity"),
+        combo("cpu_priority", "auto"),
+        combo("cpu_quota, cpu_priority", "auto"),
+        combo("cpu_priority", SCHED_IDLE),
     ];
     let stops = [
         Stop::Signal(Signal::SIGTERM),
@@ -306,9 +337,18 @@ fn hardening2_every_knob_combination_and_stop_restores_exactly() {
         Stop::KillThenNextStart,
     ];
     let mut failed = Vec::new();
-    for (knobs, backend) in combos {
+    for c in combos {
+        let Combo {
+            knobs,
+            backend,
+            period_us,
+        } = c;
+        let knobs = match period_us {
+            Some(p) => format!("{knobs} over {p} µs"),
+            None => knobs.to_owned(),
+        };
         for stop in stops {
-            let d = case(knobs, backend, stop);
+            let d = case(c, stop);
             eprintln!(
                 "[{knobs} / {backend}] {stop:?}: {}",
                 if d.is_empty() {

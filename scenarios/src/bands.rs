@@ -29,7 +29,17 @@ pub struct AppBands {
     /// CPU time its job used over the run ÷ the run's length (a real
     /// replay's `meta.be_cpus_used`).
     pub cpus_used: Option<f64>,
+    /// The node's 1-minute load average at the run's start and end (a
+    /// real replay's `meta.loadavg_1m`): how much else wanted the CPUs.
+    pub loadavg: Option<(f64, f64)>,
+    /// The run turned the CPU priority knob (`meta.resources`): its batch
+    /// jobs ran in the idle class.
+    pub idle_class: bool,
 }
+
+/// A batch job that used less than this share of its mean quota was
+/// held back by something other than its cap (said under the table).
+pub const STARVED_SHARE: f64 = 0.25;
 
 /// Per app of `s` (from its timeline `rows`).
 pub fn of_run(s: &Summary, rows: &[Row]) -> BTreeMap<String, AppBands> {
@@ -38,6 +48,15 @@ pub fn of_run(s: &Summary, rows: &[Row]) -> BTreeMap<String, AppBands> {
         .get("calibration")
         .and_then(|v| serde_json::from_value(v.clone()).ok());
     let used = s.meta.get("be_cpus_used");
+    let loadavg = s
+        .meta
+        .get("loadavg_1m")
+        .and_then(|v| Some((v.get(0)?.as_f64()?, v.get(1)?.as_f64()?)));
+    let idle_class = s
+        .meta
+        .get("resources")
+        .and_then(|v| v.as_array())
+        .is_some_and(|r| r.iter().any(|k| k == "cpu_priority"));
     s.apps
         .iter()
         .map(|(app, a)| {
@@ -68,6 +87,8 @@ pub fn of_run(s: &Summary, rows: &[Row]) -> BTreeMap<String, AppBands> {
                 quota_cpus: (!quotas.is_empty())
                     .then(|| quotas.iter().sum::<f64>() / quotas.len() as f64),
                 cpus_used: used.and_then(|u| u.get(app)).and_then(|v| v.as_f64()),
+                loadavg,
+                idle_class,
             };
             (app.clone(), b)
         })
@@ -79,6 +100,15 @@ pub fn table(runs: &[(String, BTreeMap<String, AppBands>)]) -> String {
     let pct =
         |v: Option<(f64, usize)>| v.map_or("-".into(), |(f, n)| format!("{:.1}% ({n})", f * 100.0));
     let num = |v: Option<f64>, d: usize| v.map_or("-".into(), |x| format!("{x:.d$}"));
+    // Two decimals, or two significant digits under 0.1: a job that got
+    // 0.003 CPU must not read as 0.00 (nothing measured).
+    let cpus = |v: Option<f64>| match v {
+        Some(x) if x > 0.0 && x < 0.1 => {
+            let prec = (-x.log10()).ceil() as usize + 1;
+            format!("{x:.prec$}")
+        }
+        _ => num(v, 2),
+    };
     let split = (SPLIT * 100.0).round();
     let mut out = String::new();
     let _ = writeln!(
@@ -102,9 +132,16 @@ pub fn table(runs: &[(String, BTreeMap<String, AppBands>)]) -> String {
                 pct(b.high),
                 num(b.be_ops_per_s, 0),
                 num(b.quota_cpus, 2),
-                num(b.cpus_used, 2)
+                cpus(b.cpus_used)
             );
             let _ = writeln!(out, "{}", line.trim_end());
+        }
+    }
+    for (label, apps) in runs {
+        for (app, b) in apps {
+            if let Some(n) = starved(app, b) {
+                let _ = writeln!(out, "{label}: {n}");
+            }
         }
     }
     let _ = writeln!(
@@ -114,6 +151,30 @@ pub fn table(runs: &[(String, BTreeMap<String, AppBands>)]) -> String {
          quota CPUs: mean CPU quota in force; CPUs used: the batch job's CPU time / run length)"
     );
     out
+}
+
+/// Why a batch job used much less CPU than its quota allowed, if it did:
+/// its cap did not hold it back, the node's other work did (in the idle
+/// class a job runs only when nothing else on the node is runnable, and
+/// qosd's groups sit beside every other task on the node).
+fn starved(app: &str, b: &AppBands) -> Option<String> {
+    let (used, quota) = (b.cpus_used?, b.quota_cpus?);
+    if used >= STARVED_SHARE * quota {
+        return None;
+    }
+    let load = b.loadavg.map_or(String::new(), |(s, e)| {
+        format!(" (load average {s:.1} at the start, {e:.1} at the end)")
+    });
+    let why = if b.idle_class {
+        "; in the idle class a job runs only when nothing else on the node is runnable"
+    } else {
+        ""
+    };
+    Some(format!(
+        "{app} used {used:.3} CPU of a {quota:.2} CPU quota ({:.0} %): the rest of the node's work{load} \
+         took the CPU its cap left it{why}",
+        100.0 * used / quota
+    ))
 }
 
 #[cfg(test)]
@@ -202,5 +263,56 @@ mod tests {
         let t = table(&[("run".into(), b)]);
         assert!(t.contains("33.3% (3)"), "{t}");
         assert!(t.contains("100.0% (1)"), "{t}");
+    }
+
+    /// A small timeline like a real demo run on a loaded machine (the
+    /// batch job idle-class, quota 2.0 then 0.1 CPU, 0.0026 CPU used),
+    /// and one like a quiet static run.
+    fn be_run(used: f64, quotas: &[u32], loadavg: Option<[f64; 2]>) -> BTreeMap<String, AppBands> {
+        let mut s = Summary::default();
+        s.meta
+            .insert("be_cpus_used".into(), serde_json::json!({ "batch": used }));
+        s.meta.insert(
+            "resources".into(),
+            serde_json::json!(["cpu_quota", "cpu_priority"]),
+        );
+        if let Some(l) = loadavg {
+            s.meta.insert("loadavg_1m".into(), serde_json::json!(l));
+        }
+        s.apps.insert(
+            "batch".into(),
+            AppSummary {
+                be_ops_per_s_mean: Some(510.9),
+                ..Default::default()
+            },
+        );
+        let rows: Vec<Row> = quotas
+            .iter()
+            .map(|q| row("batch", 0.0, None, Some(*q)))
+            .collect();
+        of_run(&s, &rows)
+    }
+
+    #[test]
+    fn a_starved_batch_job_reads_as_what_it_got_and_says_why() {
+        let starved = be_run(0.0026, &[2000, 200, 100, 100], Some([9.41, 11.0]));
+        let q = starved["batch"].quota_cpus.unwrap();
+        assert!((q - 0.6).abs() < 1e-9, "{q}");
+        assert_eq!(starved["batch"].loadavg, Some((9.41, 11.0)));
+        assert!(starved["batch"].idle_class);
+        let quiet = be_run(0.987, &[1000, 1000], None);
+        let t = table(&[("loaded".into(), starved), ("quiet".into(), quiet)]);
+        // Not "0.00": the figure keeps two significant digits.
+        assert!(t.contains(" 0.0026\n"), "{t}");
+        assert!(t.contains(" 0.99\n"), "{t}");
+        let notes: Vec<&str> = t.lines().filter(|l| l.contains(" used ")).collect();
+        assert_eq!(notes.len(), 1, "only the starved run has a note: {t}");
+        assert!(
+            notes[0].starts_with("loaded: batch used 0.003 CPU of a 0.60 CPU quota (0 %)")
+                && notes[0].contains("load average 9.4 at the start, 11.0 at the end")
+                && notes[0].contains("idle class"),
+            "{}",
+            notes[0]
+        );
     }
 }

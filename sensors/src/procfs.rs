@@ -102,6 +102,19 @@ impl Procfs {
                 what: "a `cpu` line".into(),
             })
     }
+
+    /// The node's 1-minute load average (`/proc/loadavg`'s first field):
+    /// how many tasks wanted a CPU, on average.
+    pub fn loadavg_1m(&self) -> Result<f64, SysError> {
+        let s = self.root.read("/proc/loadavg")?;
+        s.split_whitespace()
+            .next()
+            .and_then(|f| f.parse().ok())
+            .ok_or_else(|| SysError::Parse {
+                path: self.root.path("/proc/loadavg"),
+                what: format!("a load average in {s:?}"),
+            })
+    }
 }
 
 /// (busy, total) ticks of the aggregate `cpu` line of `/proc/stat`.
@@ -173,6 +186,16 @@ mod tests {
         let p = root.join(abs.trim_start_matches('/'));
         std::fs::create_dir_all(p.parent().unwrap()).unwrap();
         std::fs::write(p, text).unwrap();
+    }
+
+    #[test]
+    fn loadavg_reads_the_first_field() {
+        let d = tempfile::tempdir().unwrap();
+        put(d.path(), "/proc/loadavg", "9.41 7.02 3.10 4/170 5222\n");
+        assert_eq!(Procfs::new(d.path()).loadavg_1m().unwrap(), 9.41);
+        put(d.path(), "/proc/loadavg", "x\n");
+        assert!(Procfs::new(d.path()).loadavg_1m().is_err());
+        assert!(Procfs::new("/").loadavg_1m().unwrap() >= 0.0);
     }
 
     fn stat_line(pid: i32, comm: &str, utime: u64, stime: u64) -> String {

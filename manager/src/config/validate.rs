@@ -119,6 +119,12 @@ impl Config {
                 ));
             }
         }
+        if self.actuators.cpu_quota_burst_pct > 100 {
+            return Err(Invalid::new(
+                act.key("cpu_quota_burst_pct"),
+                "must be 0 to 100 (% of the quota)",
+            ));
+        }
         if !self.actuators.root.is_absolute() {
             return Err(Invalid::new(act.key("root"), "must be an absolute path"));
         }

@@ -85,6 +85,7 @@ pub fn act_config(cfg: &Config) -> qosd_actuators::Config {
         cpu_quota_backend: cfg.actuators.cpu_quota_backend,
         cpu_quota_unit_milli: cfg.actuators.cpu_quota_unit_milli,
         cpu_quota_period_us: cfg.actuators.cpu_quota_period_us,
+        cpu_quota_burst_pct: cfg.actuators.cpu_quota_burst_pct,
         hedge: cfg
             .apps
             .iter()

@@ -284,7 +284,7 @@ pub fn run(
     crate::signals::install()?;
     let state = file.with_extension("state.json");
     let state = std::path::absolute(&state).unwrap_or(state);
-    let mut act = super::setup::start_actuation(&state, resources, sc.node.cfs_period_us)?;
+    let mut act = super::setup::start_actuation(&state, resources, &sc.node)?;
     let node = node_of(&act, resources);
     let caps = *act.node();
     let allocs = allocations(

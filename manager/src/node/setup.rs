@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use qosd_core::Resource;
-use qosd_scenarios::scenario::Scenario;
+use qosd_scenarios::scenario::{Scenario, SimNode};
 
 use super::actuate::Actuation;
 use crate::usage;
@@ -85,15 +85,17 @@ pub fn batch_cmd() -> anyhow::Result<Vec<String>> {
 /// The actuators with their defaults but journalling to `state` (the
 /// replay's own state file, not the daemon's), behind the daemon's
 /// actuation. Knobs the machine lacks are simply absent from the node.
-/// Quotas are enforced over the scenario's CFS period (`period_us`).
+/// Quotas are enforced over the scenario's CFS period, with its burst
+/// (`node.cfs_period_us`, `node.cfs_burst_pct`): what its sim models.
 pub fn start_actuation(
     state: &Path,
     enabled: &[Resource],
-    period_us: u64,
+    node: &SimNode,
 ) -> anyhow::Result<Actuation> {
     let cfg = qosd_actuators::Config {
         state_file: Some(state.to_owned()),
-        cpu_quota_period_us: Some(period_us),
+        cpu_quota_period_us: Some(node.cfs_period_us),
+        cpu_quota_burst_pct: node.cfs_burst_pct,
         ..Default::default()
     };
     let (act, leftovers) = qosd_actuators::Actuators::start(&cfg)

@@ -100,6 +100,11 @@ pub struct SimNode {
     /// replay writes it into each app's group, the simulator throttles an
     /// app that used its quota until the period ends.
     pub cfs_period_us: u64,
+    /// CFS burst, % of the quota (0-100): the share of a period's quota
+    /// that went unused which an app may spend later (a real replay writes
+    /// it where the kernel has burst; the simulator raises the budget of a
+    /// period by it while the app's mean use is under its quota).
+    pub cfs_burst_pct: u32,
     /// Best-effort apps run in the idle scheduling class: the simulator
     /// gives them only the CPU time latency-critical apps leave; false:
     /// they compete at normal weight and slow the LC apps down.
@@ -120,6 +125,7 @@ impl Default for SimNode {
             shared_cpus: false,
             quota_step_milli: 0,
             cfs_period_us: 100_000,
+            cfs_burst_pct: 100,
             be_idle: true,
         }
     }

@@ -203,17 +203,23 @@ impl SimModel {
     /// mean λPs and variance λPs²(1 + cv²). Served as it comes, it uses up
     /// the quota qP at the fraction qP/W of the period once W > qP; the app
     /// is then throttled for P(1 − qP/W), and a request that arrives then
-    /// waits for the next period. `None` when no quota caps the servers.
+    /// waits for the next period. CFS burst (`node.cfs_burst_pct` of qP)
+    /// adds what earlier periods left unused: the bank is full while the
+    /// mean work is a standard deviation or more under the quota, empty
+    /// at or over it, and in between in proportion. `None` when no quota
+    /// caps the servers.
     pub fn throttle(&self, a: &Share, node: &SimNode, lambda: f64, s_us: f64) -> Option<Throttle> {
         let q = self.effective_cpus(a, node);
         if a.cpu_quota_milli == 0 || q >= self.servers(a, node) as f64 || lambda <= 0.0 {
             return None;
         }
         let p_us = node.cfs_period_us as f64;
-        let budget = q * p_us;
         let n = lambda * p_us * 1e-6; // requests per period
         let mean = n * s_us;
         let sd = (n * (1.0 + self.service_cv.powi(2))).sqrt() * s_us;
+        let quota = q * p_us;
+        let bank = f64::from(node.cfs_burst_pct) / 100.0 * quota;
+        let budget = quota + bank * ((quota - mean) / sd.max(1e-9)).clamp(0.0, 1.0);
         // E[(1 − B/W)+] and P(W > B) on a grid over ±5 standard deviations.
         let (mut frac, mut over, mut total) = (0.0, 0.0, 0.0);
         const K: i32 = 80;

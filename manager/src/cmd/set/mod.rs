@@ -25,6 +25,7 @@ pub mod hedge;
     qosd set ways --pid 1234 --ways 4                     4 LLC ways (resctrl group qosd-pid1234)\n  \
     qosd set mb --pid 1234 --percent 50                   memory bandwidth ceiling 50%\n  \
     qosd set quota --pid 1234 --quota 0.3                 CPU bandwidth: 0.3 CPU (cgroup qosd-pid1234)\n  \
+    qosd set quota --pid 1234 --quota 0.5 --period-us 10000 --burst-pct 0   0.5 CPU per 10 ms, no burst\n  \
     qosd set priority --pid 1234 --class idle             idle scheduling class (cpu.idle, else lowest weight, else SCHED_IDLE)\n  \
     qosd set hedge --pid 1234 --service 10.0.0.5:53 --replica 10.0.0.6:53 --t-hedge-ms 10 --id-len 2\n  \
     qosd set --dry-run cores --pid 1234 --cpus 1          print what would change\n  \
@@ -102,6 +103,15 @@ pub enum Knob {
         /// rounded to 0.001).
         #[arg(long, value_name = "CPUS")]
         quota: String,
+        /// The CFS period to enforce it over, µs (1000-1000000): a
+        /// throttled process waits at most the rest of one period.
+        /// Default: the group's own (the kernel's 100000).
+        #[arg(long, value_name = "US")]
+        period_us: Option<u64>,
+        /// CFS burst, % of the quota (0-100): how much of a period's
+        /// unused quota may be spent later (where the kernel has burst).
+        #[arg(long, value_name = "PCT", default_value_t = qosd_actuators::quota::DEFAULT_BURST_PCT)]
+        burst_pct: u32,
         #[arg(long, value_enum, default_value = "auto")]
         backend: QuotaArg,
     },
@@ -146,6 +156,16 @@ fn parse_quota(s: &str) -> anyhow::Result<u32> {
         ));
     }
     Ok(milli as u32)
+}
+
+/// `--period-us` within the kernel's range of CFS periods.
+fn check_period(p: Option<u64>) -> anyhow::Result<()> {
+    match p {
+        Some(p) if !qosd_actuators::config::PERIOD_RANGE_US.contains(&p) => Err(crate::usage!(
+            "--period-us: {p} is not in 1000-1000000 (1 ms to 1 s)"
+        )),
+        _ => Ok(()),
+    }
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -205,7 +225,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     // Parse before anything is opened: bad input changes nothing.
     let quota = match &args.knob {
-        Knob::Quota { quota, .. } => Some(parse_quota(quota)?),
+        Knob::Quota {
+            quota,
+            period_us,
+            burst_pct,
+            ..
+        } => {
+            check_period(*period_us)?;
+            if *burst_pct > 100 {
+                return Err(crate::usage!(
+                    "--burst-pct: {burst_pct} is not in 0-100 (% of the quota)"
+                ));
+            }
+            Some(parse_quota(quota)?)
+        }
         _ => None,
     };
     // Block the termination signals before changing anything, so that
@@ -273,7 +306,14 @@ fn config(args: &Args) -> Config {
                 WaysArg::Pqos => WaysBackend::Pqos,
             }
         }
-        Knob::Quota { backend, .. } => {
+        Knob::Quota {
+            backend,
+            period_us,
+            burst_pct,
+            ..
+        } => {
+            cfg.cpu_quota_period_us = *period_us;
+            cfg.cpu_quota_burst_pct = *burst_pct;
             cfg.cpu_quota_backend = match backend {
                 QuotaArg::Auto => QuotaBackend::Auto,
                 QuotaArg::Cgroup2 => QuotaBackend::Cgroup2,

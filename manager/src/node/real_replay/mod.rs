@@ -31,6 +31,7 @@ use qosd_scenarios::record::RunRecorder;
 use qosd_scenarios::scenario::Scenario;
 use qosd_scenarios::timeline::Timeline;
 use qosd_scenarios::{output, sweep};
+use qosd_sensors::procfs::Procfs;
 
 use super::actuate::Actuation;
 use super::power::RunPower;
@@ -82,7 +83,7 @@ pub fn run(
         .unwrap_or_else(|| out.join("state.json"));
     // Absolute, so that the restore hint works from any directory.
     let state = std::path::absolute(&state).unwrap_or(state);
-    let mut act = start_actuation(&state, &enabled, sc.node.cfs_period_us)?;
+    let mut act = start_actuation(&state, &enabled, &sc.node)?;
     let cal = calibration(sc, args, seed)?;
     let duration = args.duration.unwrap_or(sc.duration_s);
     let mut procs = Processes::start(sc, duration)?;
@@ -122,9 +123,11 @@ pub fn run(
     let mut node = ReplayNode::new(apps, act, tracer.clone(), power, feedback, nr_slots);
     let mut ctl = ControlLoop::new(policy);
     let nr_iv = ((duration * 1000.0) / sc.interval_ms as f64).round() as u64;
-    let (cpu0, t0) = (node.job_cpu_s(), Instant::now());
+    let loadavg = || Procfs::new("/").loadavg_1m().ok();
+    let (cpu0, t0, load0) = (node.job_cpu_s(), Instant::now(), loadavg());
     drive(&clock, &mut ctl, &mut node, &mut rec, cadence, nr_iv);
     let be_cpus = job_cpus(&cpu0, &node.job_cpu_s(), t0.elapsed().as_secs_f64());
+    let load1 = loadavg();
     for n in node.notes.drain(..) {
         eprintln!("{n}");
     }
@@ -142,6 +145,13 @@ pub fn run(
             "be_cpus_used".into(),
             serde_json::to_value(&be_cpus).unwrap_or_default(),
         );
+    }
+    if let (Some(a), Some(b)) = (load0, load1) {
+        // How much else wanted the CPUs: a batch job in the idle class gets
+        // only what every other task on the node leaves (`qosd compare`
+        // says so when it used far less than its quota).
+        tl.meta
+            .insert("loadavg_1m".into(), serde_json::json!([a, b]));
     }
     load.stop();
     restore(node, &state, &mut procs);

@@ -69,6 +69,9 @@ pub(crate) fn node_ok(n: &SimNode, nr_apps: usize, base: &[Seg]) -> Result<(), F
         k("cfs_period_us"),
         || format!("{}: must be 1000 to 1000000 (1 ms to 1 s)", n.cfs_period_us),
     )?;
+    check(n.cfs_burst_pct <= 100, k("cfs_burst_pct"), || {
+        format!("{}: must be 0 to 100 (% of the quota)", n.cfs_burst_pct)
+    })?;
     for (key, v) in [
         ("idle_w", n.idle_w),
         ("core_busy_w", n.core_busy_w),
