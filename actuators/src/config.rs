@@ -88,6 +88,8 @@ pub struct Config {
     /// Restore every change when the set is dropped (the daemon, replays);
     /// `qosd set` turns it off to leave its one-shot change in place.
     pub restore_on_drop: bool,
+    /// What hedging means per app name (the hedge knob hedges only these).
+    pub hedge: std::collections::BTreeMap<String, qosd_core::hedge::HedgeSpec>,
 }
 
 impl Default for Config {
@@ -104,6 +106,7 @@ impl Default for Config {
             cpu_quota_unit_milli: DEFAULT_QUOTA_UNIT_MILLI,
             cpu_quota_period_us: None,
             restore_on_drop: true,
+            hedge: Default::default(),
         }
     }
 }

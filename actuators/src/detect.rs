@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use qosd_core::{NodeCaps, Resource};
 
-use crate::caps::{Caps, Detected, Probe};
+use crate::caps::{BackendProbe, Caps, Detected, KnobCaps, Probe};
 use crate::config::Config;
 use crate::root::Root;
 use crate::topology::Topology;
@@ -16,14 +16,38 @@ use crate::{cores, freq, priority, quota, resctrl, Actuator};
 pub type Detect = fn(&Probe) -> Detected;
 
 /// Every knob's detection, in [`Resource::ALL`] order.
-pub const DETECTORS: [(Resource, Detect); 6] = [
+pub const DETECTORS: [(Resource, Detect); 7] = [
     (Resource::Cores, cores::detect),
     (Resource::Frequency, freq::detect),
     (Resource::CacheWays, resctrl::detect_ways),
     (Resource::MemoryBandwidth, resctrl::detect_mb),
     (Resource::CpuQuota, quota::detect),
     (Resource::CpuPriority, priority::detect),
+    (Resource::Hedge, linked_hedge),
 ];
+
+/// The hedge knob's detection, which lives in the `qosd-hedge` crate (it
+/// builds on this one): the binary links it in at start ([`link_hedge`]).
+static HEDGE_DETECT: std::sync::OnceLock<Detect> = std::sync::OnceLock::new();
+
+/// Links the hedge knob's detection in (once; later calls are ignored).
+pub fn link_hedge(detect: Detect) {
+    let _ = HEDGE_DETECT.set(detect);
+}
+
+fn linked_hedge(p: &Probe) -> Detected {
+    match HEDGE_DETECT.get() {
+        Some(detect) => detect(p),
+        None => {
+            let probe = BackendProbe {
+                name: "tc-bpf".into(),
+                available: false,
+                reason: "the hedger is not linked into this program".into(),
+            };
+            (KnobCaps::choose(vec![probe], |_| true), None)
+        }
+    }
+}
 
 /// Probes the machine: what `qosd caps` shows, the chosen plugins (in
 /// [`Resource::ALL`] order) and what the policy may hand out.

@@ -194,6 +194,13 @@ pub trait Actuator: Send {
         )))
     }
 
+    /// Event counters of what this knob did for `app` (name, count), for
+    /// `/metrics` and the API; the default: none (a level has no events).
+    fn counters(&self, app: &str) -> Vec<(&'static str, u64)> {
+        let _ = app;
+        Vec::new()
+    }
+
     /// Puts back everything this resource changed.
     fn restore(&mut self, ctx: &mut Ctx) -> (Vec<Change>, Vec<Error>) {
         ctx.restore(Some(self.resource()))

@@ -156,6 +156,16 @@ impl Actuators {
         Ok(out)
     }
 
+    /// The event counters of every knob that counts (the hedger's), for
+    /// `app`: (knob, [(counter, value)]).
+    pub fn counters(&self, app: &str) -> Vec<(Resource, Vec<(&'static str, u64)>)> {
+        self.plugins
+            .iter()
+            .map(|p| (p.resource(), p.counters(app)))
+            .filter(|(_, c)| !c.is_empty())
+            .collect()
+    }
+
     /// Sets the frequency of a CPU list directly (`qosd set freq --cpus`).
     pub fn set_cpu_freq(&mut self, cpus: &[u32], mhz: u32) -> Result<Vec<Change>> {
         self.plugin_mut(Resource::Frequency)?;

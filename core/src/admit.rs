@@ -128,6 +128,7 @@ mod tests {
             mb: None,
             quota: None,
             cpu_priority: false,
+            hedge: false,
         }
     }
 

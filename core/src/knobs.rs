@@ -14,6 +14,11 @@ pub const PRIORITY_IDLE: u32 = 1;
 /// [`Resource::CpuPriority`]: normal weight.
 pub const PRIORITY_NORMAL: u32 = 2;
 
+/// [`Resource::Hedge`]: requests not hedged.
+pub const HEDGE_OFF: u32 = 1;
+/// [`Resource::Hedge`]: requests hedged (the app's `hedge:` spec).
+pub const HEDGE_ON: u32 = 2;
+
 /// How `/metrics` exports a knob's level per app (a gauge).
 #[derive(Debug, Clone, Copy)]
 pub struct MetricSpec {
@@ -66,10 +71,14 @@ pub struct Knob {
     /// The level an app of this class starts with where nothing is
     /// configured (0: as found).
     pub class_default: fn(AppClass) -> u32,
+    /// What a level never set (0, as found) counts as in a plan: the
+    /// node's highest (a core unthrottled, at full speed) or, for a lever
+    /// that is off until turned on, its lowest.
+    pub found_at_max: bool,
 }
 
 /// Every knob, in [`Resource::ALL`] order (a test checks).
-pub static KNOBS: [Knob; 6] = [
+pub static KNOBS: [Knob; 7] = [
     Knob {
         resource: Resource::Cores,
         name: "cores",
@@ -95,6 +104,7 @@ pub static KNOBS: [Knob; 6] = [
         step: |_| 1,
         disable: |n| n.nr_cores = 0,
         class_default: |_| 0,
+        found_at_max: true,
     },
     Knob {
         resource: Resource::Frequency,
@@ -121,6 +131,7 @@ pub static KNOBS: [Knob; 6] = [
         step: |n| n.freq.map_or(1, |f| f.step_mhz.max(1)),
         disable: |n| n.freq = None,
         class_default: |_| 0,
+        found_at_max: true,
     },
     Knob {
         resource: Resource::CacheWays,
@@ -147,6 +158,7 @@ pub static KNOBS: [Knob; 6] = [
         step: |_| 1,
         disable: |n| n.nr_ways = 0,
         class_default: |_| 0,
+        found_at_max: true,
     },
     Knob {
         resource: Resource::MemoryBandwidth,
@@ -173,6 +185,7 @@ pub static KNOBS: [Knob; 6] = [
         step: |n| n.mb.map_or(1, |m| m.step_percent.max(1)),
         disable: |n| n.mb = None,
         class_default: |_| 0,
+        found_at_max: true,
     },
     Knob {
         resource: Resource::CpuQuota,
@@ -199,6 +212,7 @@ pub static KNOBS: [Knob; 6] = [
         step: |n| n.quota.map_or(1, |q| q.step_milli.max(1)),
         disable: |n| n.quota = None,
         class_default: |_| 0,
+        found_at_max: true,
     },
     Knob {
         resource: Resource::CpuPriority,
@@ -230,6 +244,35 @@ pub static KNOBS: [Knob; 6] = [
             AppClass::Be => PRIORITY_IDLE,
             AppClass::Lc => 0,
         },
+        found_at_max: true,
+    },
+    Knob {
+        resource: Resource::Hedge,
+        name: "hedge",
+        unit: "state",
+        pooled: false,
+        share_key: "hedge",
+        api_key: "hedge",
+        config_range: (HEDGE_OFF, HEDGE_ON, "1 (off) or 2 (on)"),
+        rule_metric: Some("hedge"),
+        metric: MetricSpec {
+            name: "qosd_app_hedge_state",
+            help: "Hedging of the app's UDP requests: 1 off, 2 on.",
+            scale: 1.0,
+        },
+        set_usage: "qosd set hedge --pid PID --service IP:PORT --replica IP:PORT --t-hedge-ms MS",
+        share: |s| s.hedge,
+        set_share: |s, v| s.hedge = v,
+        in_alloc: |a| a.hedge.is_some(),
+        copy_alloc: |d, s| d.hedge = s.hedge,
+        level_alloc: Some(|a, v| a.hedge = Some(v)),
+        has: |n| n.hedge,
+        range: |_| Some((HEDGE_OFF, HEDGE_ON)),
+        step: |_| 1,
+        disable: |n| n.hedge = false,
+        // Only the config's `hedge:` spec (its `start`) turns it on.
+        class_default: |_| 0,
+        found_at_max: false,
     },
 ];
 
@@ -430,6 +473,7 @@ mod tests {
             mb_percent: Some(4),
             cpu_quota_milli: Some(5),
             cpu_priority: Some(1),
+            hedge: Some(2),
         };
         for k in &KNOBS {
             let mut a = Allocation::default();

@@ -10,6 +10,7 @@
 pub mod admit;
 pub mod control;
 pub mod cpulist;
+pub mod hedge;
 pub mod knobs;
 pub mod measure;
 pub mod oa;

@@ -133,6 +133,7 @@ mod tests {
                 max_milli: 8000,
             }),
             cpu_priority: false,
+            hedge: false,
         }
     }
 

@@ -273,6 +273,7 @@ mod tests {
             mb: None,
             quota: None,
             cpu_priority: false,
+            hedge: false,
         };
         assert!(node.has(Resource::Cores));
         assert!(!node.has(Resource::CpuQuota));

@@ -160,6 +160,7 @@ mod tests {
                 max_milli: cpus * MILLI_PER_CPU,
             }),
             cpu_priority: false,
+            hedge: false,
         }
     }
 

@@ -33,17 +33,22 @@ pub enum Resource {
     /// latency-critical threads preempt it at once.
     #[serde(alias = "priority")]
     CpuPriority,
+    /// Kernel-level hedging of the app's outbound UDP requests to a slow
+    /// service (paper 003): off or on, with the spec the config gives the
+    /// app. The lever left when the tail comes from a slow replica.
+    Hedge,
 }
 
 impl Resource {
     /// Every knob, in the order of [`crate::knobs::KNOBS`].
-    pub const ALL: [Resource; 6] = [
+    pub const ALL: [Resource; 7] = [
         Resource::Cores,
         Resource::Frequency,
         Resource::CacheWays,
         Resource::MemoryBandwidth,
         Resource::CpuQuota,
         Resource::CpuPriority,
+        Resource::Hedge,
     ];
 }
 
@@ -77,6 +82,9 @@ pub struct Allocation {
     /// [`crate::knobs::PRIORITY_NORMAL`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_priority: Option<u32>,
+    /// Hedging: [`crate::knobs::HEDGE_OFF`] or [`crate::knobs::HEDGE_ON`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hedge: Option<u32>,
 }
 
 /// An app's share of the node as a policy sees it: counts and levels
@@ -101,6 +109,10 @@ pub struct Share {
     /// ([`crate::knobs::PRIORITY_IDLE`]).
     #[serde(default)]
     pub cpu_priority: u32,
+    /// Hedging: 1 off, 2 on, 0 = as found (off)
+    /// ([`crate::knobs::HEDGE_ON`]).
+    #[serde(default)]
+    pub hedge: u32,
 }
 
 /// The frequency range of the node's cores (cpufreq).
@@ -148,6 +160,10 @@ pub struct NodeCaps {
     /// Groups can be put in the idle class (or at the lowest weight).
     #[serde(default)]
     pub cpu_priority: bool,
+    /// Requests can be hedged (TC eBPF; only apps the config gives a
+    /// `hedge:` spec are ever hedged).
+    #[serde(default)]
+    pub hedge: bool,
 }
 
 #[cfg(test)]

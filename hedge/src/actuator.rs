@@ -76,23 +76,31 @@ impl Hedges {
         self.apps.iter().map(|(k, a)| (k.as_str(), &a.spec))
     }
 
-    /// Turns hedging on for `app` (or changes its spec). Nothing stays
-    /// behind when it fails midway.
+    /// Turns hedging on for `app` (or changes its spec), as one change
+    /// of its own. Nothing stays behind when it fails midway.
     pub fn enable(
         &mut self,
         ctx: &mut Ctx,
         app: &AppTarget,
         spec: &HedgeSpec,
     ) -> Result<Vec<Change>> {
+        ctx.begin();
+        match self.turn_on(ctx, app, spec) {
+            Ok(()) => Ok(ctx.commit()),
+            Err(e) => Err(ctx.rollback(e)),
+        }
+    }
+
+    /// [`Hedges::enable`] inside a change the caller began (the actuator
+    /// registry's `apply`): a failure leaves the rollback to the caller.
+    pub fn turn_on(&mut self, ctx: &mut Ctx, app: &AppTarget, spec: &HedgeSpec) -> Result<()> {
         spec.validate()
             .map_err(|m| Error::Invalid(format!("hedge for {}: {m}", app.name)))?;
         if self.apps.get(&app.name).is_some_and(|a| &a.spec == spec) {
-            return Ok(Vec::new());
+            return Ok(());
         }
-        let mut changes = Vec::new();
         if self.apps.contains_key(&app.name) {
-            let (c, mut errs) = self.disable(ctx, &app.name);
-            changes.extend(c);
+            let (_, mut errs) = self.disable(ctx, &app.name);
             if !errs.is_empty() {
                 return Err(errs.remove(0));
             }
@@ -101,22 +109,16 @@ impl Hedges {
             Error::Invalid(format!("hedge for {}: the app has no process", app.name))
         })?;
         let netns = NetnsRef::of_pid(pid)?;
-        ctx.begin();
-        match self.wire(ctx, &app.name, &netns, spec) {
-            Ok(wired) => {
-                changes.extend(ctx.commit());
-                self.apps.insert(
-                    app.name.clone(),
-                    Active {
-                        spec: spec.clone(),
-                        netns,
-                        wired,
-                    },
-                );
-                Ok(changes)
-            }
-            Err(e) => Err(ctx.rollback(e)),
-        }
+        let wired = self.wire(ctx, &app.name, &netns, spec)?;
+        self.apps.insert(
+            app.name.clone(),
+            Active {
+                spec: spec.clone(),
+                netns,
+                wired,
+            },
+        );
+        Ok(())
     }
 
     /// Makes the delay line and attaches the programs (journalled first).
@@ -145,37 +147,8 @@ impl Hedges {
                 svc.dev
             )));
         }
-        let pre = key_prefix(app);
         let (d0, d1) = delay_devs(app);
-        ctx.net(
-            R,
-            ns,
-            Some(&sv(&[
-                "ip", "link", "add", &d0, "type", "veth", "peer", "name", &d1,
-            ])),
-            &format!("{pre}delay"),
-            sv(&["ip", "link", "del", &d0]),
-        )?;
-        let delay = format!("{}us", spec.t_hedge_us);
-        let mut netem = false;
-        if !ctx.dry_run {
-            ns.run(&sv(&["ip", "link", "set", &d0, "up"]))?;
-            ns.run(&sv(&["ip", "link", "set", &d1, "up"]))?;
-            let q = sv(&[
-                "tc", "qdisc", "add", "dev", &d0, "root", "netem", "delay", &delay, "limit",
-                "100000",
-            ]);
-            netem = match ns.run(&q) {
-                Ok(_) => true,
-                Err(e) => {
-                    crate::delay::netem_missing(&e).map_err(other)?;
-                    tracing::info!(
-                        "hedge for {app}: the kernel has no netem: the delay line is a qosd thread"
-                    );
-                    false
-                }
-            };
-        }
+        let netem = delay_line(ctx, app, ns, spec, &d0, &d1)?;
         let mut hooks = vec![
             (svc.dev.clone(), Hook::Egress),
             (svc.dev.clone(), Hook::Ingress),
@@ -184,7 +157,7 @@ impl Hedges {
             hooks.push((rep.dev.clone(), Hook::Ingress));
         }
         for (dev, hook) in &hooks {
-            self.journal_hook(ctx, ns, app, dev, *hook)?;
+            ctx.tc_hook(R, ns, &key_prefix(app), dev, hook.direction(), TC_PREF)?;
         }
         if ctx.dry_run {
             return Ok(None);
@@ -197,44 +170,8 @@ impl Hedges {
             svc_ifindex: svc_link.ifindex,
             svc_mac: svc_link.mac,
         };
-        let exit = link(ns, &d1).map_err(other)?.ifindex;
         let programs = Programs::load(spec, &wiring).map_err(other)?;
-        // netem: clones leave the line at d1. Thread: the thread takes them
-        // at d1 and writes them back there, so they come out at d0.
-        let decide_at = if netem { exit } else { wiring.delay_ifindex };
-        let thread = if netem {
-            None
-        } else {
-            let sock = in_netns(ns, || crate::delay::packet_socket(exit)).map_err(other)?;
-            let t = std::time::Duration::from_micros(spec.t_hedge_us);
-            Some(ThreadLine::start(sock, t).map_err(other)?)
-        };
-        let devs: Vec<(u32, Hook)> = hooks
-            .iter()
-            .map(|(dev, hook)| Ok((link(ns, dev)?.ifindex, *hook)))
-            .collect::<anyhow::Result<_>>()
-            .map_err(other)?;
-        in_netns(ns, || {
-            programs.attach(Hook::Delay, decide_at)?;
-            for (ifindex, hook) in devs {
-                programs.attach(hook, ifindex)?;
-            }
-            Ok(())
-        })
-        .map_err(other)?;
-        Ok(Some(Wired { programs, thread }))
-    }
-
-    /// Journals how to remove the filter of `hook` on `dev` ([`Ctx::tc_hook`]).
-    fn journal_hook(
-        &self,
-        ctx: &mut Ctx,
-        ns: &NetnsRef,
-        app: &str,
-        dev: &str,
-        hook: Hook,
-    ) -> Result<()> {
-        ctx.tc_hook(R, ns, &key_prefix(app), dev, hook.direction(), TC_PREF)
+        attach(ns, spec, programs, &wiring, netem, &d1, &hooks).map(Some)
     }
 
     /// Turns hedging off for `app`: removes its filters, qdiscs and delay
@@ -299,6 +236,78 @@ impl Hedges {
     pub fn netns(&self, app: &str) -> Option<&NetnsRef> {
         self.apps.get(app).map(|a| &a.netns)
     }
+}
+
+/// Makes the delay line `d0`→`d1` (journalled first) and, where the
+/// kernel has netem, its `T_hedge` qdisc; true when netem keeps the time.
+fn delay_line(
+    ctx: &mut Ctx,
+    app: &str,
+    ns: &NetnsRef,
+    spec: &HedgeSpec,
+    d0: &str,
+    d1: &str,
+) -> Result<bool> {
+    let add = sv(&["ip", "link", "add", d0, "type", "veth", "peer", "name", d1]);
+    let key = format!("{}delay", key_prefix(app));
+    ctx.net(R, ns, Some(&add), &key, sv(&["ip", "link", "del", d0]))?;
+    if ctx.dry_run {
+        return Ok(false);
+    }
+    ns.run(&sv(&["ip", "link", "set", d0, "up"]))?;
+    ns.run(&sv(&["ip", "link", "set", d1, "up"]))?;
+    let delay = format!("{}us", spec.t_hedge_us);
+    let q = sv(&[
+        "tc", "qdisc", "add", "dev", d0, "root", "netem", "delay", &delay, "limit", "100000",
+    ]);
+    match ns.run(&q) {
+        Ok(_) => Ok(true),
+        Err(e) => {
+            crate::delay::netem_missing(&e).map_err(other)?;
+            tracing::info!(
+                "hedge for {app}: the kernel has no netem: the delay line is a qosd thread"
+            );
+            Ok(false)
+        }
+    }
+}
+
+/// Starts the thread delay line where netem is missing and attaches the
+/// programs: the decision at the delay line's exit, the others on `hooks`.
+fn attach(
+    ns: &NetnsRef,
+    spec: &HedgeSpec,
+    programs: Programs,
+    wiring: &Wiring,
+    netem: bool,
+    d1: &str,
+    hooks: &[(String, Hook)],
+) -> Result<Wired> {
+    let exit = link(ns, d1).map_err(other)?.ifindex;
+    // netem: clones leave the line at d1. Thread: the thread takes them
+    // at d1 and writes them back there, so they come out at d0.
+    let decide_at = if netem { exit } else { wiring.delay_ifindex };
+    let thread = if netem {
+        None
+    } else {
+        let sock = in_netns(ns, || crate::delay::packet_socket(exit)).map_err(other)?;
+        let t = std::time::Duration::from_micros(spec.t_hedge_us);
+        Some(ThreadLine::start(sock, t).map_err(other)?)
+    };
+    let devs: Vec<(u32, Hook)> = hooks
+        .iter()
+        .map(|(dev, hook)| Ok((link(ns, dev)?.ifindex, *hook)))
+        .collect::<anyhow::Result<_>>()
+        .map_err(other)?;
+    in_netns(ns, || {
+        programs.attach(Hook::Delay, decide_at)?;
+        for (ifindex, hook) in devs {
+            programs.attach(hook, ifindex)?;
+        }
+        Ok(())
+    })
+    .map_err(other)?;
+    Ok(Wired { programs, thread })
 }
 
 #[cfg(test)]

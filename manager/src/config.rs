@@ -6,6 +6,7 @@
 //! error names `file:line:col` and the key.
 
 pub mod api;
+pub mod hedge;
 pub mod kube;
 pub mod units;
 
@@ -19,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use crate::policy::PolicyFile;
 use crate::yamlfile::{self, FileError, Invalid, KeyPath};
 pub use api::{ApiConfig, DEFAULT_API_ADDR};
+pub use hedge::{HedgeConfig, HedgeStart};
 pub use kube::{KubernetesConfig, PodMatch};
 pub use units::Target;
 
@@ -118,6 +120,10 @@ pub struct AppConfig {
     /// What the app starts with and the range the policy keeps it in.
     #[serde(default)]
     pub resources: Resources,
+    /// Kernel-level hedging of the app's UDP requests to a service
+    /// (docs/hedging.md); absent: the app is never hedged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hedge: Option<HedgeConfig>,
 }
 
 pub use qosd_core::LatencyFrom;
@@ -367,6 +373,10 @@ impl AppConfig {
                 l.max.set(r, v);
             }
         }
+        if self.hedge.is_none() {
+            // No spec, nothing to hedge with: a policy may not turn it on.
+            l.max.set(Resource::Hedge, qosd_core::knobs::HEDGE_OFF);
+        }
         l
     }
 
@@ -375,6 +385,9 @@ impl AppConfig {
         let mut s = Share::default();
         for r in Resource::ALL {
             s.set(r, self.resources.initial.get(r).unwrap_or(0));
+        }
+        if let Some(h) = &self.hedge {
+            s.set(Resource::Hedge, h.start_level());
         }
         s
     }

@@ -79,6 +79,8 @@ fn main() -> ExitCode {
         }
     };
     exit::init_logging(cli.log.as_deref());
+    // The hedge knob lives in its own crate, which builds on the actuators.
+    qosd_hedge::knob::link();
     let result = match cli.command {
         Command::Trace(a) => cmd::trace::run(a),
         Command::Load(a) => cmd::load::run(a),

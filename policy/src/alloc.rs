@@ -130,7 +130,8 @@ impl<'a> Editor<'a> {
 
     /// The app's value of `r`. A level never set (0) counts as the node's
     /// maximum: an unmanaged core runs at full speed, unthrottled; an app
-    /// without a quota holds all its cores' worth.
+    /// without a quota holds all its cores' worth; but a lever that is off
+    /// until turned on (hedging) counts as its lowest.
     pub fn value(&self, app: &str, r: Resource) -> u32 {
         let a = self.alloc(app);
         let v = a.get(r);
@@ -138,7 +139,11 @@ impl<'a> Editor<'a> {
             return qosd_core::quota::ceiling_milli(&a, self.node).unwrap_or(0);
         }
         if v == 0 && !r.is_pooled() {
-            return self.node.range(r).map_or(0, |(_, hi)| hi);
+            let found_at_max = qosd_core::knob(r).found_at_max;
+            return self
+                .node
+                .range(r)
+                .map_or(0, |(lo, hi)| if found_at_max { hi } else { lo });
         }
         v
     }

@@ -202,6 +202,58 @@ impl Parties {
         false
     }
 
+    /// The last resort (paper 003, issue 27): when no resource can grow
+    /// for a violating app, the tail may come from a slow replica rather
+    /// than this node, so its requests are hedged, where its config gives
+    /// a `hedge:` spec (else its limits keep hedging off). Judged like any
+    /// upsize.
+    fn hedge_on(&mut self, ed: &mut Editor<'_>, app: &str, why: &str) -> bool {
+        let before_us = ed.snap.app(app).and_then(|a| a.latency_us);
+        let moves = self.moves();
+        let reason = format!("{why}; no resource can grow: hedging its requests (last resort)");
+        if ed
+            .upsize(app, Resource::Hedge, 1, &moves, &|_| None, reason)
+            .is_none()
+        {
+            return false;
+        }
+        self.mem(app).last_up = Some(true);
+        self.pending = Some(Pending {
+            app: app.to_owned(),
+            resource: Resource::Hedge,
+            at_ms: 0,
+            changes: ed.plan.decisions.clone(),
+            judged: Judged::Up {
+                before_us: before_us.unwrap_or(f64::INFINITY),
+                fell: 0,
+                counted: 0,
+            },
+        });
+        true
+    }
+
+    /// Turns `app`'s hedging off (a downsize, reverted if it hurts).
+    fn hedge_off(&mut self, ed: &mut Editor<'_>, app: &str, reason: &str) -> bool {
+        let moves = self.moves();
+        if !ed.downsize(app, Resource::Hedge, 1, &moves, reason.to_owned()) {
+            return false;
+        }
+        self.mem(app).last_up = Some(false);
+        self.pending = Some(Pending {
+            app: app.to_owned(),
+            resource: Resource::Hedge,
+            at_ms: 0,
+            changes: ed.plan.decisions.clone(),
+            judged: Judged::Down {
+                hurt: None,
+                below: 0,
+                counted: 0,
+                requests: BTreeMap::new(),
+            },
+        });
+        true
+    }
+
     /// Downsizes `app` on the first resource of its cycle that can shrink.
     /// `only` says which resources may shrink (all, for PARTIES' own
     /// downsizes); `reason` is the decision's.
@@ -212,6 +264,11 @@ impl Parties {
         reason: String,
         only: &dyn Fn(Resource) -> bool,
     ) -> bool {
+        // Hedging, turned on as the last resort, is the first thing given
+        // back.
+        if only(Resource::Hedge) && self.hedge_off(ed, app, &reason) {
+            return true;
+        }
         let n = self.p.cycle.len();
         let start = self.start(app, false);
         for k in 0..n {
@@ -313,7 +370,7 @@ impl Policy for Parties {
                     self.describe(snap, app),
                     self.p.upsize_below_slack
                 );
-                if self.upsize(&mut ed, app, why.clone()) {
+                if self.upsize(&mut ed, app, why.clone()) || self.hedge_on(&mut ed, app, &why) {
                     break;
                 }
                 unmet.push(Unmet {
@@ -414,3 +471,6 @@ mod judge_tests;
 
 #[cfg(test)]
 mod sharing_tests;
+
+#[cfg(test)]
+mod hedge_tests;

@@ -57,6 +57,7 @@ fn more_cores_and_higher_frequency_lower_latency() {
             mb_percent: 0,
             cpu_quota_milli: 0,
             cpu_priority: 0,
+            hedge: 0,
         };
         let s = m.service_time_us(&a, node);
         let lambda = 4000.0e-6; // 4000 rps, per µs

@@ -210,6 +210,9 @@ impl AppConfig {
                 "port 0 is not a listening port",
             ));
         }
+        if let Some(h) = &self.hedge {
+            h.validate(&at.key("hedge"))?;
+        }
         self.validate_resources(&at.key("resources"))
     }
 

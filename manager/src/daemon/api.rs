@@ -242,6 +242,13 @@ pub fn app_json(a: &AppLive, window_ms: u64, knobs: &[Resource]) -> Value {
         // The SLO's eBPF side: the target eBPF latency is judged against
         // (the client target less the client/server gap) and its source.
         "slo": a.slo,
+        // Per knob that counts events (the hedger's: hedges_sent,
+        // hedges_won, dups_dropped, budget_refused, csum_fixed, ...).
+        "knob_counters": a
+            .knob_counters
+            .iter()
+            .map(|(r, c)| (r.name().to_owned(), json!(c.iter().copied().collect::<std::collections::BTreeMap<_, _>>())))
+            .collect::<serde_json::Map<_, _>>(),
         "note": a.note,
     })
 }

@@ -374,6 +374,7 @@ impl DaemonNode {
                 live.be_ops_per_s = self.jobs.ops_per_s(i);
                 live.power = self.sensing.power(i).cloned();
                 live.power_w = live.power.as_ref().map(|p| p.power_w);
+                live.knob_counters = self.act.counters(&a.cfg.name);
                 // Operational analysis on what it holds (the API's).
                 let share = self.act.current().get(&a.cfg.name);
                 let node = self.act.node();

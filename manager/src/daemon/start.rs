@@ -85,6 +85,11 @@ pub fn act_config(cfg: &Config) -> qosd_actuators::Config {
         cpu_quota_backend: cfg.actuators.cpu_quota_backend,
         cpu_quota_unit_milli: cfg.actuators.cpu_quota_unit_milli,
         cpu_quota_period_us: cfg.actuators.cpu_quota_period_us,
+        hedge: cfg
+            .apps
+            .iter()
+            .filter_map(|a| Some((a.name.clone(), a.hedge.as_ref()?.spec())))
+            .collect(),
         ..Default::default()
     }
 }

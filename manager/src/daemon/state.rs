@@ -16,6 +16,9 @@ use crate::node::latency::Recent;
 /// How many decisions `/v1/decisions` can go back.
 pub const DECISIONS_KEPT: usize = 512;
 
+/// Per knob that counts events, its (counter, value) pairs.
+pub type KnobCounters = Vec<(Resource, Vec<(&'static str, u64)>)>;
+
 /// One app as the API shows it, plus its live figures.
 #[derive(Debug)]
 pub struct AppLive {
@@ -67,6 +70,9 @@ pub struct AppLive {
     pub slo: Option<SloView>,
     /// Its ports' traffic (the net sensor, `sensors.net`).
     pub net: Option<AppNet>,
+    /// Event counters of the knobs that count (the hedger's: hedges
+    /// sent, won, duplicates dropped, ...), as of the last decision.
+    pub knob_counters: KnobCounters,
 }
 
 /// An app's SLO as the API shows it: the eBPF-side target the policy

@@ -87,5 +87,6 @@ pub fn app_of(p: &Pod) -> Result<Option<AppConfig>, String> {
         ports,
         latency: Default::default(),
         resources: Default::default(),
+        hedge: None,
     }))
 }

@@ -80,6 +80,11 @@ impl Actuation {
         self.group_prefix = prefix.to_owned();
     }
 
+    /// The event counters of the knobs that count (the hedger's) for `app`.
+    pub fn counters(&self, app: &str) -> Vec<(Resource, Vec<(&'static str, u64)>)> {
+        self.act.counters(&format!("{}{app}", self.group_prefix))
+    }
+
     /// Online logical CPUs.
     pub fn nr_online_cpus(&self) -> usize {
         self.topo.cpus.len()

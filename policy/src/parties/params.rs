@@ -56,6 +56,9 @@ impl Steps {
             Resource::CpuQuota => self.cpu_quota_milli,
             // Not in PARTIES' cycle: a class, not an amount to step.
             Resource::CpuPriority => 0,
+            // On or off; PARTIES turns it on only as a last resort
+            // (`parties::last_resort`), never in its cycle.
+            Resource::Hedge => 0,
         }
     }
 

@@ -77,6 +77,7 @@ pub fn live_entry(
         pid_oa: Default::default(),
         slo: None,
         net: None,
+        knob_counters: Vec::new(),
     }
 }
 

@@ -37,6 +37,25 @@ pub(super) fn allocations(o: &mut Exposition, sh: &Shared) {
     }
 }
 
+/// Event counters of the knobs that count (the hedger's), per app.
+pub(super) fn events(o: &mut Exposition, sh: &Shared) {
+    let fam = o.counter(
+        "qosd_app_knob_events_total",
+        "Events of a knob for the app (hedge: requests, hedges_sent, hedges_won, dups_dropped, budget_refused, csum_fixed, ...).",
+    );
+    for a in sh.apps.values() {
+        for (r, counters) in &a.knob_counters {
+            for (event, n) in counters {
+                fam.app(
+                    &a.name,
+                    &[("resource", r.name()), ("event", event)],
+                    *n as f64,
+                );
+            }
+        }
+    }
+}
+
 pub(super) fn decisions(o: &mut Exposition, sh: &Shared) {
     let fam = o.counter(
         "qosd_decisions_total",

@@ -163,6 +163,7 @@ pub fn render(sh: &Shared, dropped: Option<u64>) -> String {
     knobs::in_use(&mut o, sh);
     apps::build(&mut o, sh);
     knobs::allocations(&mut o, sh);
+    knobs::events(&mut o, sh);
     sensors::build(&mut o, sh, dropped);
     knobs::decisions(&mut o, sh);
     node::ticks(&mut o, sh);

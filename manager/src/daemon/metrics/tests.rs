@@ -63,6 +63,7 @@ fn state() -> Shared {
             mb_percent: 50,
             cpu_quota_milli: 1500,
             cpu_priority: 2,
+            hedge: qosd_core::knobs::HEDGE_ON,
         });
         let mut h = qosd_sensors::stats::LogHistogram::new();
         for us in [100, 200, 300] {
@@ -107,6 +108,8 @@ fn state() -> Shared {
         evicted_peers: 2,
         map_full: 0,
     });
+    sh.apps.get_mut("web").unwrap().knob_counters =
+        vec![(Resource::Hedge, vec![("hedges_sent", 5), ("hedges_won", 3)])];
     sh.node_cpu_util = Some(0.25);
     sh.node_power_w = Some(20.0);
     sh.decide_ticks_total = 4;
@@ -124,6 +127,8 @@ fn exposition_parses_escapes_and_matches_the_manual() {
         "qosd_app_frequency_hertz{app=\"batch\"} 2100000000\n",
         "qosd_app_memory_bandwidth_ratio{app=\"batch\"} 0.5\n",
         "qosd_ticks_total{kind=\"decide\"} 4\n",
+        "qosd_app_knob_events_total{app=\"web\",resource=\"hedge\",event=\"hedges_won\",",
+        "qosd_app_hedge_state{app=\"batch\"} 2\n",
         "qosd_net_peer_bytes_per_second{peer=\"other\",proto=\"any\",direction=\"ingress\"} 0\n",
         "qosd_net_evicted_peers_total 2\n",
         "qosd_app_latency_target_seconds{app=\"web\",quantile=\"0.99\",",
