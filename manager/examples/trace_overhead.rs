@@ -220,55 +220,9 @@ fn main() {
         .unwrap_or(1);
     let stats = (stats_runs > 0).then(|| bpf_stats(&qosd, port, conns, secs, server, stats_runs));
     drop(mc);
-    if rounds == 0 {
-        match stats {
-            Some(Ok(text)) => println!("{text}"),
-            Some(Err(e)) => println!("BPF run-time statistics not measured: {e}\n"),
-            None => {}
-        }
-        return;
+    if rounds > 0 {
+        r.print_table(rounds, secs, conns);
     }
-    println!("## Request tracing overhead (memcached at saturation)\n");
-    println!(
-        "Command: `cargo run --release -p qosd-manager --example trace_overhead -- {rounds} {secs} {conns}`\n"
-    );
-    println!(
-        "memcached -t 2 on loopback, closed-loop `get` from {conns} connections, {rounds} interleaved \
-         rounds of {secs} s without / with `qosd trace --pid` attached (alternating order). \
-         CPU per request is the CPU time (schedstat) of memcached's threads and the client's \
-         threads over the run, divided by the requests: unlike throughput it does not count \
-         time lost to other load on this shared 2-CPU machine.\n"
-    );
-    println!("| | without | with `qosd trace` | ratio / delta |");
-    println!("|---|---|---|---|");
-    println!(
-        "| throughput, median (req/s) | {:.0} | {:.0} | **{:.3}** [{:.3}, {:.3}] (median [q1, q3] of per-round ratios) |",
-        median(&mut r.base_rps),
-        median(&mut r.traced_rps),
-        median(&mut r.ratios),
-        quantile(&mut r.ratios, 0.25),
-        quantile(&mut r.ratios, 0.75),
-    );
-    println!(
-        "| client p50, median (µs) | {:.1} | {:.1} | **{:+.1} µs** (median of per-round deltas) |",
-        median(&mut r.base_p50),
-        median(&mut r.traced_p50),
-        median(&mut r.p50_deltas)
-    );
-    println!(
-        "| CPU per request, server + client, median (µs) | {:.2} | {:.2} | **{:.3}** [{:.3}, {:.3}] (median [q1, q3] of per-round ratios) |",
-        median(&mut r.base_cpu),
-        median(&mut r.traced_cpu),
-        median(&mut r.cpu_ratios),
-        quantile(&mut r.cpu_ratios, 0.25),
-        quantile(&mut r.cpu_ratios, 0.75),
-    );
-    println!(
-        "| CPU per request of the `qosd trace` process (ring buffer reader, statistics), median (µs) | - | {:.2} | **{:.3}** of the untraced server + client's (median of per-round ratios; not in the row above, which carries the BPF programs' time) |",
-        median(&mut r.tracer_cpu),
-        median(&mut r.tracer_ratios),
-    );
-    println!("\nGoal: ratio >= 0.99 and <= +1 µs p50 (the paper reports +8 µs on memcached).\n");
     match stats {
         Some(Ok(text)) => println!("{text}"),
         Some(Err(e)) => println!("BPF run-time statistics not measured: {e}\n"),
@@ -293,6 +247,53 @@ struct Rounds {
 }
 
 impl Rounds {
+    /// The markdown table of BENCHMARKS.md, from the rounds' figures.
+    fn print_table(&mut self, rounds: usize, secs: f64, conns: usize) {
+        println!("## Request tracing overhead (memcached at saturation)\n");
+        println!(
+            "Command: `cargo run --release -p qosd-manager --example trace_overhead -- {rounds} {secs} {conns}`\n"
+        );
+        println!(
+            "memcached -t 2 on loopback, closed-loop `get` from {conns} connections, {rounds} interleaved \
+             rounds of {secs} s without / with `qosd trace --pid` attached (alternating order). \
+             CPU per request is the CPU time (schedstat) of memcached's threads and the client's \
+             threads over the run, divided by the requests: unlike throughput it does not count \
+             time lost to other load on this shared 2-CPU machine.\n"
+        );
+        println!("| | without | with `qosd trace` | ratio / delta |");
+        println!("|---|---|---|---|");
+        println!(
+            "| throughput, median (req/s) | {:.0} | {:.0} | **{:.3}** [{:.3}, {:.3}] (median [q1, q3] of per-round ratios) |",
+            median(&mut self.base_rps),
+            median(&mut self.traced_rps),
+            median(&mut self.ratios),
+            quantile(&mut self.ratios, 0.25),
+            quantile(&mut self.ratios, 0.75),
+        );
+        println!(
+            "| client p50, median (µs) | {:.1} | {:.1} | **{:+.1} µs** (median of per-round deltas) |",
+            median(&mut self.base_p50),
+            median(&mut self.traced_p50),
+            median(&mut self.p50_deltas)
+        );
+        println!(
+            "| CPU per request, server + client, median (µs) | {:.2} | {:.2} | **{:.3}** [{:.3}, {:.3}] (median [q1, q3] of per-round ratios) |",
+            median(&mut self.base_cpu),
+            median(&mut self.traced_cpu),
+            median(&mut self.cpu_ratios),
+            quantile(&mut self.cpu_ratios, 0.25),
+            quantile(&mut self.cpu_ratios, 0.75),
+        );
+        println!(
+            "| CPU per request of the `qosd trace` process (ring buffer reader, statistics), median (µs) | - | {:.2} | **{:.3}** of the untraced server + client's (median of per-round ratios; not in the row above, which carries the BPF programs' time) |",
+            median(&mut self.tracer_cpu),
+            median(&mut self.tracer_ratios),
+        );
+        println!(
+            "\nGoal: ratio >= 0.99 and <= +1 µs p50 (the paper reports +8 µs on memcached).\n"
+        );
+    }
+
     fn push(&mut self, a: &Run, b: &Run) {
         self.ratios.push(b.rps / a.rps);
         self.p50_deltas.push(b.p50_us - a.p50_us);

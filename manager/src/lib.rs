@@ -8,7 +8,9 @@ pub mod exit;
 pub mod kube;
 pub mod node;
 pub mod paths;
-pub mod policy;
+/// The policies live in their own crate (no I/O, no manager types);
+/// `qosd_manager::policy` stays their path here.
+pub use qosd_policy as policy;
 pub mod secs;
 pub mod signals;
 /// The YAML file reader (moved to qosd-core, shared with the scenarios).

@@ -12,6 +12,7 @@ use qosd_scenarios::output;
 use qosd_scenarios::scenario::Scenario;
 use qosd_scenarios::sim::fitted::ModelFile;
 use qosd_scenarios::sim::{self, SimOptions, StaticPolicy};
+use qosd_scenarios::timeline::{Summary, Timeline};
 
 use crate::node::real_replay::{self, RealOptions};
 use crate::node::setup::{parse_resource, read_scenario, resources, run_meta};
@@ -171,21 +172,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         return run_seeds(args, n);
     }
     let mut sc = read_scenario(&args.scenario)?;
-    if let Some(d) = args.duration {
-        crate::secs::secs("--duration", d, 0.0, 86_400.0)?;
-        qosd_scenarios::scenario::run_size(d, sc.interval_ms, sc.apps.len())
-            .map_err(|m| usage!("--duration {m}"))?;
-    }
-    if let Some(p) = &args.model {
-        let m = ModelFile::from_file(p).map_err(|e| usage!("{e}"))?;
-        m.apply(&mut sc)
-            .map_err(|e| usage!("--model {}: {e}", p.display()))?;
-    }
-    if args.sim && (args.resources.is_some() || sc.resources.is_some()) {
-        // The simulated node offers the knobs a real replay would turn.
-        let rs = resources(&sc, args.resources.as_deref())?;
-        sc.node = sc.node.only(&rs);
-    }
+    apply_args(&args, &mut sc)?;
     let feedback = args.feedback.unwrap_or(sc.feedback);
     let seed = args.seed.unwrap_or(sc.seed);
     let mut policy = load_policy(&sc, args.policy.as_deref(), seed)?;
@@ -231,6 +218,59 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         crate::outln!("{}", serde_json::to_string_pretty(&summary)?)?;
         return Ok(());
     }
+    let run = SimRun {
+        tl: &tl,
+        summary: &summary,
+        files: &files,
+        out: &out,
+    };
+    print_sim_run(&args, &sc, &run, (feedback, seed, wall))?;
+    Ok(())
+}
+
+/// What the arguments change in the scenario: its duration checked, a
+/// fitted model laid over it, the simulated node's knobs.
+fn apply_args(args: &Args, sc: &mut Scenario) -> anyhow::Result<()> {
+    if let Some(d) = args.duration {
+        crate::secs::secs("--duration", d, 0.0, 86_400.0)?;
+        qosd_scenarios::scenario::run_size(d, sc.interval_ms, sc.apps.len())
+            .map_err(|m| usage!("--duration {m}"))?;
+    }
+    if let Some(p) = &args.model {
+        let m = ModelFile::from_file(p).map_err(|e| usage!("{e}"))?;
+        m.apply(sc)
+            .map_err(|e| usage!("--model {}: {e}", p.display()))?;
+    }
+    if args.sim && (args.resources.is_some() || sc.resources.is_some()) {
+        // The simulated node offers the knobs a real replay would turn.
+        let rs = resources(sc, args.resources.as_deref())?;
+        sc.node = sc.node.only(&rs);
+    }
+    Ok(())
+}
+
+/// What a simulated run made.
+struct SimRun<'a> {
+    tl: &'a Timeline,
+    summary: &'a Summary,
+    files: &'a output::RunFiles,
+    out: &'a std::path::Path,
+}
+
+/// A simulated run's node, its speed, the summary table and the files
+/// written.
+fn print_sim_run(
+    args: &Args,
+    sc: &Scenario,
+    run: &SimRun<'_>,
+    (feedback, seed, wall): (Feedback, u64, f64),
+) -> anyhow::Result<()> {
+    let SimRun {
+        tl,
+        summary,
+        files,
+        out,
+    } = *run;
     let simulated = tl.rows.len() as f64 / tl.apps.len().max(1) as f64 * tl.interval_s;
     crate::outln!(
         "{} on the simulated node ({} {}, {}-{} MHz, {} ways, {}){}: policy {}, feedback {feedback}, seed {seed}",
@@ -253,7 +293,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "simulated {simulated:.0} s in {wall:.3} s ({:.0}x real time)\n",
         simulated / wall.max(1e-9)
     )?;
-    crate::out!("{}", output::summary_table(&summary))?;
+    crate::out!("{}", output::summary_table(summary))?;
     if tl.rejected_plans > 0 {
         crate::outln!(
             "warning: {} plans were outside the node and were not applied",

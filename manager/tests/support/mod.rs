@@ -8,6 +8,7 @@
 //! (fake /sys and /proc trees, shared with the actuators' tests),
 //! `deploy` (`make install`, the systemd unit), `grpc` (gRPC fixtures),
 //! `hostile` (misbehaving raw-socket clients of the daemon's API),
+//! `netns` (network namespaces and `qosd net` for the net tests),
 //! `pipelined` (redis, a pre-fork server, nginx over TLS, pipelining
 //! clients),
 //! `replay` (calibration, scenarios and timelines of the replay tests).
@@ -21,6 +22,7 @@ pub mod fake;
 pub mod grpc;
 pub mod hostile;
 pub mod kube;
+pub mod netns;
 pub mod pipelined;
 pub mod replay;
 pub mod trace;

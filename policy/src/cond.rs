@@ -228,7 +228,7 @@ impl Condition {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::testkit::{lc, snap};
+    use crate::testkit::{lc, snap};
 
     fn c(s: &str) -> Condition {
         s.parse().unwrap_or_else(|e| panic!("{e}"))

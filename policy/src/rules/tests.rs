@@ -4,8 +4,8 @@ use std::path::Path;
 
 use qosd_core::{DecisionKind, Plan, Policy, Resource};
 
-use crate::policy::testkit::*;
-use crate::policy::PolicyFile;
+use crate::testkit::*;
+use crate::PolicyFile;
 
 const CORES: Resource = Resource::Cores;
 const FREQ: Resource = Resource::Frequency;
@@ -20,7 +20,7 @@ fn shipped(name: &str) -> Box<dyn Policy + Send> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../policies")
         .join(name);
-    crate::policy::load(&path, 0).unwrap_or_else(|e| panic!("{e}"))
+    crate::load(&path, 0).unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn changes(plan: &Plan) -> Vec<(String, Resource, DecisionKind, u32, u32)> {

@@ -15,7 +15,7 @@ use qosd_core::measure::samples_for_percentile;
 use qosd_core::{DecisionKind, Snapshot};
 
 use super::{Judged, Parties, RevertVote, Verdict};
-use crate::policy::alloc::{fmt_us, Editor};
+use crate::alloc::{fmt_us, Editor};
 
 impl Parties {
     /// Counts one sample toward the pending action's verdict. Only

@@ -5,7 +5,7 @@
 use qosd_core::{quota, DecisionKind, NodeCaps, Plan, Policy, Resource, Snapshot};
 
 use super::*;
-use crate::policy::testkit::*;
+use crate::testkit::*;
 
 const QUOTA: Resource = Resource::CpuQuota;
 type Row = (String, Resource, DecisionKind, u32, u32);

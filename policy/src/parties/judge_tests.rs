@@ -5,7 +5,7 @@
 use qosd_core::{AppState, DecisionKind, Policy, Resource};
 
 use super::{Parties, PartiesParams, RevertVote};
-use crate::policy::testkit::{allocs, kinds, lc, node, snap};
+use crate::testkit::{allocs, kinds, lc, node, snap};
 
 const CORES: Resource = Resource::Cores;
 

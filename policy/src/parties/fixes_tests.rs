@@ -4,7 +4,7 @@
 use qosd_core::{DecisionKind, Limits, Policy, Resource, Share};
 
 use super::*;
-use crate::policy::testkit::*;
+use crate::testkit::*;
 
 const CORES: Resource = Resource::Cores;
 const WAYS: Resource = Resource::CacheWays;

@@ -6,7 +6,7 @@
 use qosd_core::{AppClass, Snapshot};
 
 use super::Parties;
-use crate::policy::alloc::fmt_us;
+use crate::alloc::fmt_us;
 
 impl Parties {
     /// Slack of an LC app, with `idle_slack` standing in when it served

@@ -4,8 +4,8 @@
 use qosd_core::Resource;
 use serde::{Deserialize, Serialize};
 
-use crate::policy::alloc::Victim;
-use crate::yamlfile::{Invalid, KeyPath};
+use crate::alloc::Victim;
+use qosd_core::yamlfile::{Invalid, KeyPath};
 
 /// One unit of each resource, as moved by a single decision.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

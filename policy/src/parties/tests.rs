@@ -3,8 +3,8 @@
 use qosd_core::{DecisionKind, Plan, Policy, Resource};
 
 use super::*;
-use crate::policy::testkit::*;
-use crate::yamlfile::KeyPath;
+use crate::testkit::*;
+use qosd_core::yamlfile::KeyPath;
 
 const CORES: Resource = Resource::Cores;
 const WAYS: Resource = Resource::CacheWays;

@@ -10,7 +10,7 @@ use qosd_core::oa::Oa;
 use qosd_core::{DecisionKind, Resource, Share, Skipped, Snapshot};
 
 use super::Parties;
-use crate::policy::alloc::{fmt_us, Editor};
+use crate::alloc::{fmt_us, Editor};
 
 impl Parties {
     /// `app`'s allocation in the plan so far, levels never set (0) read

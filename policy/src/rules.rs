@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use super::alloc::{Editor, Moves, Victim};
 use super::cond::Condition;
 use super::parties::{slack_in_range, validate_victims, Steps};
-use crate::yamlfile::{short, Invalid, KeyPath};
+use qosd_core::yamlfile::{short, Invalid, KeyPath};
 
 /// Settings of a rule policy (section `settings:`), all optional.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

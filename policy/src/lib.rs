@@ -5,10 +5,10 @@
 //!
 //! ```no_run
 //! use qosd_core::Policy;
-//! let mut policy = qosd_manager::policy::load(std::path::Path::new("policies/parties.yaml"), 42)?;
+//! let mut policy = qosd_policy::load(std::path::Path::new("policies/parties.yaml"), 42)?;
 //! # let (snapshot, current, node) = todo!();
 //! let plan = policy.decide(0, &snapshot, &current, &node);
-//! # Ok::<(), qosd_manager::yamlfile::FileError>(())
+//! # Ok::<(), qosd_core::yamlfile::FileError>(())
 //! ```
 
 pub mod alloc;
@@ -24,8 +24,8 @@ use std::path::Path;
 use qosd_core::Policy;
 use serde::{Deserialize, Serialize};
 
-use crate::yamlfile::{self, FileError, Invalid, KeyPath};
 pub use parties::{Parties, PartiesParams, Steps};
+use qosd_core::yamlfile::{self, FileError, Invalid, KeyPath};
 pub use rules::{Rule, RuleSettings, Rules};
 
 /// A policy file: a name and exactly one engine section.

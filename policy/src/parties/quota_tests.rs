@@ -6,7 +6,7 @@
 use qosd_core::{quota, DecisionKind, NodeCaps, Plan, Policy, Resource, Snapshot};
 
 use super::*;
-use crate::policy::testkit::*;
+use crate::testkit::*;
 
 const QUOTA: Resource = Resource::CpuQuota;
 const CORES: Resource = Resource::Cores;

@@ -6,7 +6,7 @@ use qosd_core::knobs::{HEDGE_OFF, HEDGE_ON};
 use qosd_core::{DecisionKind, Policy, Resource};
 
 use super::*;
-use crate::policy::testkit::*;
+use crate::testkit::*;
 
 /// One core, nothing else to grow, and hedging.
 fn node_with_hedge() -> qosd_core::NodeCaps {
