@@ -218,7 +218,7 @@ fn daemon_discovers_an_apps_ports_from_its_sockets_when_the_config_gives_none() 
     std::fs::write(
         &cfg,
         format!(
-            "apps:\n  - name: udpapp\n    match: {{ pid: {} }}\n    class: lc\n    \
+            "apps:\n  - name: portapp\n    match: {{ pid: {} }}\n    class: lc\n    \
              target: {{ p99: 1ms }}\n    feedback: client\n\
              policy: {}\napi:\n  listen: 127.0.0.1:{api}\n  token_file: {}\n\
              state_file: {}\nactuators: {{ enabled: [] }}\n\
@@ -240,7 +240,7 @@ fn daemon_discovers_an_apps_ports_from_its_sockets_when_the_config_gives_none() 
             sock.send_to(&[1u8; 100], to).unwrap();
         }
     });
-    let want = format!("qosd_app_net_packets_total{{app=\"udpapp\",direction=\"ingress\"}} {n}\n");
+    let want = format!("qosd_app_net_packets_total{{app=\"portapp\",direction=\"ingress\"}} {n}\n");
     let t0 = Instant::now();
     let mut m = String::new();
     while t0.elapsed() < Duration::from_secs(10) && !m.contains(&want) {
@@ -258,9 +258,9 @@ fn daemon_discovers_an_apps_ports_from_its_sockets_when_the_config_gives_none() 
     assert!(m.contains(&want), "{want}\n{m}");
     let v: Value = serde_json::from_str(&net).unwrap();
     assert_eq!(
-        v["apps"]["udpapp"]["ports"],
+        v["apps"]["portapp"]["ports"],
         serde_json::json!([port]),
         "{v}"
     );
-    assert_eq!(v["apps"]["udpapp"]["ports_from"], "discovered", "{v}");
+    assert_eq!(v["apps"]["portapp"]["ports_from"], "discovered", "{v}");
 }
