@@ -213,7 +213,14 @@ fn the_daemon_hedges_an_app_counts_in_metrics_and_restores_after_sigterm_and_sig
         m.contains("qosd_app_hedge_state{app=\"client\"} 2\n"),
         "{m}"
     );
-    let app: Value = serde_json::from_str(&until(api, "/v1/apps/client", hedged)).unwrap();
+    // The counters are read at each decision: wait for the one after the
+    // last request.
+    let all_counted = |b: &str| {
+        hedged(b)
+            && serde_json::from_str::<Value>(b)
+                .is_ok_and(|v| v["knob_counters"]["hedge"]["requests"].as_u64() >= Some(300))
+    };
+    let app: Value = serde_json::from_str(&until(api, "/v1/apps/client", all_counted)).unwrap();
     let c = &app["knob_counters"]["hedge"];
     assert!(c["requests"].as_u64() >= Some(300), "{app}");
     assert!(
