@@ -278,17 +278,7 @@ impl Queue {
         let c = c.max(1);
         let cv = cv.clamp(0.01, 1.0);
         let rho = (lambda * s_us / c as f64).clamp(0.0, 0.98);
-        let a = rho * c as f64;
-        // Erlang B by recurrence, then C from B.
-        let mut b = 1.0;
-        for k in 1..=c {
-            b = a * b / (k as f64 + a * b);
-        }
-        let wait_p = if a == 0.0 {
-            0.0
-        } else {
-            b / (1.0 - rho * (1.0 - b))
-        };
+        let wait_p = qosd_core::oa::erlang_c(c, rho * c as f64);
         let delta = c as f64 / s_us * (1.0 - rho) * 2.0 / (1.0 + cv * cv);
         Queue {
             wait_p,
