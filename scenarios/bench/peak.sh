@@ -38,10 +38,10 @@ port=$(( 20000 + RANDOM % 20000 ))
 st=$(mktemp -d -t qosd-peak.XXXXXX)
 srv= job= tr=
 cleanup() {
-  [ -n "$tr" ] && { kill "$tr" 2>/dev/null; wait "$tr" 2>/dev/null || true; }
-  [ -n "$job" ] && { kill -CONT "$job" 2>/dev/null; kill "$job" 2>/dev/null; wait "$job" 2>/dev/null || true; }
+  [ -n "$tr" ] && { kill "$tr" 2>/dev/null || true; wait "$tr" 2>/dev/null || true; }
+  [ -n "$job" ] && { kill -CONT "$job" 2>/dev/null; kill "$job" 2>/dev/null || true; wait "$job" 2>/dev/null || true; }
   "$QOSD" restore --state-file "$st/state.json" >/dev/null 2>&1 || true
-  [ -n "$srv" ] && { kill "$srv" 2>/dev/null; wait "$srv" 2>/dev/null || true; }
+  [ -n "$srv" ] && { kill "$srv" 2>/dev/null || true; wait "$srv" 2>/dev/null || true; }
   rm -rf "$st"
   [ -w "$ag" ] && echo 0 >"$ag"
 }
@@ -84,7 +84,7 @@ for r in $(seq 0 $(( ROUNDS - 1 ))); do
       --connections "$CONNS" --keepalive --duration "$SECS" --intervals --interval-ms 500 --json \
       >"$st/$c.$r.json"
     o1=$(ops)
-    [ -n "$tr" ] && { kill "$tr" 2>/dev/null; wait "$tr" 2>/dev/null || true; tr=; }
+    [ -n "$tr" ] && { kill "$tr" 2>/dev/null || true; wait "$tr" 2>/dev/null || true; tr=; }
     kill -STOP "$job"
     awk -v a="$o0" -v b="$o1" 'BEGIN { split(a, x, " "); split(b, y, " ");
       d = y[2] - x[2]; print (d > 0) ? (y[1] - x[1]) / d * 1e6 : 0 }' >"$st/$c.$r.ops"
