@@ -304,7 +304,7 @@ mod tests {
 
     #[test]
     fn diff_takes_wrapping_per_cpu_differences_and_the_newest_latest() {
-        let mut cell = |b: usize, n: u32, latest: u64, end: u64| {
+        let cell = |b: usize, n: u32, latest: u64, end: u64| {
             let mut v = vec![0u8; CELL_BYTES];
             let at = FIGS_AT + FIG_BYTES; // the service figure
             v[at..at + 8].copy_from_slice(&latest.to_ne_bytes());
