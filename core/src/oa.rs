@@ -85,6 +85,74 @@ impl Oa {
         };
         self.x_rps * self.demand_s * f / c
     }
+
+    /// How much the `percentile` (e.g. 99.0) of the queueing wait grows,
+    /// in s, if the app held `after` instead of `before` at the same
+    /// throughput: M/M/c ([`wait_quantile_s`]) on each allocation's CPUs,
+    /// the demand scaled as in [`Oa::util_on`]. `None` when `after`
+    /// saturates. Service times with less spread than exponential wait
+    /// less, so this errs on the cautious side.
+    pub fn wait_growth_on(
+        &self,
+        before: &Share,
+        after: &Share,
+        node: &NodeCaps,
+        percentile: f64,
+    ) -> Option<f64> {
+        let p = (percentile / 100.0).clamp(0.5, 0.9999);
+        let c0 = cpus_of(before, node).unwrap_or(self.cpus);
+        let c1 = cpus_of(after, node).unwrap_or(self.cpus);
+        let d1 = self.util_on(before, after, node) * c1 / self.x_rps;
+        let now = wait_quantile_s(c0, self.x_rps, self.demand_s, p).unwrap_or(0.0);
+        Some((wait_quantile_s(c1, self.x_rps, d1, p)? - now).max(0.0))
+    }
+}
+
+/// Erlang C: the probability that an arrival waits in an M/M/c queue of
+/// `c` servers offered `a` = λ/μ erlangs (1 when `a >= c`: saturated).
+/// Erlang B by its recurrence, then C from B (no factorials to overflow).
+pub fn erlang_c(c: u32, a: f64) -> f64 {
+    let c = c.max(1);
+    let rho = a / f64::from(c);
+    if a <= 0.0 {
+        return 0.0;
+    }
+    if rho >= 1.0 {
+        return 1.0;
+    }
+    let mut b = 1.0;
+    for k in 1..=c {
+        b = a * b / (f64::from(k) + a * b);
+    }
+    b / (1.0 - rho * (1.0 - b))
+}
+
+/// The `p`-quantile (0 < p < 1) of the waiting time, in s, of an M/M/c
+/// queue with `cpus` servers at `x_rps` arrivals/s of `demand_s` CPU
+/// seconds each: P(W > t) = C·e^(−(c/D − X)·t), so t_p = ln(C / (1 − p)) /
+/// (c/D − X), 0 where fewer than 1 − p wait. Fractional CPUs (a quota)
+/// interpolate between the whole counts around them. `None` when
+/// saturated (the queue grows without bound).
+pub fn wait_quantile_s(cpus: f64, x_rps: f64, demand_s: f64, p: f64) -> Option<f64> {
+    let whole = |c: u32| -> Option<f64> {
+        let slack_rate = f64::from(c) / demand_s - x_rps;
+        if c == 0 || slack_rate <= 0.0 {
+            return None;
+        }
+        let wait_p = erlang_c(c, x_rps * demand_s);
+        Some((wait_p / (1.0 - p)).ln().max(0.0) / slack_rate)
+    };
+    let lo = cpus.floor();
+    let frac = cpus - lo;
+    let lo_w = whole(lo as u32);
+    if frac < 1e-9 {
+        return lo_w;
+    }
+    let hi_w = whole(lo as u32 + 1)?;
+    // Below the lower count's saturation the interpolation has no lower
+    // end: scale the upper one by the load the fraction must carry.
+    let lo_w = lo_w.unwrap_or(hi_w / frac.max(1e-9));
+    Some(lo_w + (hi_w - lo_w) * frac)
 }
 
 /// CPUs an allocation gives: its cores (where the node has a cores
@@ -188,5 +256,68 @@ mod tests {
         let o = Oa::of_interval(400.0, Some(0.8), Some(&quota), &n).unwrap();
         assert!((o.util - 1.6).abs() < 1e-12);
         assert_eq!(Oa::of_interval(400.0, None, Some(&quota), &n), None);
+    }
+
+    #[test]
+    fn erlang_c_matches_its_closed_forms() {
+        // One server: C = ρ. Two: C = 2ρ² / (1 + ρ).
+        assert!((erlang_c(1, 0.6) - 0.6).abs() < 1e-12);
+        let rho: f64 = 0.7;
+        assert!((erlang_c(2, 1.4) - 2.0 * rho * rho / (1.0 + rho)).abs() < 1e-12);
+        assert_eq!(erlang_c(3, 0.0), 0.0);
+        assert_eq!(erlang_c(3, 3.0), 1.0);
+    }
+
+    #[test]
+    fn the_wait_quantile_follows_m_m_c() {
+        // M/M/1 at ρ 0.6, D 1 ms: P(W > t) = 0.6·e^(−400 t); p99 at
+        // ln(60)/400 s.
+        let w = wait_quantile_s(1.0, 600.0, 0.001, 0.99).unwrap();
+        assert!((w - 60f64.ln() / 400.0).abs() < 1e-12, "{w}");
+        // Fewer than 1 % wait: no wait at the p99.
+        assert_eq!(wait_quantile_s(8.0, 100.0, 0.001, 0.99), Some(0.0));
+        assert_eq!(wait_quantile_s(2.0, 2000.0, 0.001, 0.99), None);
+        // A fraction of a CPU lies between the whole counts.
+        let (a, b) = (
+            wait_quantile_s(2.0, 1500.0, 0.001, 0.99).unwrap(),
+            wait_quantile_s(3.0, 1500.0, 0.001, 0.99).unwrap(),
+        );
+        let mid = wait_quantile_s(2.5, 1500.0, 0.001, 0.99).unwrap();
+        assert!(b < mid && mid < a, "{b} < {mid} < {a}");
+        // Below 1.5 CPUs' saturation the lower end is scaled from the upper.
+        assert!(wait_quantile_s(1.5, 1200.0, 0.001, 0.99).is_some());
+    }
+
+    #[test]
+    fn a_small_pool_queues_long_before_a_bound_on_utilisation() {
+        // The sim ramp's case: U 0.59 on 4 cores of 1 ms work, 0.79 on 3.
+        let n = node();
+        let four = Share {
+            nr_cores: 4,
+            ..Default::default()
+        };
+        let three = Share {
+            nr_cores: 3,
+            ..four
+        };
+        let o = Oa::of(2360.0, 2.36, 4.0).unwrap();
+        let grow = o.wait_growth_on(&four, &three, &n, 99.0).unwrap();
+        // 4 cores: C ≈ 0.27, p99 wait ≈ 2.0 ms; 3 cores: ≈ 6.4 ms.
+        assert!(grow > 0.004 && grow < 0.005, "{grow}");
+        let eight = Share {
+            nr_cores: 8,
+            ..four
+        };
+        let seven = Share {
+            nr_cores: 7,
+            ..four
+        };
+        // The same work on 8 cores (U 0.3) barely queues on 7.
+        assert!(o.wait_growth_on(&eight, &seven, &n, 99.0).unwrap() < 1e-4);
+        let two = Share {
+            nr_cores: 2,
+            ..four
+        };
+        assert_eq!(o.wait_growth_on(&four, &two, &n, 99.0), None);
     }
 }

@@ -173,6 +173,7 @@ mod tests {
             downsize_cooldown_max_ms: 16000,
             revert_vote: parties::RevertVote::Evidence,
             max_util: Some(0.8),
+            min_predicted_slack: Some(0.05),
             downsize_below_util: Some(0.5),
             quota_be_first: true,
             ..PartiesParams::default()

@@ -7,7 +7,7 @@
 //! spike waiting for the next burst, whatever the last window's p99 said.
 
 use qosd_core::oa::Oa;
-use qosd_core::{DecisionKind, Resource, Share, Skipped, Snapshot};
+use qosd_core::{DecisionKind, NodeCaps, Resource, Share, Skipped, Snapshot};
 
 use super::Parties;
 use crate::alloc::{fmt_us, Editor};
@@ -29,11 +29,12 @@ impl Parties {
     }
 
     /// Whether a downsize of `app`'s `r` by `step` is barred by
-    /// `max_util`; if so it is recorded in the plan's `skipped`.
+    /// `max_util` or `min_predicted_slack`; if so it is recorded in the
+    /// plan's `skipped`, with the figures of the prediction.
     pub(super) fn barred(&self, ed: &mut Editor<'_>, app: &str, r: Resource, step: u32) -> bool {
-        let Some(bound) = self.p.max_util else {
+        if self.p.max_util.is_none() && self.p.min_predicted_slack.is_none() {
             return false;
-        };
+        }
         let (Some(to), Some(before), Some(oa)) = (
             ed.lowered(app, r, step),
             Self::share_in(ed, app),
@@ -43,17 +44,15 @@ impl Parties {
         };
         let mut after = before;
         after.set(r, to);
-        let u = oa.util_on(&before, &after, ed.node);
-        if u <= bound {
+        let Some(why) = self.bar(ed.snap, app, &oa, &before, &after, ed.node) else {
             return false;
-        }
+        };
         ed.plan.skipped.push(Skipped {
             app: app.to_owned(),
             resource: r,
             kind: DecisionKind::Downsize,
             reason: format!(
-                "{} {} -> {to} {}: predicted utilisation {u:.2} > max_util {bound} \
-                 (X {:.0} req/s, D {} CPU/request, U now {:.2})",
+                "{} {} -> {to} {}: {why} (X {:.0} req/s, D {} CPU/request, U now {:.2})",
                 r,
                 before.get(r),
                 r.unit(),
@@ -63,6 +62,43 @@ impl Parties {
             ),
         });
         true
+    }
+
+    /// Why `app` may not go from `before` to `after`, if it may not: the
+    /// predicted utilisation past `max_util`, or the slack predicted from
+    /// the growth of its percentile's M/M/c wait below
+    /// `min_predicted_slack` (the downsize would make the app violate, or
+    /// come near enough that the next burst does).
+    fn bar(
+        &self,
+        snap: &Snapshot,
+        app: &str,
+        oa: &Oa,
+        before: &Share,
+        after: &Share,
+        node: &NodeCaps,
+    ) -> Option<String> {
+        let u = oa.util_on(before, after, node);
+        if let Some(bound) = self.p.max_util.filter(|b| u > *b) {
+            return Some(format!("predicted utilisation {u:.2} > max_util {bound}"));
+        }
+        let bound = self.p.min_predicted_slack?;
+        let a = snap.app(app)?;
+        let t = a.target?;
+        let slack = a.slack()?;
+        let slo_us = t.slo_us.unwrap_or(t.value_us);
+        let predicted = match oa.wait_growth_on(before, after, node, t.percentile) {
+            Some(grow_s) => slack - grow_s * 1e6 / slo_us,
+            None => f64::NEG_INFINITY,
+        };
+        (predicted < bound).then(|| {
+            format!(
+                "predicted slack {predicted:.2} < min_predicted_slack {bound} \
+                 (slack now {slack:.2}, p{} queueing wait on {:.1} CPUs, M/M/c)",
+                t.percentile,
+                qosd_core::oa::cpus_of(after, node).unwrap_or(oa.cpus),
+            )
+        })
     }
 
     /// Latency-critical apps whose utilisation is past `max_util` (their

@@ -113,20 +113,7 @@ impl SimModel {
         macro_rules! set {
             ($($f:ident),*) => { $( if let Some(v) = o.$f { self.$f = v; } )* };
         }
-        set!(
-            service_us,
-            service_cv,
-            parallelism,
-            freq_sensitivity,
-            cache_slowdown,
-            ways_needed,
-            fixed_us,
-            network_ms,
-            network_capacity_x,
-            network_tau_s,
-            noise,
-            ops_per_cpu_s
-        );
+        crate::scenario::sim_model_fields!(set);
         self
     }
 
@@ -291,17 +278,7 @@ impl Queue {
         let c = c.max(1);
         let cv = cv.clamp(0.01, 1.0);
         let rho = (lambda * s_us / c as f64).clamp(0.0, 0.98);
-        let a = rho * c as f64;
-        // Erlang B by recurrence, then C from B.
-        let mut b = 1.0;
-        for k in 1..=c {
-            b = a * b / (k as f64 + a * b);
-        }
-        let wait_p = if a == 0.0 {
-            0.0
-        } else {
-            b / (1.0 - rho * (1.0 - b))
-        };
+        let wait_p = qosd_core::oa::erlang_c(c, rho * c as f64);
         let delta = c as f64 / s_us * (1.0 - rho) * 2.0 / (1.0 + cv * cv);
         Queue {
             wait_p,
