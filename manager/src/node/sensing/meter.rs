@@ -1,14 +1,18 @@
 //! What the sensing layer keeps of one app (its latency windows, CPU and
-//! power figures) and what the policy sees of it: the fed latency, the
-//! throughput, the target of the fed side and the [`AppState`].
+//! power figures), how a tick's reading feeds it, and what the policy
+//! sees of it: the fed latency, the throughput, the target of the fed
+//! side and the [`AppState`]. A new per-app quantity is kept, fed and
+//! read here.
 
+use qosd_core::control::Tick;
 use qosd_core::slo::{Load, TargetFrom};
 use qosd_core::{AppPower, AppState, Feedback, QosTarget};
 use qosd_sensors::ebpf::Figure;
+use qosd_sensors::sensor::AppReading;
 use qosd_sensors::stats::LogHistogram;
 
 use super::gaps::GapWindows;
-use super::{SenseApp, WIDEST_INTERVALS};
+use super::{Holdings, SenseApp, WIDEST_INTERVALS};
 use crate::node::latency::Recent;
 
 /// What the layer keeps of one app.
@@ -59,6 +63,56 @@ impl Meter {
             cpus_held: None,
             cpu_total_s: 0.0,
             power: None,
+        }
+    }
+
+    /// Feeds the app's readings of the tick into its windows and figures;
+    /// `power`: the tick's power figure (none: none) replaces the last.
+    pub(super) fn feed(
+        &mut self,
+        a: &SenseApp,
+        tick: &Tick,
+        r: &mut AppReading,
+        act: &dyn Holdings,
+        power: bool,
+    ) {
+        let client = r.client.clone().unwrap_or_default();
+        let server = r.server.clone().unwrap_or_default();
+        let fig = usize::from(a.figure == Figure::Service);
+        // Replies of the tick: the client's count where it drives the app
+        // or feeds the policy, else the requests the server was seen serve.
+        self.iv_completed += match (a.driven, a.feedback) {
+            (true, _) | (false, Feedback::Client) => client.completed,
+            (false, Feedback::Ebpf) => server[fig].hist.len(),
+        };
+        self.iv_client.merge(&client.latency.hist);
+        self.client
+            .push(client.latency.hist, tick.dt_s, client.latency.latest_ns);
+        if client.offered_rps.is_some() {
+            self.offered_rps = client.offered_rps;
+        }
+        self.iv_server.merge(&server[fig].hist);
+        for (w, t) in self.server.iter_mut().zip(server) {
+            w.push(t.hist, tick.dt_s, t.latest_ns);
+        }
+        self.cpu_span_s += tick.dt_s;
+        self.cpus_held = act.cpus_held(&a.name);
+        if let Some(used) = r.cpu_s {
+            self.cpu_total_s += used;
+            let nr_cpus = act.nr_cpus(&a.name);
+            let secs = std::mem::take(&mut self.cpu_span_s);
+            if secs > 0.0 {
+                self.cpu_util = (used / (secs * nr_cpus.max(1) as f64)).clamp(0.0, 1.0);
+                self.cpus_used = Some(used / secs);
+            }
+        }
+        if power {
+            self.power = r.power.take();
+        }
+        let rps = self.rps(a);
+        if let Some(p) = self.power.as_mut() {
+            p.energy_per_request_j = qosd_sensors::power::energy_per_request_j(p.power_w, rps);
+            r.power.clone_from(&self.power);
         }
     }
 
