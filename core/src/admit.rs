@@ -127,8 +127,7 @@ mod tests {
             freq: None,
             mb: None,
             quota: None,
-            cpu_priority: false,
-            hedge: false,
+            ..Default::default()
         }
     }
 

@@ -200,8 +200,7 @@ mod tests {
                 step_milli: 100,
                 max_milli: 8000,
             }),
-            cpu_priority: false,
-            hedge: false,
+            ..Default::default()
         }
     }
 

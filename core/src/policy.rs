@@ -124,6 +124,25 @@ pub struct AppState {
 }
 
 impl AppState {
+    /// An app with nothing measured yet: no target, no latency, no
+    /// throughput, the widest limits. Snapshots built by hand (the
+    /// simulator's, the examples', tests') start from it, so a quantity a
+    /// new sensor adds stays `None` there until they model it.
+    pub fn new(name: impl Into<String>, class: AppClass) -> AppState {
+        AppState {
+            name: name.into(),
+            class,
+            target: None,
+            latency_us: None,
+            rps: 0.0,
+            nr_samples: 0,
+            cpu_util: 0.0,
+            cpus_used: None,
+            power_w: None,
+            limits: Limits::default(),
+        }
+    }
+
     /// PARTIES slack: (target − latency) / SLO, the SLO being the target
     /// itself or, for a translated target, the user's ([`QosTarget::slo_us`]),
     /// so that the same headroom gives the same slack on either side.
@@ -238,16 +257,10 @@ mod tests {
     #[test]
     fn slack_is_relative_headroom() {
         let mut a = AppState {
-            name: "m".into(),
-            class: AppClass::Lc,
             target: Some(QosTarget::new(99.0, 1000.0)),
             latency_us: Some(900.0),
-            rps: 0.0,
             nr_samples: 100,
-            cpu_util: 0.0,
-            cpus_used: None,
-            power_w: None,
-            limits: Limits::default(),
+            ..AppState::new("m", AppClass::Lc)
         };
         assert!((a.slack().unwrap() - 0.1).abs() < 1e-9);
         a.latency_us = Some(1500.0);
@@ -272,8 +285,7 @@ mod tests {
             freq: None,
             mb: None,
             quota: None,
-            cpu_priority: false,
-            hedge: false,
+            ..Default::default()
         };
         assert!(node.has(Resource::Cores));
         assert!(!node.has(Resource::CpuQuota));

@@ -159,8 +159,7 @@ mod tests {
                 step_milli: 100,
                 max_milli: cpus * MILLI_PER_CPU,
             }),
-            cpu_priority: false,
-            hedge: false,
+            ..Default::default()
         }
     }
 

@@ -8,8 +8,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use qosd_core::{
-    Allocations, AppClass, AppState, FreqRange, Limits, MbRange, NodeCaps, QosTarget, Share,
-    Snapshot,
+    Allocations, AppClass, AppState, FreqRange, MbRange, NodeCaps, QosTarget, Share, Snapshot,
 };
 
 fn node() -> NodeCaps {
@@ -36,17 +35,14 @@ fn snapshot(nr_apps: usize, t: u64) -> Snapshot {
         .map(|i| {
             let phase = ((t as f64) / 7.0 + i as f64).sin();
             let be = i % 4 == 3;
+            let class = if be { AppClass::Be } else { AppClass::Lc };
             AppState {
-                name: format!("app{i:02}"),
-                class: if be { AppClass::Be } else { AppClass::Lc },
                 target: (!be).then_some(QosTarget::new(99.0, 1000.0)),
                 latency_us: (!be).then_some(1000.0 * (0.9 + 0.4 * phase)),
                 rps: 1000.0,
                 nr_samples: 500,
                 cpu_util: 0.5 + 0.45 * phase,
-                cpus_used: None,
-                power_w: None,
-                limits: Limits::default(),
+                ..AppState::new(format!("app{i:02}"), class)
             }
         })
         .collect();

@@ -1,8 +1,7 @@
 //! Synthetic nodes, snapshots and allocations for policy unit tests.
 
 use qosd_core::{
-    Allocations, AppClass, AppState, FreqRange, Limits, MbRange, NodeCaps, QosTarget, Share,
-    Snapshot,
+    Allocations, AppClass, AppState, FreqRange, MbRange, NodeCaps, QosTarget, Share, Snapshot,
 };
 
 /// Target used by every synthetic LC app: p99 ≤ 1000 µs.
@@ -29,32 +28,20 @@ pub fn node(cores: u32, ways: u32, freq: bool, mb: bool) -> NodeCaps {
 /// A latency-critical app whose slack is `slack` (None: no requests).
 pub fn lc(name: &str, slack: Option<f64>) -> AppState {
     AppState {
-        name: name.to_owned(),
-        class: AppClass::Lc,
         target: Some(QosTarget::new(99.0, TARGET_US)),
         latency_us: slack.map(|s| TARGET_US * (1.0 - s)),
         rps: 1000.0,
         nr_samples: 1000,
         cpu_util: 0.5,
-        cpus_used: None,
-        power_w: None,
-        limits: Limits::default(),
+        ..AppState::new(name, AppClass::Lc)
     }
 }
 
 /// A best-effort app.
 pub fn be(name: &str) -> AppState {
     AppState {
-        name: name.to_owned(),
-        class: AppClass::Be,
-        target: None,
-        latency_us: None,
-        rps: 0.0,
-        nr_samples: 0,
         cpu_util: 1.0,
-        cpus_used: None,
-        power_w: None,
-        limits: Limits::default(),
+        ..AppState::new(name, AppClass::Be)
     }
 }
 

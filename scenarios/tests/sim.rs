@@ -54,10 +54,7 @@ fn more_cores_and_higher_frequency_lower_latency() {
             nr_cores: cores,
             nr_ways: ways,
             freq_mhz: mhz,
-            mb_percent: 0,
-            cpu_quota_milli: 0,
-            cpu_priority: 0,
-            hedge: 0,
+            ..Default::default()
         };
         let s = m.service_time_us(&a, node);
         let lambda = 4000.0e-6; // 4000 rps, per µs

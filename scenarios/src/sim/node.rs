@@ -394,8 +394,6 @@ fn state(
     power_w: f64,
 ) -> AppState {
     AppState {
-        name: st.spec.name.clone(),
-        class: st.spec.class,
         // The target on the same side as the latency the policy is fed:
         // on the eBPF side the client's less the gap at the load eBPF
         // counts, slack still a fraction of the client's.
@@ -413,6 +411,6 @@ fn state(
         cpu_util: cpu.0.clamp(0.0, 1.0),
         cpus_used: Some(cpu.1),
         power_w: Some(power_w),
-        limits: Limits::default(),
+        ..AppState::new(st.spec.name.clone(), st.spec.class)
     }
 }
