@@ -27,7 +27,10 @@
  *     (cmpxchg: two answers on two CPUs cannot both win) and passes; a
  *     replica's answer is readdressed to look like the service's (the
  *     client's socket may be connected to it) and handed in on the
- *     service's interface; any later answer for the id is dropped.
+ *     service's interface; any later answer for the id is dropped, and
+ *     the second answer of a hedged id settles it (hedges_settled), so
+ *     userspace turning hedging off can keep this program until every
+ *     hedge sent has settled.
  *
  * Left to userspace: the delay line (veth + netem), attaching, counters
  * (per-CPU, summed when read), the budget and id rule.
@@ -276,6 +279,10 @@ int hedge_ingress(struct __sk_buff *skb)
 	if (!e)
 		return TC_ACT_OK;
 	if (__sync_val_compare_and_swap(&e->state, QH_PENDING, QH_DONE) != QH_PENDING) {
+		/* The second answer of a hedged id: it settles (once). */
+		if (e->hedged &&
+		    __sync_val_compare_and_swap(&e->state, QH_DONE, QH_SETTLED) == QH_DONE)
+			count(QH_HEDGES_SETTLED);
 		count(QH_DUPS_DROPPED);
 		return TC_ACT_SHOT;
 	}

@@ -18,7 +18,8 @@
 #define QH_CSUM_FIXED 6     /* clones whose IP and UDP checksums were rewritten */
 #define QH_ANSWERED_IN_TIME 7 /* clones back from the delay line, answer already in: dropped */
 #define QH_CLONE_FAILED 8   /* bpf_clone_redirect failed */
-#define QH_NR_COUNTERS 9
+#define QH_HEDGES_SETTLED 9 /* hedged ids whose second answer came (and was dropped) */
+#define QH_NR_COUNTERS 10
 
 /* skb->mark of a replica's answer handed in on the service's interface:
  * hedge_ingress runs again there and must let it pass. */
@@ -27,6 +28,9 @@
 /* Scoreboard states. */
 #define QH_PENDING 1
 #define QH_DONE 2
+/* Both answers of a hedged id came: nothing of it is in flight any more
+ * (hedges_sent - hedges_settled is what turning hedging off waits for). */
+#define QH_SETTLED 3
 
 struct qh_config {
 	__u32 svc_addr;     /* the service's IPv4 address */

@@ -201,6 +201,24 @@ pub trait Actuator: Send {
         Vec::new()
     }
 
+    /// Checks, between decisions, what this knob saw of `app` while in
+    /// force, and finishes what it left pending (the hedger's drains). An
+    /// error refuses the app: the knob has turned itself off for it and
+    /// says why, and the manager keeps the knob at its lowest level for
+    /// that app (the hedger: requests that carry no id). The default:
+    /// nothing to check.
+    fn check(&mut self, ctx: &mut Ctx, app: &str) -> Result<()> {
+        let _ = (ctx, app);
+        Ok(())
+    }
+
+    /// Before every knob is put back (exit, signal): lets what is in
+    /// flight end (the hedger stops new hedges and waits, bounded, for
+    /// those sent to settle). The default: nothing in flight.
+    fn quiesce(&mut self, ctx: &mut Ctx) {
+        let _ = ctx;
+    }
+
     /// Puts back everything this resource changed.
     fn restore(&mut self, ctx: &mut Ctx) -> (Vec<Change>, Vec<Error>) {
         ctx.restore(Some(self.resource()))

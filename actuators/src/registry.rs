@@ -166,6 +166,24 @@ impl Actuators {
             .collect()
     }
 
+    /// Runs every knob's [`Actuator::check`] for `app`: the knobs that
+    /// refused it (each has turned itself off for it) and why. The app's
+    /// recorded allocation forgets them, so the next apply sets them again.
+    pub fn check(&mut self, app: &str) -> Vec<(Resource, Error)> {
+        let mut refused = Vec::new();
+        for p in self.plugins.iter_mut() {
+            if let Err(e) = p.check(&mut self.ctx, app) {
+                refused.push((p.resource(), e));
+            }
+        }
+        if let Some((_, alloc)) = self.apps.get_mut(app) {
+            for (r, _) in &refused {
+                (qosd_core::knobs::knob(*r).copy_alloc)(alloc, &Allocation::default());
+            }
+        }
+        refused
+    }
+
     /// Sets the frequency of a CPU list directly (`qosd set freq --cpus`).
     pub fn set_cpu_freq(&mut self, cpus: &[u32], mhz: u32) -> Result<Vec<Change>> {
         self.plugin_mut(Resource::Frequency)?;
@@ -217,6 +235,9 @@ impl Actuators {
     /// newest first, and empties the state file. Keeps going past
     /// failures; what failed stays in the state file and is returned.
     pub fn restore_all(&mut self) -> Result<Vec<Change>> {
+        for p in self.plugins.iter_mut() {
+            p.quiesce(&mut self.ctx);
+        }
         let (changes, errors) = self.ctx.restore(None);
         self.apps.clear();
         one_error(errors, "").map(|()| changes)

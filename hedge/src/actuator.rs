@@ -12,12 +12,12 @@
 
 use std::collections::BTreeMap;
 
-use qosd_actuators::journal::Entry;
 use qosd_actuators::netns::{NetnsRef, DELAY_PREFIX, TC_PREF};
 use qosd_actuators::{AppTarget, Change, Ctx, Error, Result};
 
 use crate::bpf::{Counters, Hook, Programs, Wiring};
 use crate::delay::{DelayStats, ThreadLine};
+use crate::drain::Draining;
 use crate::route::{in_netns, link, route_get};
 use crate::HedgeSpec;
 
@@ -25,23 +25,28 @@ use crate::HedgeSpec;
 pub const KNOB: &str = "hedge";
 const R: &str = KNOB;
 
-struct Active {
-    spec: HedgeSpec,
+pub(crate) struct Active {
+    pub(crate) spec: HedgeSpec,
     netns: NetnsRef,
-    wired: Option<Wired>,
+    pub(crate) wired: Option<Wired>,
 }
 
 /// What runs for one hedged app (none in a dry run).
-struct Wired {
-    programs: Programs,
+pub(crate) struct Wired {
+    pub(crate) programs: Programs,
     /// The thread delay line, where the kernel has no netem.
-    thread: Option<ThreadLine>,
+    pub(crate) thread: Option<ThreadLine>,
 }
 
 /// The hedged apps.
 #[derive(Default)]
 pub struct Hedges {
-    apps: BTreeMap<String, Active>,
+    pub(crate) apps: BTreeMap<String, Active>,
+    /// Apps being turned off, until their hedges in flight settle
+    /// (`drain.rs`).
+    pub(crate) draining: BTreeMap<String, Draining>,
+    /// The counters of apps no longer hedged, as they were at the end.
+    pub(crate) last: BTreeMap<String, Counters>,
 }
 
 fn sv(s: &[&str]) -> Vec<String> {
@@ -66,7 +71,7 @@ pub fn delay_devs(app: &str) -> (String, String) {
     (a.clone(), a + "p")
 }
 
-fn key_prefix(app: &str) -> String {
+pub(crate) fn key_prefix(app: &str) -> String {
     format!("hedge:{app}:")
 }
 
@@ -104,6 +109,12 @@ impl Hedges {
             if !errs.is_empty() {
                 return Err(errs.remove(0));
             }
+        }
+        // The last programs' answer filters go before new ones take
+        // their place (bounded: `T_hedge` + DRAIN_RTT).
+        let (_, mut errs) = self.wait_drained(ctx, Some(&app.name));
+        if !errs.is_empty() {
+            return Err(errs.remove(0));
         }
         let pid = *app.pids.first().ok_or_else(|| {
             Error::Invalid(format!("hedge for {}: the app has no process", app.name))
@@ -174,26 +185,17 @@ impl Hedges {
         attach(ns, spec, programs, &wiring, netem, &d1, &hooks).map(Some)
     }
 
-    /// Turns hedging off for `app`: removes its filters, qdiscs and delay
-    /// line (the journal's entries) and unloads its programs.
-    pub fn disable(&mut self, ctx: &mut Ctx, app: &str) -> (Vec<Change>, Vec<Error>) {
-        let pre = key_prefix(app);
-        let r = ctx.restore_where(|e| matches!(e, Entry::Net { key, .. } if key.starts_with(&pre)));
-        self.apps.remove(app);
-        r
-    }
-
-    /// Turns hedging off for every app (exit, signal).
-    pub fn disable_all(&mut self, ctx: &mut Ctx) -> (Vec<Change>, Vec<Error>) {
-        let r =
-            ctx.restore_where(|e| matches!(e, Entry::Net { key, .. } if key.starts_with("hedge:")));
-        self.apps.clear();
-        r
-    }
-
-    /// The counters of `app`'s programs (`None`: not hedged, or a dry run).
+    /// The counters of `app`'s programs: live while hedged or draining,
+    /// then as they ended (`None`: never hedged here, or a dry run).
     pub fn counters(&self, app: &str) -> Option<Counters> {
-        self.apps.get(app)?.wired.as_ref()?.programs.counters().ok()
+        let live = self
+            .apps
+            .get(app)
+            .or_else(|| self.draining.get(app).map(|d| &d.active));
+        match live {
+            Some(a) => a.wired.as_ref()?.programs.counters().ok(),
+            None => self.last.get(app).copied(),
+        }
     }
 
     /// Run counts and times of `app`'s programs (see [`Programs::run_stats`]).
@@ -213,7 +215,14 @@ impl Hedges {
     /// Checks what the kernel saw: an app whose requests carry no id under
     /// the rule (every request too short) is refused: hedging is turned off
     /// and the error says why. Call after the app has sent requests.
+    /// Also finishes the drains that are done ([`Hedges::reap`]).
     pub fn check(&mut self, ctx: &mut Ctx, app: &str) -> Result<()> {
+        for e in self.reap(ctx).1 {
+            tracing::warn!("hedge: finishing a drain: {e}");
+        }
+        if !self.apps.contains_key(app) {
+            return Ok(());
+        }
         let Some(c) = self.counters(app) else {
             return Ok(());
         };

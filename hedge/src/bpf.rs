@@ -23,7 +23,7 @@ mod skel {
 use skel::{HedgeSkel, HedgeSkelBuilder};
 
 /// Counter indices of `bpf/hedge.h` (QH_*), in order.
-const COUNTERS: [&str; 9] = [
+const COUNTERS: [&str; 10] = [
     "requests",
     "no_id",
     "hedges_sent",
@@ -33,6 +33,7 @@ const COUNTERS: [&str; 9] = [
     "csum_fixed",
     "answered_in_time",
     "clone_failed",
+    "hedges_settled",
 ];
 
 /// What the programs counted, summed over CPUs.
@@ -56,10 +57,12 @@ pub struct Counters {
     pub answered_in_time: u64,
     /// Requests the kernel could not clone.
     pub clone_failed: u64,
+    /// Hedged ids whose second answer came (dropped): no longer in flight.
+    pub hedges_settled: u64,
 }
 
 impl Counters {
-    fn from_slice(v: &[u64; 9]) -> Self {
+    fn from_slice(v: &[u64; 10]) -> Self {
         Counters {
             requests: v[0],
             no_id: v[1],
@@ -70,11 +73,12 @@ impl Counters {
             csum_fixed: v[6],
             answered_in_time: v[7],
             clone_failed: v[8],
+            hedges_settled: v[9],
         }
     }
 
     /// (name, value) pairs, for /metrics and tables.
-    pub fn pairs(&self) -> [(&'static str, u64); 9] {
+    pub fn pairs(&self) -> [(&'static str, u64); 10] {
         let v = [
             self.requests,
             self.no_id,
@@ -85,6 +89,7 @@ impl Counters {
             self.csum_fixed,
             self.answered_in_time,
             self.clone_failed,
+            self.hedges_settled,
         ];
         std::array::from_fn(|i| (COUNTERS[i], v[i]))
     }
@@ -206,7 +211,7 @@ impl Programs {
 
     /// The counters, summed over CPUs.
     pub fn counters(&self) -> Result<Counters> {
-        let mut v = [0u64; 9];
+        let mut v = [0u64; 10];
         for (i, slot) in v.iter_mut().enumerate() {
             let per_cpu = self
                 .skel
@@ -238,8 +243,15 @@ mod tests {
                 (w.next()? == "#define").then_some(())?;
                 let name = w.next()?.strip_prefix("QH_")?;
                 let idx: u32 = w.next()?.parse().ok()?;
-                (!["NR_COUNTERS", "PENDING", "DONE", "HANDED_IN_MARK"].contains(&name))
-                    .then(|| (idx, name.to_ascii_lowercase()))
+                (![
+                    "NR_COUNTERS",
+                    "PENDING",
+                    "DONE",
+                    "SETTLED",
+                    "HANDED_IN_MARK",
+                ]
+                .contains(&name))
+                .then(|| (idx, name.to_ascii_lowercase()))
             })
             .collect();
         defs.sort();

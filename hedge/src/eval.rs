@@ -194,7 +194,8 @@ pub fn run(a: &EvalArgs, state: &Path) -> Result<Report> {
 type FlowResult = (Vec<(f64, f64)>, Vec<(String, u64, u64)>);
 
 /// An unrelated UDP flow (another port of the service's host) with the
-/// hedger off and on, interleaved.
+/// hedger off and on, interleaved (off/on, then on/off, ...: neither
+/// side always runs first).
 fn flow_rounds(
     a: &EvalArgs,
     topo: &Topo,
@@ -218,14 +219,23 @@ fn flow_rounds(
     let rate = |topo: &Topo| -> Result<f64> {
         let t = Instant::now();
         let s = run_client(topo, &args)?;
+        let secs = t.elapsed().as_secs_f64();
         let answered = s.iter().filter(|x| x.latency_us.is_some()).count();
-        Ok(answered as f64 / t.elapsed().as_secs_f64())
+        // A lost request stalls its stream for the timeout: say so, it
+        // weighs on the rate far more than the programs' time.
+        let sum = client::summarize(&s);
+        eprintln!(
+            "unrelated flow: {answered} answered, {} lost in {secs:.3} s, p99 {:.2} ms, max {:.2} ms",
+            sum.lost, sum.p99_ms, sum.max_ms
+        );
+        Ok(answered as f64 / secs)
     };
     let mut out = Vec::new();
     let mut cost: Vec<(String, u64, u64)> = Vec::new();
     let _stats = BpfStats::on();
-    for _ in 0..a.flow_rounds {
-        let off = rate(topo)?;
+    for round in 0..a.flow_rounds {
+        let off_first = round % 2 == 0;
+        let off_before = if off_first { Some(rate(topo)?) } else { None };
         hedges.enable(ctx, app, spec)?;
         let on = rate(topo);
         for s in hedges.run_stats(&app.name) {
@@ -243,6 +253,10 @@ fn flow_rounds(
         if let Some(e) = errs.into_iter().next() {
             return Err(e.into());
         }
+        let off = match off_before {
+            Some(off) => off,
+            None => rate(topo)?,
+        };
         out.push((off, on));
     }
     Ok((out, cost))

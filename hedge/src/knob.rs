@@ -52,6 +52,7 @@ pub fn detect(p: &Probe) -> Detected {
         Box::new(HedgeKnob {
             specs: p.cfg.hedge.clone(),
             hedges: Hedges::default(),
+            refused: BTreeMap::new(),
         }) as Box<dyn Actuator>
     });
     (caps, plugin)
@@ -61,6 +62,9 @@ pub fn detect(p: &Probe) -> Detected {
 pub struct HedgeKnob {
     specs: BTreeMap<String, HedgeSpec>,
     hedges: Hedges,
+    /// Times each app was refused by [`Hedges::check`] (its `refused`
+    /// event).
+    refused: BTreeMap<String, u64>,
 }
 
 impl HedgeKnob {
@@ -114,10 +118,27 @@ impl Actuator for HedgeKnob {
     }
 
     fn counters(&self, app: &str) -> Vec<(&'static str, u64)> {
-        self.hedges
-            .counters(app)
-            .map(|c| c.pairs().to_vec())
-            .unwrap_or_default()
+        let refused = self.refused.get(app).copied();
+        let Some(c) = self.hedges.counters(app) else {
+            return refused.map(|n| vec![("refused", n)]).unwrap_or_default();
+        };
+        let mut out = c.pairs().to_vec();
+        out.push(("refused", refused.unwrap_or(0)));
+        out
+    }
+
+    fn check(&mut self, ctx: &mut Ctx, app: &str) -> Result<()> {
+        let r = self.hedges.check(ctx, app);
+        if r.is_err() {
+            *self.refused.entry(app.to_owned()).or_default() += 1;
+        }
+        r
+    }
+
+    fn quiesce(&mut self, ctx: &mut Ctx) {
+        for e in self.hedges.disable_all(ctx).1 {
+            tracing::warn!("hedge: turning off on exit: {e}");
+        }
     }
 }
 

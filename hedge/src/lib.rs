@@ -14,6 +14,7 @@ pub mod bpf;
 pub mod chaos;
 pub mod client;
 pub mod delay;
+pub mod drain;
 pub mod eval;
 pub mod knob;
 pub mod route;

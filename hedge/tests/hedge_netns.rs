@@ -3,7 +3,8 @@
 //! answer per id, hedges only past T_hedge, the budget under an always-slow
 //! service, valid checksums of clones on offloading veths, nothing left
 //! behind after turning off or after a SIGKILL + `qosd restore`'s path,
-//! and an app without ids refused. Needs root.
+//! no duplicate after turning off with hedges in flight, and an app
+//! without ids refused. Needs root.
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -259,8 +260,54 @@ fn requests_without_an_id_are_refused() {
         msg.contains("carry no id") && msg.contains("id.offset 100"),
         "{msg}"
     );
-    assert!(h.counters("t5").is_none(), "still hedged");
+    assert!(h.enabled().next().is_none(), "still hedged");
     assert_clean(&topo);
+}
+
+#[test]
+fn turning_off_with_hedges_in_flight_lets_no_duplicate_through() {
+    // Every original answer takes 400 ms; every hedge (after 5 ms) wins.
+    let mut topo = Topo::new("t6").unwrap();
+    topo.keep(topo.serve(false, chaos(1000, 400_000)).unwrap());
+    topo.keep(topo.serve(true, chaos(0, 0)).unwrap());
+    let state = tempfile::tempdir().unwrap();
+    let mut ctx = context(&state.path().join("state.json")).unwrap();
+    let mut h = Hedges::default();
+    h.enable(&mut ctx, &topo.app("t6"), &spec(5_000, 1000))
+        .unwrap();
+    let n = 20;
+    let samples = std::thread::scope(|s| {
+        // Counts answers until 700 ms after its last request: past every
+        // original's.
+        let client = s.spawn(|| clients(&topo, n, 64, 700));
+        // Off as soon as every hedge has won, while all the originals'
+        // answers are still on their way.
+        let t0 = std::time::Instant::now();
+        while h.counters("t6").unwrap().hedges_won < n {
+            assert!(t0.elapsed() < Duration::from_secs(10), "hedges never won");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let (_, errs) = h.disable(&mut ctx, "t6");
+        assert!(errs.is_empty(), "{errs:?}");
+        assert_eq!(h.draining().collect::<Vec<_>>(), ["t6"]);
+        assert!(
+            leftovers(&topo).1.contains("bpf"),
+            "the answer filters went"
+        );
+        client.join().unwrap()
+    });
+    let (_, errs) = h.wait_drained(&mut ctx, None);
+    assert!(errs.is_empty(), "{errs:?}");
+    assert_clean(&topo);
+    assert_eq!(samples.len() as u64, n);
+    for s in &samples {
+        assert_eq!(s.answers, 1, "id {} got {} answers", s.id, s.answers);
+    }
+    // The drain ended because everything settled, not on its timeout.
+    let c = h.counters("t6").unwrap();
+    assert_eq!(c.hedges_sent, n, "{c:?}");
+    assert_eq!(c.hedges_settled, n, "{c:?}");
+    assert_eq!(c.dups_dropped, n, "{c:?}");
 }
 
 /// A packet socket in a namespace, on a thread, until stopped.

@@ -5,7 +5,9 @@
 //! a rule policy turns hedging on for the app that has a `hedge:`
 //! section, its counters move in `/metrics`
 //! and `GET /v1/apps/{name}`, and every TC filter, qdisc and veth is gone
-//! after SIGTERM and after SIGKILL + `qosd restore`. Needs root.
+//! after SIGTERM and after SIGKILL + `qosd restore`; an app whose requests
+//! carry no id is refused (log, API note, `refused` event) and stays
+//! unhedged. Needs root.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::SocketAddr;
@@ -137,12 +139,14 @@ impl Drop for Daemon {
     }
 }
 
+/// A daemon on `cfg`; its log lines go to `daemon.out` beside it.
 fn daemon(cfg: &std::path::Path) -> Daemon {
+    let out = std::fs::File::create(cfg.with_file_name("daemon.out")).unwrap();
     Daemon(
         Command::new(QOSD)
             .args(["run", "--config"])
             .arg(cfg)
-            .stdout(Stdio::null())
+            .stdout(out)
             .stderr(Stdio::null())
             .spawn()
             .unwrap(),
@@ -166,8 +170,8 @@ fn the_daemon_hedges_an_app_counts_in_metrics_and_restores_after_sigterm_and_sig
     let pid = topo.app("client").pids[0];
     let dir = tempfile::tempdir().unwrap();
     let api = 19327u16;
-    // The app starts unhedged; a rule turns hedging on (PARTIES would
-    // turn it off: an app without requests has all the slack it needs).
+    // The app starts unhedged; a rule turns hedging on (PARTIES leaves
+    // an idle app's hedging as it is).
     let policy = dir.path().join("rules.yaml");
     std::fs::write(
         &policy,
@@ -247,6 +251,76 @@ fn the_daemon_hedges_an_app_counts_in_metrics_and_restores_after_sigterm_and_sig
         String::from_utf8_lossy(&out.stderr)
     );
     assert_clean(&topo, "after SIGKILL + restore");
+}
+
+#[test]
+fn the_daemon_refuses_an_app_whose_requests_carry_no_id() {
+    let mut topo = Topo::new("n2r").unwrap();
+    topo.keep(topo.serve(false, chaos(0, 0)).unwrap());
+    topo.keep(topo.serve(true, chaos(0, 0)).unwrap());
+    let pid = topo.app("noid").pids[0];
+    let dir = tempfile::tempdir().unwrap();
+    let api = 19328u16;
+    // Its own app name: two daemons of this binary would share the group
+    // lock of one name.
+    // Hedged from the start, with a rule that would turn it on again.
+    let policy = dir.path().join("rules.yaml");
+    std::fs::write(
+        &policy,
+        "name: hedge-on\nrules:\n  - name: hedge-it\n    when: [\"hedge < 2\"]\n    \
+         then: [{ resource: hedge, change: +1 }]\n",
+    )
+    .unwrap();
+    let cfg = dir.path().join("config.yaml");
+    // The id rule wants bytes 100..104; the client's requests have 64.
+    std::fs::write(
+        &cfg,
+        format!(
+            "apps:\n  - name: noid\n    match: {{ pid: {pid} }}\n    class: lc\n    \
+             target: {{ p99: 50ms }}\n    feedback: client\n    \
+             hedge: {{ service: {}, replica: {}, t_hedge_ms: 10, id: {{ offset: 100, len: 4 }}, start: on }}\n\
+             policy: {}\napi:\n  listen: 127.0.0.1:{api}\n  token_file: {}\n\
+             state_file: {}\nactuators: {{ enabled: [hedge] }}\nsensors: {{ power: false }}\n",
+            Topo::service(PORT),
+            Topo::replica(PORT),
+            policy.display(),
+            dir.path().join("api.token").display(),
+            dir.path().join("state.json").display(),
+        ),
+    )
+    .unwrap();
+    let mut d = daemon(&cfg);
+    until(api, "/v1/apps/noid", hedged);
+    let samples = requests(&topo, 1, 10);
+    assert!(samples.iter().all(|s| s.answers == 1), "{samples:?}");
+    let refused = |b: &str| {
+        serde_json::from_str::<Value>(b).is_ok_and(|v| {
+            v["allocation"]["hedge"] == 1 && v["note"].as_str().is_some_and(|n| n.contains("no id"))
+        })
+    };
+    let app: Value = serde_json::from_str(&until(api, "/v1/apps/noid", refused)).unwrap();
+    let note = app["note"].as_str().unwrap();
+    assert!(
+        note.contains("refused") && note.contains("id.offset 100 + id.len 4"),
+        "{note}"
+    );
+    assert_clean(&topo, "after the refusal");
+    let m = until(api, "/metrics", |m| {
+        m.contains("app=\"noid\",resource=\"hedge\",event=\"refused\"} 1\n")
+    });
+    assert!(m.contains("qosd_app_hedge_state{app=\"noid\"} 1\n"), "{m}");
+    // The rule asks for hedging at every decision; the refusal holds.
+    let decided = |b: &str| {
+        serde_json::from_str::<Value>(b).map_or(0, |v| v["ticks"]["decide"].as_u64().unwrap_or(0))
+    };
+    let t0 = decided(&http_get(api, "/v1/status").unwrap().1);
+    until(api, "/v1/status", |b| decided(b) >= t0 + 3);
+    let app: Value = serde_json::from_str(&http_get(api, "/v1/apps/noid").unwrap().1).unwrap();
+    assert_eq!(app["allocation"]["hedge"], 1, "{app}");
+    assert_clean(&topo, "three decisions later");
+    assert!(d.signal(Signal::SIGTERM).success());
+    let log = std::fs::read_to_string(dir.path().join("daemon.out")).unwrap();
+    assert!(log.contains("noid: hedge for noid: refused"), "{log}");
 }
 
 #[test]

@@ -269,8 +269,14 @@ impl Parties {
         only: &dyn Fn(Resource) -> bool,
     ) -> bool {
         // Hedging, turned on as the last resort, is the first thing given
-        // back.
-        if only(Resource::Hedge) && self.hedge_off(ed, app, &reason) {
+        // back, but only on evidence: an app that served nothing (its
+        // slack is `idle_slack`) hedges nothing, so hedging costs nothing
+        // then, and an idle interval says nothing about whether the tail
+        // needs it (as a rule's condition on an unknown figure is false).
+        // Pooled resources still go back on `idle_slack`: others can use
+        // them.
+        let evidence = ed.snap.app(app).is_some_and(|a| a.latency_us.is_some());
+        if only(Resource::Hedge) && evidence && self.hedge_off(ed, app, &reason) {
             return true;
         }
         let n = self.p.cycle.len();

@@ -38,6 +38,8 @@ struct AppRt {
     pids: Vec<i32>,
     /// Why it is not managed, or its last failure to apply.
     note: Option<String>,
+    /// Why a knob refused it (see `refuse.rs`); the knob stays off.
+    refused: Option<String>,
     /// Seconds since its per-pid CPU time was last read.
     cpu_span_s: f64,
     /// Its processes' requests and CPU time, per pid.
@@ -99,6 +101,7 @@ mod discovery;
 mod oa;
 mod pods;
 mod record;
+mod refuse;
 mod report;
 pub use clock::Wakeups;
 pub use record::ApiRecorder;
@@ -247,6 +250,7 @@ impl AppRt {
             cfg: cfg.clone(),
             pids: Vec::new(),
             note: None,
+            refused: None,
             cpu_span_s: 0.0,
             per_pid: Default::default(),
             containers: Vec::new(),
@@ -271,6 +275,7 @@ impl Node for DaemonNode {
         events.extend(self.discover(tick.now_ms, scan));
         if tick.decide {
             self.jobs.sample();
+            events.extend(self.check_knobs());
         }
         let mut sensed = self.measure(tick);
         sensed.events = events;
@@ -415,7 +420,10 @@ impl DaemonNode {
                             .unwrap_or_else(|| "not running".to_owned()),
                     )
                 } else {
-                    a.note.clone()
+                    match (&a.note, &a.refused) {
+                        (Some(n), Some(r)) => Some(format!("{n}; {r}")),
+                        (n, r) => n.clone().or_else(|| r.clone()),
+                    }
                 };
                 live.share = share;
                 live.cpus = cpus;

@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 
 use qosd_actuators::{Actuators, AppTarget, Caps, Change, Error, Topology};
+use qosd_core::knobs::knob;
 use qosd_core::{Allocation, Allocations, Decision, Limits, NodeCaps, Resource, Share, KNOBS};
 
 use super::coremap::CoreMap;
@@ -83,6 +84,24 @@ impl Actuation {
     /// The event counters of the knobs that count (the hedger's) for `app`.
     pub fn counters(&self, app: &str) -> Vec<(Resource, Vec<(&'static str, u64)>)> {
         self.act.counters(&format!("{}{app}", self.group_prefix))
+    }
+
+    /// Runs the knobs' checks for `app` (see [`Actuators::check`]): the
+    /// knobs that refused it, each now at its lowest level in the
+    /// allocation in force, and why.
+    pub fn check(&mut self, app: &str) -> Vec<(Resource, String)> {
+        let refused = self.act.check(&format!("{}{app}", self.group_prefix));
+        for (r, _) in &refused {
+            let lowest = (knob(*r).range)(&self.node).map_or(0, |(lo, _)| lo);
+            if let Some(s) = self.current.get_mut(app) {
+                s.set(*r, lowest);
+            }
+            self.last.remove(app);
+        }
+        refused
+            .into_iter()
+            .map(|(r, e)| (r, e.to_string()))
+            .collect()
     }
 
     /// Online logical CPUs.

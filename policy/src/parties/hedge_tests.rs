@@ -63,3 +63,34 @@ fn hedging_is_given_back_first() {
         (DecisionKind::Downsize, Resource::Hedge, HEDGE_ON, HEDGE_OFF)
     );
 }
+
+#[test]
+fn an_idle_app_keeps_its_hedging() {
+    // `start: on` and no request yet: idle_slack (1.0) says "spare", but
+    // an interval without requests is no evidence against hedging.
+    let mut p = Parties::new("parties", PartiesParams::default(), 1);
+    let mut cur = allocs(&[("a", 1, 0, 0, 0)]);
+    cur.get_mut("a").unwrap().hedge = HEDGE_ON;
+    let two = qosd_core::NodeCaps {
+        nr_cores: 2,
+        ..node_with_hedge()
+    };
+    let plan = p.decide(0, &snap(vec![lc("a", None)]), &cur, &two);
+    assert_eq!(
+        plan.allocations["a"].hedge, HEDGE_ON,
+        "{:?}",
+        plan.decisions
+    );
+    assert!(
+        plan.decisions.iter().all(|d| d.resource != Resource::Hedge),
+        "{:?}",
+        plan.decisions
+    );
+    // With requests and slack to spare, it is given back as before.
+    let plan = p.decide(600, &snap(vec![lc("a", Some(0.6))]), &cur, &two);
+    assert_eq!(
+        plan.allocations["a"].hedge, HEDGE_OFF,
+        "{:?}",
+        plan.decisions
+    );
+}
