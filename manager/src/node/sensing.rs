@@ -1,7 +1,8 @@
 //! The one sensing layer of the real nodes (the daemon's and a real
 //! replay's): it samples the node's [`Sensors`] on every tick, keeps each
-//! app's latency windows, CPU and power figures, and builds the policy's
-//! [`AppState`]s and, on decision ticks, the interval's timeline rows.
+//! app's latency windows, CPU and power figures (one `Meter` per app,
+//! `meter.rs`), and builds the policy's snapshot and, on decision ticks,
+//! the interval's timeline rows.
 //! What differs between nodes is only which plugins they hold and what
 //! they do with the tick's raw readings (the daemon publishes them to its
 //! API).
@@ -9,8 +10,8 @@
 use std::path::Path;
 
 use qosd_core::control::{AppInterval, Sensed, Tick};
-use qosd_core::slo::{Load, SloSide, TargetFrom};
-use qosd_core::{AppClass, AppPower, AppState, Feedback, Limits, QosTarget};
+use qosd_core::slo::SloSide;
+use qosd_core::{AppClass, AppPower, Feedback, Limits};
 use qosd_sensors::ebpf::Figure;
 use qosd_sensors::power::PowerSensor;
 use qosd_sensors::sensor::ebpf::EbpfSensor;
@@ -24,7 +25,8 @@ use super::actuate::Actuation;
 use super::latency::Recent;
 
 mod gaps;
-use gaps::GapWindows;
+mod meter;
+use meter::Meter;
 
 /// The sensors of a real node, in one list: the client's reports
 /// (`client`, fed by the node's own channels), CPU time from `root`'s
@@ -105,58 +107,6 @@ pub struct SenseApp {
 /// short beside the 30 s cool-downs and the load changes a controller must
 /// follow.
 pub const WIDEST_INTERVALS: usize = 8;
-
-/// What the layer keeps of one app.
-struct Meter {
-    pids: Vec<i32>,
-    /// The client's and both server-side figures' windows, restarted when
-    /// a plan is applied: what the policy sees was measured under it.
-    client: Recent,
-    server: [Recent; 2],
-    /// The decision interval so far: latencies (ns) and replies.
-    iv_client: LogHistogram,
-    iv_server: LogHistogram,
-    iv_completed: u64,
-    /// The last decision intervals' client and server latencies, for the
-    /// client/server gap.
-    gap: GapWindows,
-    offered_rps: Option<f64>,
-    /// Seconds since its CPU time was last read.
-    cpu_span_s: f64,
-    cpu_util: f64,
-    /// CPUs' worth of time its processes used over the last reading.
-    cpus_used: Option<f64>,
-    /// CPUs' worth its allocation gives it (the gap is read at the same
-    /// utilisation as calibrated).
-    cpus_held: Option<f64>,
-    cpu_total_s: f64,
-    power: Option<AppPower>,
-}
-
-impl Meter {
-    /// `nr_slots` monitoring ticks per decision interval; `percentile`:
-    /// the one the app is judged at (its windows widen for it).
-    fn new(nr_slots: usize, percentile: f64) -> Meter {
-        let enough = qosd_core::measure::samples_for_percentile(percentile);
-        let window = || Recent::widening(nr_slots, enough, nr_slots * WIDEST_INTERVALS);
-        Meter {
-            pids: Vec::new(),
-            client: window(),
-            server: std::array::from_fn(|_| window()),
-            iv_client: LogHistogram::new(),
-            iv_server: LogHistogram::new(),
-            iv_completed: 0,
-            gap: GapWindows::new(enough),
-            offered_rps: None,
-            cpu_span_s: 0.0,
-            cpu_util: 0.0,
-            cpus_used: None,
-            cpus_held: None,
-            cpu_total_s: 0.0,
-            power: None,
-        }
-    }
-}
 
 /// The sensors of a node and every app's figures.
 pub struct Sensing {
@@ -275,7 +225,10 @@ impl Sensing {
         let mut sensed = Sensed::default();
         for (i, a) in self.apps.iter().enumerate() {
             if act.managed(&a.name) {
-                sensed.snapshot.apps.push(self.state(i));
+                sensed
+                    .snapshot
+                    .apps
+                    .push(self.meters[i].state(&self.apps[i]));
             }
         }
         sensed.snapshot.apps.sort_by(|x, y| x.name.cmp(&y.name));
@@ -353,71 +306,10 @@ impl Sensing {
             // failed) keeps none rather than a stale one.
             m.power = r.power.take();
         }
-        let rps = Self::rps_of(a, m);
+        let rps = m.rps(a);
         if let Some(p) = m.power.as_mut() {
             p.energy_per_request_j = qosd_sensors::power::energy_per_request_j(p.power_w, rps);
             r.power.clone_from(&m.power);
-        }
-    }
-
-    /// The window that feeds the policy.
-    fn fed<'m>(a: &SenseApp, m: &'m Meter) -> &'m Recent {
-        match a.feedback {
-            Feedback::Client => &m.client,
-            Feedback::Ebpf => &m.server[usize::from(a.figure == Figure::Service)],
-        }
-    }
-
-    fn rps_of(a: &SenseApp, m: &Meter) -> f64 {
-        if a.driven {
-            m.client.rps()
-        } else {
-            Self::fed(a, m).rps()
-        }
-    }
-
-    /// App `a`'s eBPF-side target at `rps` (the load eBPF counts) on the
-    /// CPUs it holds, and where it came from.
-    fn ebpf_target(a: &SenseApp, m: &Meter, rps: f64) -> Option<(f64, TargetFrom)> {
-        let load = Load {
-            rps,
-            cpus: m.cpus_held,
-        };
-        match &a.slo {
-            Some(s) => Some(s.ebpf_target_us(load)),
-            None => a.client_target_us.map(|v| (v, TargetFrom::Client)),
-        }
-    }
-
-    /// The target of the side that feeds the policy; an eBPF-side one at
-    /// the load eBPF counts, its slack a fraction of the client's.
-    fn target(a: &SenseApp, m: &Meter) -> Option<QosTarget> {
-        match a.feedback {
-            Feedback::Client => a.client_target_us.map(|v| QosTarget::new(a.percentile, v)),
-            Feedback::Ebpf => {
-                let (v, _) = Self::ebpf_target(a, m, Self::fed(a, m).rps())?;
-                Some(QosTarget {
-                    slo_us: a.slo.as_ref().map(|s| s.client_target_us),
-                    ..QosTarget::new(a.percentile, v)
-                })
-            }
-        }
-    }
-
-    /// App `i` as the policy sees it.
-    fn state(&self, i: usize) -> AppState {
-        let (a, m) = (&self.apps[i], &self.meters[i]);
-        AppState {
-            name: a.name.clone(),
-            class: a.class,
-            target: Self::target(a, m),
-            latency_us: Self::fed(a, m).percentile_us(a.percentile),
-            rps: Self::rps_of(a, m),
-            nr_samples: Self::fed(a, m).requests(),
-            cpu_util: m.cpu_util,
-            cpus_used: m.cpus_used,
-            power_w: m.power.as_ref().map(|p| p.power_w),
-            limits: a.limits,
         }
     }
 
@@ -429,7 +321,7 @@ impl Sensing {
             let pct = a.percentile;
             let at = |h: &LogHistogram| h.percentile(pct).map(|v| v as f64 / 1e3);
             let server_rps = m.iv_server.len() as f64 / iv_s;
-            let ebpf_target = Self::ebpf_target(a, m, server_rps);
+            let ebpf_target = m.ebpf_target(a, server_rps);
             rows.push(AppInterval {
                 app: a.name.clone(),
                 offered_rps: a.driven.then(|| m.offered_rps.unwrap_or(0.0)),

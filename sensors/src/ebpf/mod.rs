@@ -17,6 +17,7 @@
 mod abi;
 pub(crate) use abi::read_pod;
 mod agg;
+mod auto;
 mod bpf;
 mod grpc;
 pub mod hooks;

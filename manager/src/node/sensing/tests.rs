@@ -2,7 +2,7 @@
 //! interval rows, and apps added and removed at run time.
 
 use super::*;
-use qosd_core::slo::SloSide;
+use qosd_core::slo::{SloSide, TargetFrom};
 use qosd_sensors::sensor::{ClientTick, NullSensor, Sensor};
 
 /// Every tick, 10 client replies of 2 ms per target; on decision
