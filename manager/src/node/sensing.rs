@@ -243,6 +243,9 @@ impl Sensing {
         let oldest = tick.now_ms.saturating_sub((span_s * 1000.0).round() as u64);
         sensed.snapshot.since_ms = Some(oldest.max(self.restart_ms));
         if tick.decide {
+            let lag_ns = meter::FILE_LAG_MS * 1_000_000;
+            let cut_ns = qosd_sensors::ebpf::monotonic_ns().saturating_sub(lag_ns);
+            self.meters.iter_mut().for_each(|m| m.close_files(cut_ns));
             self.refresh_gaps(tick.now_ms);
             sensed.interval = self.interval_rows(tick.now_ms);
             self.interval_start_ms = tick.now_ms;
@@ -271,22 +274,36 @@ impl Sensing {
     fn feed(&mut self, i: usize, tick: &Tick, r: &mut AppReading, act: &dyn Holdings) {
         let a = &self.apps[i];
         let m = &mut self.meters[i];
+        let fig = usize::from(a.figure == Figure::Service);
+        // The requests with their end instants go to the files, taken out
+        // first (the raw reading is cloned below, and kept by the daemon).
+        let mut client_ended = r
+            .client
+            .as_mut()
+            .map(|c| std::mem::take(&mut c.latency.ended))
+            .unwrap_or_default();
+        let mut server_ended = Default::default();
+        if let Some(s) = r.server.as_mut() {
+            server_ended = std::mem::take(&mut s[fig].ended);
+            s.iter_mut().for_each(|t| t.ended.clear());
+        }
         let client = r.client.clone().unwrap_or_default();
         let server = r.server.clone().unwrap_or_default();
-        let fig = usize::from(a.figure == Figure::Service);
         // Replies of the tick: the client's count where it drives the app
         // or feeds the policy, else the requests the server was seen serve.
         m.iv_completed += match (a.driven, a.feedback) {
             (true, _) | (false, Feedback::Client) => client.completed,
             (false, Feedback::Ebpf) => server[fig].hist.len(),
         };
-        m.iv_client.merge(&client.latency.hist);
+        m.file(
+            (&client.latency.hist, &mut client_ended),
+            (&server[fig].hist, &mut server_ended),
+        );
         m.client
             .push(client.latency.hist, tick.dt_s, client.latency.latest_ns);
         if client.offered_rps.is_some() {
             m.offered_rps = client.offered_rps;
         }
-        m.iv_server.merge(&server[fig].hist);
         for (w, t) in m.server.iter_mut().zip(server) {
             w.push(t.hist, tick.dt_s, t.latest_ns);
         }

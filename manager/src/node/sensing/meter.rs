@@ -5,11 +5,24 @@
 use qosd_core::slo::{Load, TargetFrom};
 use qosd_core::{AppPower, AppState, Feedback, QosTarget};
 use qosd_sensors::ebpf::Figure;
+use qosd_sensors::filed::Ended;
 use qosd_sensors::stats::LogHistogram;
 
 use super::gaps::GapWindows;
 use super::{SenseApp, WIDEST_INTERVALS};
 use crate::node::latency::Recent;
+
+/// A decision interval's rows (the timeline's client and eBPF p99s, the
+/// client/server gap) hold the requests that *ended* in it, on one clock
+/// (CLOCK_MONOTONIC) for both sides, cut this long before the decision
+/// tick. The sensors learn of a request late, and each differently: the
+/// eBPF ring buffer is read every 20 ms (up to 80 ms late on a loaded
+/// machine) and a turn's record leaves when the next request comes on its
+/// connection; the load generator reports every monitoring tick on its
+/// own grid. So a request is filed once both have had time to tell of
+/// it; one told of later still goes into the next interval. The policy's
+/// windows are fed at once, as the sensors tell.
+pub const FILE_LAG_MS: u64 = 200;
 
 /// What the layer keeps of one app.
 pub(super) struct Meter {
@@ -21,6 +34,10 @@ pub(super) struct Meter {
     /// The decision interval so far: latencies (ns) and replies.
     pub(super) iv_client: LogHistogram,
     pub(super) iv_server: LogHistogram,
+    /// Both sides' requests not yet in an interval, to be filed by when
+    /// they ended ([`FILE_LAG_MS`]).
+    filed_client: Ended,
+    filed_server: Ended,
     pub(super) iv_completed: u64,
     /// The last decision intervals' client and server latencies, for the
     /// client/server gap.
@@ -50,6 +67,8 @@ impl Meter {
             server: std::array::from_fn(|_| window()),
             iv_client: LogHistogram::new(),
             iv_server: LogHistogram::new(),
+            filed_client: Ended::default(),
+            filed_server: Ended::default(),
             iv_completed: 0,
             gap: GapWindows::new(enough),
             offered_rps: None,
@@ -60,6 +79,32 @@ impl Meter {
             cpu_total_s: 0.0,
             power: None,
         }
+    }
+
+    /// A tick's requests into the interval: each side's filed by when
+    /// they ended where its sensor says ([`FILE_LAG_MS`]), else into the
+    /// interval at once (`ended` empty: a sensor that cannot say).
+    pub(super) fn file(
+        &mut self,
+        client: (&LogHistogram, &mut Ended),
+        server: (&LogHistogram, &mut Ended),
+    ) {
+        for ((hist, ended), iv, filed) in [
+            (client, &mut self.iv_client, &mut self.filed_client),
+            (server, &mut self.iv_server, &mut self.filed_server),
+        ] {
+            if ended.is_empty() {
+                iv.merge(hist);
+            } else {
+                filed.append(ended);
+            }
+        }
+    }
+
+    /// Moves the requests filed as ended by `cut_ns` into the interval.
+    pub(super) fn close_files(&mut self, cut_ns: u64) {
+        self.filed_client.take_until(cut_ns, &mut self.iv_client);
+        self.filed_server.take_until(cut_ns, &mut self.iv_server);
     }
 
     /// The window that feeds the policy.
