@@ -183,24 +183,6 @@ fn row(
     )
 }
 
-/// Ids of the BPF programs a process holds (its fds' fdinfo names them).
-fn prog_ids(pid: u32) -> Vec<u64> {
-    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fdinfo")) else {
-        return vec![];
-    };
-    let mut ids: Vec<u64> = dir
-        .filter_map(|e| std::fs::read_to_string(e.ok()?.path()).ok())
-        .flat_map(|s| {
-            s.lines()
-                .filter_map(|l| l.strip_prefix("prog_id:")?.trim().parse().ok())
-                .collect::<Vec<u64>>()
-        })
-        .collect();
-    ids.sort_unstable();
-    ids.dedup();
-    ids
-}
-
 /// Per-program run counts and ns per run while an untraced memcached
 /// serves a closed loop and `qosd trace` follows an idle process.
 fn untraced_cost(qosd: &str, hooks: &str, secs: f64) -> Result<String, String> {
@@ -225,16 +207,10 @@ fn untraced_cost(qosd: &str, hooks: &str, secs: f64) -> Result<String, String> {
         .map_err(|e| e.to_string())?;
     std::fs::write(KNOB, "1").map_err(|e| format!("{KNOB}: {e}"))?;
     let (h, _) = load(port, 8, secs, None);
-    let ids = prog_ids(t.id());
-    let out = Command::new("bpftool")
-        .args(["-j", "prog", "show"])
-        .output();
+    let progs = qosd_sensors::bpfstats::held_by(t.id());
     let _ = std::fs::write(KNOB, before.trim());
     let _ = t.kill();
     let _ = t.wait();
-    let out = out.map_err(|e| format!("bpftool: {e}"))?;
-    let progs: Vec<serde_json::Value> =
-        serde_json::from_slice(&out.stdout).map_err(|e| format!("bpftool -j: {e}"))?;
     let req = h.len().max(1) as f64;
     let mut s = format!(
         "
@@ -245,15 +221,11 @@ BPF run time on **untraced** sockets ({hooks} hooks; kernel.bpf_stats_enabled, \
         h.len()
     );
     for p in &progs {
-        let ours = p["id"].as_u64().is_some_and(|id| ids.contains(&id));
-        let (cnt, ns) = (
-            p["run_cnt"].as_u64().unwrap_or(0),
-            p["run_time_ns"].as_u64().unwrap_or(0),
-        );
-        if ours && cnt > 0 {
+        let (cnt, ns) = (p.runs, p.run_time_ns);
+        if cnt > 0 {
             s += &format!(
                 "| {} | {cnt} | {:.2} | {:.0} | {:.0} |\n",
-                p["name"].as_str().unwrap_or("?"),
+                p.name,
                 cnt as f64 / req,
                 ns as f64 / cnt as f64,
                 ns as f64 / req

@@ -18,6 +18,7 @@ use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use qosd_sensors::bpfstats::RunStat;
 use qosd_sensors::stats::LogHistogram;
 
 fn free_port() -> u16 {
@@ -317,31 +318,6 @@ fn quantile(v: &mut [f64], p: f64) -> f64 {
     v[i] + f * (v.get(i + 1).unwrap_or(&v[i]) - v[i])
 }
 
-/// Ids of the BPF programs a process holds (its fds' fdinfo names them).
-fn prog_ids(pid: u32) -> Vec<u64> {
-    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fdinfo")) else {
-        return vec![];
-    };
-    let mut ids: Vec<u64> = dir
-        .filter_map(|e| std::fs::read_to_string(e.ok()?.path()).ok())
-        .flat_map(|s| {
-            s.lines()
-                .filter_map(|l| l.strip_prefix("prog_id:")?.trim().parse().ok())
-                .collect::<Vec<u64>>()
-        })
-        .collect();
-    ids.sort_unstable();
-    ids.dedup();
-    ids
-}
-
-/// One program's statistics over one traced run.
-struct ProgRun {
-    name: String,
-    runs: u64,
-    ns: u64,
-}
-
 /// One traced run with kernel.bpf_stats_enabled on: the tracer's
 /// programs' run counts and times, and the requests served.
 fn bpf_stats_run(
@@ -350,28 +326,13 @@ fn bpf_stats_run(
     conns: usize,
     secs: f64,
     server: u32,
-) -> Result<(Vec<ProgRun>, u64), String> {
+) -> Result<(Vec<RunStat>, u64), String> {
     let mut t = start_trace(qosd, server);
     let run = run_load(port, conns, secs, server, None);
-    let ids = prog_ids(t.id());
-    let out = Command::new("bpftool")
-        .args(["-j", "prog", "show"])
-        .output();
+    let progs = qosd_sensors::bpfstats::held_by(t.id());
     let _ = t.kill();
     let _ = t.wait();
-    let out = out.map_err(|e| format!("bpftool: {e}"))?;
-    let progs: Vec<serde_json::Value> =
-        serde_json::from_slice(&out.stdout).map_err(|e| format!("bpftool -j: {e}"))?;
-    let rows: Vec<ProgRun> = progs
-        .iter()
-        .filter(|p| p["id"].as_u64().is_some_and(|id| ids.contains(&id)))
-        .map(|p| ProgRun {
-            name: p["name"].as_str().unwrap_or("?").to_string(),
-            runs: p["run_cnt"].as_u64().unwrap_or(0),
-            ns: p["run_time_ns"].as_u64().unwrap_or(0),
-        })
-        .filter(|r| r.runs > 0)
-        .collect();
+    let rows: Vec<RunStat> = progs.into_iter().filter(|r| r.runs > 0).collect();
     if rows.is_empty() {
         return Err("no run counts for the tracer's programs".into());
     }
@@ -403,11 +364,11 @@ fn bpf_stats(
         let req = *req as f64;
         requests.push(req);
         total_runs.push(rows.iter().map(|r| r.runs).sum::<u64>() as f64 / req);
-        total_ns.push(rows.iter().map(|r| r.ns).sum::<u64>() as f64 / req);
+        total_ns.push(rows.iter().map(|r| r.run_time_ns).sum::<u64>() as f64 / req);
         for r in rows {
             let e = per.entry(r.name.clone()).or_default();
             e.0.push(r.runs as f64 / req);
-            e.1.push(r.ns as f64 / req);
+            e.1.push(r.run_time_ns as f64 / req);
         }
     }
     let mut rows: Vec<(String, f64, f64)> = per

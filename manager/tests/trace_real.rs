@@ -34,6 +34,13 @@ fn nginx_keepalive_counts_every_request_in_turn_mode() {
 fn memcached_multithreaded_persistent_connections() {
     let srv = memcached(4);
     let trace = Trace::start(&[srv.pid()], &[]);
+    // How the benches find a tracer's programs (and their BPF cost): by
+    // the tracer's pid.
+    let progs = qosd_sensors::bpfstats::held_by(trace.pid());
+    assert!(
+        progs.iter().any(|p| p.name.starts_with("qosd_")),
+        "{progs:?}"
+    );
     let lat = memcache_load(srv.port, 8, 1000, None);
     let lines = trace.stop();
     let s = summary(&lines, srv.pid());

@@ -22,6 +22,30 @@ pub fn run_stats<'a>(progs: impl IntoIterator<Item = BorrowedFd<'a>>) -> Vec<Run
         .into_iter()
         .filter_map(|fd| libbpf_rs::Program::id_from_fd(fd).ok())
         .collect();
+    of_ids(&ids)
+}
+
+/// The figures of every program process `pid` holds (its fds' fdinfo
+/// names them, `prog_id:`): how a bench reads the programs of a process
+/// it started, e.g. a `qosd trace`. None if its fds cannot be read.
+pub fn held_by(pid: u32) -> Vec<RunStat> {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fdinfo")) else {
+        return vec![];
+    };
+    let mut ids: Vec<u32> = dir
+        .filter_map(|e| std::fs::read_to_string(e.ok()?.path()).ok())
+        .flat_map(|s| {
+            s.lines()
+                .filter_map(|l| l.strip_prefix("prog_id:")?.trim().parse().ok())
+                .collect::<Vec<u32>>()
+        })
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    of_ids(&ids)
+}
+
+fn of_ids(ids: &[u32]) -> Vec<RunStat> {
     libbpf_rs::query::ProgInfoIter::default()
         .filter(|i| ids.contains(&i.id))
         .map(|i| RunStat {

@@ -90,15 +90,27 @@ pub(super) fn seq_items(text: &str, path: &KeyPath) -> Vec<(usize, String, Pos)>
     out
 }
 
+/// An open collection of [`walk`]: a mapping (expecting a key or its
+/// value) or a sequence (the index of its next item).
+enum Frame {
+    Map { expect_key: bool },
+    Seq { next: usize },
+}
+
+/// A value or item just ended: the parent expects the next key/item.
+fn finish_node(frames: &mut [Frame]) {
+    match frames.last_mut() {
+        Some(Frame::Map { expect_key }) => *expect_key = true,
+        Some(Frame::Seq { next }) => *next += 1,
+        None => {}
+    }
+}
+
 /// Walks a YAML document, calling `visit(path, scalar, position)` for every
 /// mapping key (path ends with the key, position of the key) and every
 /// sequence item (path ends with the index, `scalar` set for scalar items).
 /// Stops when `visit` returns true or at the first syntax error.
 fn walk(text: &str, mut visit: impl FnMut(&[Seg], Option<&str>, Pos) -> bool) {
-    enum Frame {
-        Map { expect_key: bool },
-        Seq { next: usize },
-    }
     let mut parser = Parser::new_from_str(guard::strip_bom(text));
     let mut frames: Vec<Frame> = Vec::new();
     // The path of the current node: path[i] is where frame i+1 sits inside
@@ -187,15 +199,6 @@ fn walk(text: &str, mut visit: impl FnMut(&[Seg], Option<&str>, Pos) -> bool) {
             }
             Event::StreamEnd => return,
             _ => {}
-        }
-    }
-
-    /// A value or item just ended: the parent expects the next key/item.
-    fn finish_node(frames: &mut [Frame]) {
-        match frames.last_mut() {
-            Some(Frame::Map { expect_key }) => *expect_key = true,
-            Some(Frame::Seq { next }) => *next += 1,
-            None => {}
         }
     }
 }

@@ -69,6 +69,11 @@ impl Trace {
         t
     }
 
+    /// The `qosd trace` process.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Ctrl-C, then every line it printed; the last is the summary.
     pub fn stop(self) -> Vec<serde_json::Value> {
         // Let the last replies reach the ring buffer and an interval pass.

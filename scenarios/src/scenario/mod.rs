@@ -404,6 +404,31 @@ pub struct SimModelSpec {
     pub ops_per_cpu_s: Option<f64>,
 }
 
+/// Every field of [`SimModelSpec`] (each also a field of the simulator's
+/// `SimModel`), named once: `sim_model_fields!(m)` calls `m!(service_us,
+/// ...)`. Laying one spec over another (`sim::fitted`) and setting a model
+/// from one (`sim::model`) both go over this list, so a new field is
+/// added here and in the two structs only.
+macro_rules! sim_model_fields {
+    ($then:ident) => {
+        $then!(
+            service_us,
+            service_cv,
+            parallelism,
+            freq_sensitivity,
+            cache_slowdown,
+            ways_needed,
+            fixed_us,
+            network_ms,
+            network_capacity_x,
+            network_tau_s,
+            noise,
+            ops_per_cpu_s
+        )
+    };
+}
+pub(crate) use sim_model_fields;
+
 /// An invalid scenario file: `path:line:col: key: message` (the same
 /// reader and message as config and policy files).
 pub type ScenarioError = yamlfile::FileError;

@@ -127,20 +127,7 @@ fn overlay(base: &mut SimModelSpec, top: &SimModelSpec) {
     macro_rules! set {
         ($($f:ident),*) => { $( if top.$f.is_some() { base.$f = top.$f; } )* };
     }
-    set!(
-        service_us,
-        service_cv,
-        parallelism,
-        freq_sensitivity,
-        cache_slowdown,
-        ways_needed,
-        fixed_us,
-        network_ms,
-        network_capacity_x,
-        network_tau_s,
-        noise,
-        ops_per_cpu_s
-    );
+    crate::scenario::sim_model_fields!(set);
 }
 
 #[cfg(test)]

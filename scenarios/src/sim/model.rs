@@ -113,20 +113,7 @@ impl SimModel {
         macro_rules! set {
             ($($f:ident),*) => { $( if let Some(v) = o.$f { self.$f = v; } )* };
         }
-        set!(
-            service_us,
-            service_cv,
-            parallelism,
-            freq_sensitivity,
-            cache_slowdown,
-            ways_needed,
-            fixed_us,
-            network_ms,
-            network_capacity_x,
-            network_tau_s,
-            noise,
-            ops_per_cpu_s
-        );
+        crate::scenario::sim_model_fields!(set);
         self
     }
 

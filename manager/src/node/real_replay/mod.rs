@@ -135,24 +135,7 @@ pub fn run(
     let power_failed = node.power_failed();
     let mut tl = std::mem::take(&mut rec.tl);
     tl.meta.extend(run_meta(sc, args.policy));
-    tl.meta.insert(
-        "resources".into(),
-        serde_json::to_value(&knobs).unwrap_or_default(),
-    );
-    if !be_cpus.is_empty() {
-        // What the batch jobs received: CPU time over the run ÷ its length.
-        tl.meta.insert(
-            "be_cpus_used".into(),
-            serde_json::to_value(&be_cpus).unwrap_or_default(),
-        );
-    }
-    if let (Some(a), Some(b)) = (load0, load1) {
-        // How much else wanted the CPUs: a batch job in the idle class gets
-        // only what every other task on the node leaves (`qosd compare`
-        // says so when it used far less than its quota).
-        tl.meta
-            .insert("loadavg_1m".into(), serde_json::json!([a, b]));
-    }
+    what_the_run_had(&mut tl, &knobs, &be_cpus, (load0, load1));
     load.stop();
     restore(node, &state, &mut procs);
     if let Some(t) = &tracer {
@@ -247,6 +230,35 @@ fn write_outputs(
         files.plot_svg.display()
     )?;
     Ok(())
+}
+
+/// What the run had, into the timeline's meta: the knobs it turned, the
+/// CPUs each batch job received, and the node's load average before and
+/// after.
+fn what_the_run_had(
+    tl: &mut Timeline,
+    knobs: &[String],
+    be_cpus: &BTreeMap<String, f64>,
+    loadavg: (Option<f64>, Option<f64>),
+) {
+    tl.meta.insert(
+        "resources".into(),
+        serde_json::to_value(knobs).unwrap_or_default(),
+    );
+    if !be_cpus.is_empty() {
+        // What the batch jobs received: CPU time over the run ÷ its length.
+        tl.meta.insert(
+            "be_cpus_used".into(),
+            serde_json::to_value(be_cpus).unwrap_or_default(),
+        );
+    }
+    if let (Some(a), Some(b)) = loadavg {
+        // How much else wanted the CPUs: a batch job in the idle class gets
+        // only what every other task on the node leaves (`qosd compare`
+        // says so when it used far less than its quota).
+        tl.meta
+            .insert("loadavg_1m".into(), serde_json::json!([a, b]));
+    }
 }
 
 /// Mean CPUs each batch job used between two readings `secs` apart.
