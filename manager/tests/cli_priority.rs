@@ -100,3 +100,61 @@ fn real_priority_set_restore_and_sigkill_then_restore_are_exact() {
     assert_eq!(cpu_idle_of(&pid), before);
     assert!(!Path::new(&group).exists() && !s.exists());
 }
+
+/// `qosd set level` sets any knob but cores from the knob table: the CPU
+/// priority by its level does what `set priority --class` does, and a
+/// knob or level the table refuses is a usage error that changes nothing.
+#[test]
+fn set_level_sets_a_knob_by_its_name_and_refuses_what_the_table_refuses() {
+    let Some((mount, v2)) = cpu_mount() else {
+        panic!("this test needs a cpu controller: the v1 cpu hierarchy or cgroup2 with cpu");
+    };
+    if !Path::new(&mount).join("cpu.idle").exists() && !v2 {
+        panic!("this test needs cpu.idle in the v1 cpu hierarchy (BUILD-NOTES.md)");
+    }
+    let spin = Killed::busy();
+    let pid = spin.pid().to_string();
+    let before = cpu_idle_of(&pid);
+    let d = tempfile::tempdir().unwrap();
+    let s = d.path().join("s.json");
+    let st = s.to_str().unwrap();
+    let group = format!("{mount}/qosd-pid{pid}");
+    let level = |knob: &str, level: &str| {
+        qosd(&[
+            "set",
+            "--state-file",
+            st,
+            "level",
+            knob,
+            "--pid",
+            &pid,
+            "--level",
+            level,
+        ])
+    };
+
+    for (knob, lvl, says) in [
+        ("cores", "1", "not set by a level"),
+        ("cpu_priority", "3", "1 (idle) or 2 (normal)"),
+        ("memory_bandwidth", "101", "1 to 100"),
+        ("nosuch", "1", "is not a knob"),
+    ] {
+        let out = level(knob, lvl);
+        assert_eq!(out.status.code(), Some(2), "{knob} {lvl}");
+        assert!(text(&out.stderr).contains(says), "{}", text(&out.stderr));
+        assert_eq!(cpu_idle_of(&pid), before);
+        assert!(!Path::new(&group).exists() && !s.exists());
+    }
+
+    // By its alias and the idle level, then `qosd restore`.
+    let out = level("priority", "1");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        cpu_idle_of(&pid),
+        (format!("/qosd-pid{pid}"), "1".to_owned())
+    );
+    let out = qosd(&["restore", "--state-file", st]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(cpu_idle_of(&pid), before);
+    assert!(!Path::new(&group).exists() && !s.exists());
+}

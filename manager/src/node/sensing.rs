@@ -219,8 +219,11 @@ impl Sensing {
         let mut got = self.sensors.sample(tick, &targets);
         drop(targets);
         self.absorb_node(&got);
-        for i in 0..self.apps.len() {
-            self.feed(i, tick, &mut got.apps[i], act);
+        // A decision without a power figure (gone, or the sample failed)
+        // keeps none rather than a stale one.
+        let power = tick.decide && self.sensors.measures(Quantity::Power);
+        for ((a, m), r) in self.apps.iter().zip(&mut self.meters).zip(&mut got.apps) {
+            m.feed(a, tick, r, act, power);
         }
         let mut sensed = Sensed::default();
         for (i, a) in self.apps.iter().enumerate() {
@@ -267,66 +270,6 @@ impl Sensing {
         if self.sensors.measures(Quantity::Power) && self.sensors.error("power").is_some() {
             // A failed sample: no figure rather than a stale one.
             self.node_power_w = None;
-        }
-    }
-
-    /// Feeds app `i`'s readings of the tick into its windows and figures.
-    fn feed(&mut self, i: usize, tick: &Tick, r: &mut AppReading, act: &dyn Holdings) {
-        let a = &self.apps[i];
-        let m = &mut self.meters[i];
-        let fig = usize::from(a.figure == Figure::Service);
-        // The requests with their end instants go to the files, taken out
-        // first (the raw reading is cloned below, and kept by the daemon).
-        let mut client_ended = r
-            .client
-            .as_mut()
-            .map(|c| std::mem::take(&mut c.latency.ended))
-            .unwrap_or_default();
-        let mut server_ended = Default::default();
-        if let Some(s) = r.server.as_mut() {
-            server_ended = std::mem::take(&mut s[fig].ended);
-            s.iter_mut().for_each(|t| t.ended.clear());
-        }
-        let client = r.client.clone().unwrap_or_default();
-        let server = r.server.clone().unwrap_or_default();
-        // Replies of the tick: the client's count where it drives the app
-        // or feeds the policy, else the requests the server was seen serve.
-        m.iv_completed += match (a.driven, a.feedback) {
-            (true, _) | (false, Feedback::Client) => client.completed,
-            (false, Feedback::Ebpf) => server[fig].hist.len(),
-        };
-        m.file(
-            (&client.latency.hist, &mut client_ended),
-            (&server[fig].hist, &mut server_ended),
-        );
-        m.client
-            .push(client.latency.hist, tick.dt_s, client.latency.latest_ns);
-        if client.offered_rps.is_some() {
-            m.offered_rps = client.offered_rps;
-        }
-        for (w, t) in m.server.iter_mut().zip(server) {
-            w.push(t.hist, tick.dt_s, t.latest_ns);
-        }
-        m.cpu_span_s += tick.dt_s;
-        m.cpus_held = act.cpus_held(&a.name);
-        if let Some(used) = r.cpu_s {
-            m.cpu_total_s += used;
-            let nr_cpus = act.nr_cpus(&a.name);
-            let secs = std::mem::take(&mut m.cpu_span_s);
-            if secs > 0.0 {
-                m.cpu_util = (used / (secs * nr_cpus.max(1) as f64)).clamp(0.0, 1.0);
-                m.cpus_used = Some(used / secs);
-            }
-        }
-        if tick.decide && self.sensors.measures(Quantity::Power) {
-            // A decision without a power figure (gone, or the sample
-            // failed) keeps none rather than a stale one.
-            m.power = r.power.take();
-        }
-        let rps = m.rps(a);
-        if let Some(p) = m.power.as_mut() {
-            p.energy_per_request_j = qosd_sensors::power::energy_per_request_j(p.power_w, rps);
-            r.power.clone_from(&m.power);
         }
     }
 

@@ -54,11 +54,12 @@ impl Steps {
             Resource::Frequency => self.freq_mhz,
             Resource::MemoryBandwidth => self.mb_percent,
             Resource::CpuQuota => self.cpu_quota_milli,
-            // Not in PARTIES' cycle: a class, not an amount to step.
-            Resource::CpuPriority => 0,
-            // On or off; PARTIES turns it on only as a last resort
-            // (`parties::last_resort`), never in its cycle.
-            Resource::Hedge => 0,
+            // Knobs outside PARTIES' cycle (`Resource::CYCLE`) take no
+            // step: the CPU priority is a class, hedging is on or off
+            // (PARTIES turns it on only as a last resort,
+            // `parties::last_resort`). A new knob lands here until it
+            // joins the cycle with a step of its own.
+            _ => 0,
         }
     }
 

@@ -50,6 +50,28 @@ fn win(w: &qn_win) -> super::window::RawWin {
     }
 }
 
+/// Every entry of a per-CPU hash map of `K` keys and `qn_val` values: the
+/// key as `to_raw` makes it and the value of each CPU. An entry evicted
+/// between `keys()` and its lookup is skipped.
+fn entries<K: Copy + Default>(
+    m: &impl MapCore,
+    what: &'static str,
+    to_raw: impl Fn(K) -> RawKey,
+) -> Result<Vec<(RawKey, Vec<RawVal>)>, NetError> {
+    let mut out = Vec::new();
+    for k in m.keys() {
+        let Some(key) = read_pod::<K>(&k) else {
+            continue;
+        };
+        let Some(cpus) = m.lookup_percpu(&k, MapFlags::ANY).map_err(bpf_err(what))? else {
+            continue;
+        };
+        let vals = cpus.iter().filter_map(|b| read_pod(b)).map(|v| val(&v));
+        out.push((to_raw(key), vals.collect()));
+    }
+    Ok(out)
+}
+
 fn val(v: &qn_val) -> RawVal {
     RawVal {
         cur: win(&v.cur),
@@ -135,54 +157,23 @@ impl Programs {
 
     /// Every entry of the peers map: key and per-CPU values.
     pub(crate) fn peers(&self) -> Result<Vec<(RawKey, Vec<RawVal>)>, NetError> {
-        let m = &self.skel.maps.peers;
-        let mut out = Vec::new();
-        for k in m.keys() {
-            let Some(key) = read_pod::<qn_key>(&k) else {
-                continue;
-            };
-            // An entry evicted between keys() and the lookup is skipped.
-            let Some(cpus) = m
-                .lookup_percpu(&k, MapFlags::ANY)
-                .map_err(bpf_err("reading the peers map"))?
-            else {
-                continue;
-            };
-            let vals = cpus.iter().filter_map(|b| read_pod(b)).map(|v| val(&v));
-            let raw = RawKey::Peer {
-                addr: key.addr,
-                family: key.family,
-                proto: key.proto,
-                dir: key.dir,
-            };
-            out.push((raw, vals.collect()));
-        }
-        Ok(out)
+        let to_raw = |k: qn_key| RawKey::Peer {
+            addr: k.addr,
+            family: k.family,
+            proto: k.proto,
+            dir: k.dir,
+        };
+        entries(&self.skel.maps.peers, "reading the peers map", to_raw)
     }
 
     /// Every entry of the ports map.
     pub(crate) fn ports(&self) -> Result<Vec<(RawKey, Vec<RawVal>)>, NetError> {
-        let m = &self.skel.maps.ports;
-        let mut out = Vec::new();
-        for k in m.keys() {
-            let Some(key) = read_pod::<qn_port_key>(&k) else {
-                continue;
-            };
-            let Some(cpus) = m
-                .lookup_percpu(&k, MapFlags::ANY)
-                .map_err(bpf_err("reading the ports map"))?
-            else {
-                continue;
-            };
-            let vals = cpus.iter().filter_map(|b| read_pod(b)).map(|v| val(&v));
-            let raw = RawKey::Port {
-                port: key.port,
-                proto: key.proto,
-                dir: key.dir,
-            };
-            out.push((raw, vals.collect()));
-        }
-        Ok(out)
+        let to_raw = |k: qn_port_key| RawKey::Port {
+            port: k.port,
+            proto: k.proto,
+            dir: k.dir,
+        };
+        entries(&self.skel.maps.ports, "reading the ports map", to_raw)
     }
 
     /// The counters, summed over CPUs.

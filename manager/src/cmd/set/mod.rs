@@ -1,5 +1,7 @@
 //! `qosd set cores|freq|ways|mb|quota|priority|hedge`: one knob by hand
-//! (hedge: [`hedge`]). One-shot: the change
+//! (hedge: [`hedge`]); `qosd set level KNOB`: any knob but cores by its
+//! name and a level, from the knob table (a new knob needs no subcommand
+//! of its own to be set by hand). One-shot: the change
 //! stays after qosd exits, its original is recorded in the state file and
 //! `qosd restore` puts it back (or `--hold` keeps it until Ctrl-C/SIGTERM
 //! and restores it then).
@@ -11,7 +13,7 @@ use qosd_actuators::{
     signals, Actuators, Allocation, AppTarget, Change, Config, CoresBackend, FreqBackend,
     QuotaBackend, WaysBackend,
 };
-use qosd_core::cpulist;
+use qosd_core::{cpulist, knobs, Resource};
 
 use crate::exit::to_anyhow;
 
@@ -27,6 +29,7 @@ pub mod hedge;
     qosd set quota --pid 1234 --quota 0.3                 CPU bandwidth: 0.3 CPU (cgroup qosd-pid1234)\n  \
     qosd set quota --pid 1234 --quota 0.5 --period-us 10000 --burst-pct 0   0.5 CPU per 10 ms, no burst\n  \
     qosd set priority --pid 1234 --class idle             idle scheduling class (cpu.idle, else lowest weight, else SCHED_IDLE)\n  \
+    qosd set level cpu_quota --pid 1234 --level 300       any knob but cores, a level in its unit (here milli-CPUs)\n  \
     qosd set hedge --pid 1234 --service 10.0.0.5:53 --replica 10.0.0.6:53 --t-hedge-ms 10 --id-len 2\n  \
     qosd set --dry-run cores --pid 1234 --cpus 1          print what would change\n  \
     qosd set --hold cores --pid 1234 --cpus 1             keep it until Ctrl-C, then restore\n  \
@@ -126,6 +129,49 @@ pub enum Knob {
         #[arg(long, value_enum)]
         class: PriorityArg,
     },
+    /// Any knob but cores, by its name and a level in its unit, as a
+    /// config's `resources:` gives it (`qosd caps` lists the knobs).
+    Level {
+        /// The knob: frequency, cache_ways, memory_bandwidth, cpu_quota,
+        /// cpu_priority, hedge (or an alias: freq, ways, mb, quota,
+        /// priority).
+        #[arg(value_name = "KNOB", value_parser = parse_knob)]
+        knob: Resource,
+        #[arg(long, required = true)]
+        pid: Vec<i32>,
+        /// The level, in the knob's unit (cpu_quota: milli-CPUs;
+        /// cpu_priority: 1 idle, 2 normal; hedge: 1 off, 2 on).
+        #[arg(long)]
+        level: u32,
+    },
+}
+
+/// A knob's name or alias, as a config names it.
+fn parse_knob(s: &str) -> Result<Resource, String> {
+    serde_json::from_value(serde_json::Value::String(s.to_owned()))
+        .map_err(|_| format!("{s:?} is not a knob (`qosd caps` lists them)"))
+}
+
+/// `qosd set level`'s knob and level, checked against the knob table
+/// before anything is opened.
+fn check_level(r: Resource, level: u32) -> anyhow::Result<()> {
+    let k = knobs::knob(r);
+    if k.level_alloc.is_none() {
+        return Err(crate::usage!(
+            "{}: not set by a level (a CPU list): {}",
+            k.name,
+            k.set_usage
+        ));
+    }
+    let (lo, hi, what) = k.config_range;
+    if !(lo..=hi).contains(&level) {
+        return Err(crate::usage!(
+            "--level: {level} is not {what} ({}, {})",
+            k.name,
+            k.unit
+        ));
+    }
+    Ok(())
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -210,7 +256,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         | Knob::Ways { pid, .. }
         | Knob::Mb { pid, .. }
         | Knob::Quota { pid, .. }
-        | Knob::Priority { pid, .. } => pid.as_slice(),
+        | Knob::Priority { pid, .. }
+        | Knob::Level { pid, .. } => pid.as_slice(),
         Knob::Hedge(h) => std::slice::from_ref(&h.pid),
         Knob::Freq { .. } => &[],
     };
@@ -241,6 +288,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         _ => None,
     };
+    if let Knob::Level { knob, level, .. } = &args.knob {
+        check_level(*knob, *level)?;
+    }
     // Block the termination signals before changing anything, so that
     // with --hold a signal arriving mid-change waits and then restores.
     let sigs = if args.hold {
@@ -320,7 +370,7 @@ fn config(args: &Args) -> Config {
                 QuotaArg::Cgroup1 => QuotaBackend::Cgroup1,
             }
         }
-        Knob::Mb { .. } | Knob::Priority { .. } | Knob::Hedge(_) => {}
+        Knob::Mb { .. } | Knob::Priority { .. } | Knob::Hedge(_) | Knob::Level { .. } => {}
     }
     cfg
 }
@@ -367,6 +417,13 @@ fn apply(acts: &mut Actuators, knob: &Knob, quota: Option<u32>) -> anyhow::Resul
                 ..Default::default()
             },
         ),
+        Knob::Level { knob, pid, level } => {
+            let mut want = Allocation::default();
+            if let Some(put) = knobs::knob(*knob).level_alloc {
+                put(&mut want, *level);
+            }
+            acts.apply(&app(pid), &want)
+        }
         // Handled by `run` before any actuator is set up.
         Knob::Hedge(_) => Ok(Vec::new()),
     }

@@ -1,15 +1,19 @@
 //! What the sensing layer keeps of one app (its latency windows, CPU and
-//! power figures) and what the policy sees of it: the fed latency, the
-//! throughput, the target of the fed side and the [`AppState`].
+//! power figures), how a tick's reading feeds it, and what the policy
+//! sees of it: the fed latency, the throughput, the target of the fed
+//! side and the [`AppState`]. A new per-app quantity is kept, fed and
+//! read here.
 
+use qosd_core::control::Tick;
 use qosd_core::slo::{Load, TargetFrom};
 use qosd_core::{AppPower, AppState, Feedback, QosTarget};
 use qosd_sensors::ebpf::Figure;
 use qosd_sensors::filed::Ended;
+use qosd_sensors::sensor::AppReading;
 use qosd_sensors::stats::LogHistogram;
 
 use super::gaps::GapWindows;
-use super::{SenseApp, WIDEST_INTERVALS};
+use super::{Holdings, SenseApp, WIDEST_INTERVALS};
 use crate::node::latency::Recent;
 
 /// A decision interval's rows (the timeline's client and eBPF p99s, the
@@ -105,6 +109,70 @@ impl Meter {
     pub(super) fn close_files(&mut self, cut_ns: u64) {
         self.filed_client.take_until(cut_ns, &mut self.iv_client);
         self.filed_server.take_until(cut_ns, &mut self.iv_server);
+    }
+
+    /// Feeds the app's readings of the tick into its windows and figures;
+    /// `power`: the tick's power figure (none: none) replaces the last.
+    pub(super) fn feed(
+        &mut self,
+        a: &SenseApp,
+        tick: &Tick,
+        r: &mut AppReading,
+        act: &dyn Holdings,
+        power: bool,
+    ) {
+        let fig = usize::from(a.figure == Figure::Service);
+        // The requests with their end instants go to the files, taken out
+        // first (the raw reading is cloned below, and kept by the daemon).
+        let mut client_ended = r
+            .client
+            .as_mut()
+            .map(|c| std::mem::take(&mut c.latency.ended))
+            .unwrap_or_default();
+        let mut server_ended = Ended::default();
+        if let Some(s) = r.server.as_mut() {
+            server_ended = std::mem::take(&mut s[fig].ended);
+            s.iter_mut().for_each(|t| t.ended.clear());
+        }
+        let client = r.client.clone().unwrap_or_default();
+        let server = r.server.clone().unwrap_or_default();
+        // Replies of the tick: the client's count where it drives the app
+        // or feeds the policy, else the requests the server was seen serve.
+        self.iv_completed += match (a.driven, a.feedback) {
+            (true, _) | (false, Feedback::Client) => client.completed,
+            (false, Feedback::Ebpf) => server[fig].hist.len(),
+        };
+        self.file(
+            (&client.latency.hist, &mut client_ended),
+            (&server[fig].hist, &mut server_ended),
+        );
+        self.client
+            .push(client.latency.hist, tick.dt_s, client.latency.latest_ns);
+        if client.offered_rps.is_some() {
+            self.offered_rps = client.offered_rps;
+        }
+        for (w, t) in self.server.iter_mut().zip(server) {
+            w.push(t.hist, tick.dt_s, t.latest_ns);
+        }
+        self.cpu_span_s += tick.dt_s;
+        self.cpus_held = act.cpus_held(&a.name);
+        if let Some(used) = r.cpu_s {
+            self.cpu_total_s += used;
+            let nr_cpus = act.nr_cpus(&a.name);
+            let secs = std::mem::take(&mut self.cpu_span_s);
+            if secs > 0.0 {
+                self.cpu_util = (used / (secs * nr_cpus.max(1) as f64)).clamp(0.0, 1.0);
+                self.cpus_used = Some(used / secs);
+            }
+        }
+        if power {
+            self.power = r.power.take();
+        }
+        let rps = self.rps(a);
+        if let Some(p) = self.power.as_mut() {
+            p.energy_per_request_j = qosd_sensors::power::energy_per_request_j(p.power_w, rps);
+            r.power.clone_from(&self.power);
+        }
     }
 
     /// The window that feeds the policy.
