@@ -10,6 +10,7 @@
 
 pub mod bpfstats;
 pub mod ebpf;
+pub mod filed;
 pub mod net;
 pub mod power;
 pub mod procfs;

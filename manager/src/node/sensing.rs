@@ -246,6 +246,9 @@ impl Sensing {
         let oldest = tick.now_ms.saturating_sub((span_s * 1000.0).round() as u64);
         sensed.snapshot.since_ms = Some(oldest.max(self.restart_ms));
         if tick.decide {
+            let lag_ns = meter::FILE_LAG_MS * 1_000_000;
+            let cut_ns = qosd_sensors::ebpf::monotonic_ns().saturating_sub(lag_ns);
+            self.meters.iter_mut().for_each(|m| m.close_files(cut_ns));
             self.refresh_gaps(tick.now_ms);
             sensed.interval = self.interval_rows(tick.now_ms);
             self.interval_start_ms = tick.now_ms;

@@ -74,7 +74,9 @@ pub fn timeline_rows(dir: &Path, app: &str) -> Vec<Vec<String>> {
 
 /// Server-side p99 from eBPF (column 5) beside the client's (column 4):
 /// present in at least 90 % of the rows, and the client's (which adds the
-/// loopback and its own scheduling) not below it in at least 70 %.
+/// loopback and its own scheduling to the same requests) not below it in
+/// at least 80 %. Both sides file a request into the interval it ended
+/// in, on one clock (`FILE_LAG_MS` in node/sensing/meter.rs).
 pub fn assert_ebpf_p99_beside_client<S: AsRef<str>>(rows: &[Vec<S>]) {
     let both: Vec<(f64, f64)> = rows
         .iter()
@@ -87,13 +89,15 @@ pub fn assert_ebpf_p99_beside_client<S: AsRef<str>>(rows: &[Vec<S>]) {
         rows.len()
     );
     let client_above = both.iter().filter(|(c, e)| c >= e).count();
-    // 80 % until 2026-11-26: on the merged tree of that day it failed at
-    // 22-23 of 30 in 5 of 7 runs (eBPF's per-interval p99 above the
-    // client's in low-rate intervals, where a p99 is the max of a few
-    // dozen requests and one slow request on an interval boundary decides
-    // it). Not explained yet; the closing note of that session says so.
+    eprintln!(
+        "client >= eBPF in {client_above} of {} intervals",
+        both.len()
+    );
+    // 70 % from 2026-11-26 until both sides filed requests by one clock:
+    // they had put a request into an interval by when each learnt of it,
+    // and a stall's burst on a boundary landed in different intervals.
     assert!(
-        client_above * 10 >= both.len() * 7,
+        client_above * 10 >= both.len() * 8,
         "client >= eBPF in {client_above} of {}",
         both.len()
     );

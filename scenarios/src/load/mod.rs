@@ -266,6 +266,10 @@ pub struct IntervalReport {
     /// per decision interval merges them for the interval's percentiles.
     #[serde(skip)]
     pub histogram: qosd_sensors::stats::LogHistogram,
+    /// The same replies with the instant each ended (CLOCK_MONOTONIC), to
+    /// file them by it beside the eBPF side ([`qosd_sensors::filed`]).
+    #[serde(skip)]
+    pub ended: qosd_sensors::filed::Ended,
 }
 
 /// A load generator's report as the client sensor takes it.
@@ -275,6 +279,7 @@ impl From<IntervalReport> for qosd_sensors::sensor::client::ClientReport {
             latency: qosd_sensors::sensor::LatencyTick {
                 hist: r.histogram,
                 latest_ns: None,
+                ended: r.ended,
             },
             offered_rps: Some(r.offered_rps),
             completed: r.completed,

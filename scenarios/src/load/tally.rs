@@ -3,6 +3,7 @@
 //! Latencies are in nanoseconds here and microseconds in the reports.
 
 use qosd_core::LatencySummary;
+use qosd_sensors::filed::Ended;
 use qosd_sensors::stats::LogHistogram;
 
 use super::{IntervalReport, LoadReport, LoadSpec, Percentiles};
@@ -14,6 +15,7 @@ pub(super) struct Tally {
     lag: LogHistogram,
     /// Latencies and counts since the last interval report.
     iv: LogHistogram,
+    iv_ended: Ended,
     iv_sched: u64,
     iv_sent: u64,
     iv_done: u64,
@@ -34,6 +36,7 @@ impl Tally {
             total: LogHistogram::new(),
             lag: LogHistogram::new(),
             iv: LogHistogram::new(),
+            iv_ended: Ended::default(),
             iv_sched: 0,
             iv_sent: 0,
             iv_done: 0,
@@ -59,6 +62,7 @@ impl Tally {
         let lat = now.saturating_sub(sched_ns);
         self.total.record(lat);
         self.iv.record(lat);
+        self.iv_ended.push(now, lat);
         self.r.completed += 1;
         self.iv_done += 1;
     }
@@ -98,6 +102,7 @@ impl Tally {
                 p99_us: us(self.iv.percentile(99.0)),
             },
             histogram: std::mem::take(&mut self.iv),
+            ended: std::mem::take(&mut self.iv_ended),
         };
         (self.iv_sched, self.iv_sent, self.iv_done, self.iv_err) = (0, 0, 0, 0);
         on_interval(&rep);

@@ -12,6 +12,7 @@ use serde::Serialize;
 
 use super::agg::Delta;
 use super::Mode;
+use crate::filed::Ended;
 use crate::stats::{bucket_of, bucket_value, LogHistogram, Window};
 
 /// Which of a request's two durations.
@@ -43,6 +44,8 @@ pub(crate) struct Figures {
     pub interval: LogHistogram,
     pub total: LogHistogram,
     pub interval_latest: Option<u64>,
+    /// The interval's requests with their end instants (to file them by).
+    pub ended: Ended,
 }
 
 impl Figures {
@@ -52,6 +55,7 @@ impl Figures {
             interval: LogHistogram::new(),
             total: LogHistogram::new(),
             interval_latest: None,
+            ended: Ended::default(),
         }
     }
 
@@ -61,6 +65,7 @@ impl Figures {
         self.interval.record(ns);
         self.total.record(ns);
         self.interval_latest = Some(ns);
+        self.ended.push(end_ns, ns);
     }
 
     /// Requests counted in the kernel (bpf/agg.h): each as its bucket's
@@ -87,6 +92,7 @@ impl Figures {
     fn clear_interval(&mut self) {
         self.interval.clear();
         self.interval_latest = None;
+        self.ended.clear();
     }
 }
 
@@ -287,6 +293,8 @@ impl TargetStats {
             service_total: tot(&k.svc),
             histogram: LogHistogram::default(),
             service_histogram: LogHistogram::default(),
+            ended: Ended::default(),
+            service_ended: Ended::default(),
             connections: self.connections(),
             exited: self.exited,
             probes: self.probes.clone(),
@@ -301,6 +309,8 @@ impl TargetStats {
         };
         report.histogram = std::mem::take(&mut k.lat.interval);
         report.service_histogram = std::mem::take(&mut k.svc.interval);
+        report.ended = std::mem::take(&mut k.lat.ended);
+        report.service_ended = std::mem::take(&mut k.svc.ended);
         for k in [&mut self.turn, &mut self.conn, &mut self.grpc] {
             k.lat.clear_interval();
             k.svc.clear_interval();
@@ -354,6 +364,11 @@ pub struct TargetReport {
     pub histogram: LogHistogram,
     /// Every service time of the interval, ns.
     pub service_histogram: LogHistogram,
+    /// The interval's requests with the instant each ended (its last
+    /// reply bytes, CLOCK_MONOTONIC) and latency: [`crate::filed`].
+    pub ended: Ended,
+    /// The same with their service times.
+    pub service_ended: Ended,
     /// Connections seen since tracing began.
     pub connections: u64,
     pub exited: bool,

@@ -56,8 +56,13 @@ impl ClientReport {
             completed: latencies_us.len() as u64,
             ..Default::default()
         };
+        // A POST says nothing of when its requests ended: they are filed
+        // by when it arrived.
+        let now = crate::ebpf::monotonic_ns();
         for &v in latencies_us {
-            r.latency.hist.record((v * 1e3).round() as u64);
+            let ns = (v * 1e3).round() as u64;
+            r.latency.hist.record(ns);
+            r.latency.ended.push(now, ns);
         }
         r.latency.latest_ns = latencies_us.last().map(|v| (v * 1e3).round() as u64);
         Ok(r)
@@ -185,8 +190,9 @@ impl<R: Into<ClientReport>> Sensor for ClientSensor<R> {
             loop {
                 match rx.try_recv() {
                     Ok(r) => {
-                        let r: ClientReport = r.into();
+                        let mut r: ClientReport = r.into();
                         t.latency.hist.merge(&r.latency.hist);
+                        t.latency.ended.append(&mut r.latency.ended);
                         t.latency.latest_ns = r.latency.latest_ns.or(t.latency.latest_ns);
                         t.offered_rps = r.offered_rps.or(t.offered_rps);
                         t.completed += r.completed;

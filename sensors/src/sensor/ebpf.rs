@@ -11,6 +11,7 @@ use qosd_core::control::Tick;
 
 use super::{LatencyTick, Measurements, Quantity, Sensor, Target};
 use crate::ebpf::{RequestTracer, TargetOptions};
+use crate::filed::Ended;
 use crate::stats::LogHistogram;
 
 /// The topmost of `pids`: those with no ancestor among them. Tracing these
@@ -35,16 +36,20 @@ pub fn topmost(pids: &[i32]) -> Vec<i32> {
 /// figures: `[latency (from arrival), service (from the first read)]`.
 /// One report is taken per pid, so both come from the same requests.
 pub fn figures(tracer: &RequestTracer, pids: &[i32]) -> [LatencyTick; 2] {
-    let mut out: [(Option<LogHistogram>, Option<u64>); 2] = Default::default();
+    let mut out: [(Option<LogHistogram>, Option<u64>, Ended); 2] = Default::default();
     for &pid in pids {
         let Some(r) = tracer.take_report(pid as u32) else {
             continue;
         };
         let parts = [
-            (r.interval.latest_us, r.histogram),
-            (r.service_interval.latest_us, r.service_histogram),
+            (r.interval.latest_us, r.histogram, r.ended),
+            (
+                r.service_interval.latest_us,
+                r.service_histogram,
+                r.service_ended,
+            ),
         ];
-        for ((hist, latest), (l, h)) in out.iter_mut().zip(parts) {
+        for ((hist, latest, ended), (l, h, mut e)) in out.iter_mut().zip(parts) {
             if let Some(l) = l {
                 *latest = Some((l * 1e3).round() as u64);
             }
@@ -52,11 +57,13 @@ pub fn figures(tracer: &RequestTracer, pids: &[i32]) -> [LatencyTick; 2] {
                 None => *hist = Some(h),
                 Some(m) => m.merge(&h),
             }
+            ended.append(&mut e);
         }
     }
-    out.map(|(h, l)| LatencyTick {
+    out.map(|(h, l, ended)| LatencyTick {
         hist: h.unwrap_or_default(),
         latest_ns: l,
+        ended,
     })
 }
 

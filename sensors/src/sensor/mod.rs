@@ -59,11 +59,14 @@ pub struct Target<'a> {
 }
 
 /// Latencies of the requests that completed in one tick (ns) and the
-/// latency of the last of them.
+/// latency of the last of them; `ended`: the same requests with the
+/// instant each ended, where the sensor knows it (to file them by it:
+/// [`crate::filed`]), else empty.
 #[derive(Debug, Clone, Default)]
 pub struct LatencyTick {
     pub hist: LogHistogram,
     pub latest_ns: Option<u64>,
+    pub ended: crate::filed::Ended,
 }
 
 /// What a client reported over one tick: its latencies, and where a load

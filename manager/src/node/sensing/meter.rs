@@ -8,12 +8,25 @@ use qosd_core::control::Tick;
 use qosd_core::slo::{Load, TargetFrom};
 use qosd_core::{AppPower, AppState, Feedback, QosTarget};
 use qosd_sensors::ebpf::Figure;
+use qosd_sensors::filed::Ended;
 use qosd_sensors::sensor::AppReading;
 use qosd_sensors::stats::LogHistogram;
 
 use super::gaps::GapWindows;
 use super::{Holdings, SenseApp, WIDEST_INTERVALS};
 use crate::node::latency::Recent;
+
+/// A decision interval's rows (the timeline's client and eBPF p99s, the
+/// client/server gap) hold the requests that *ended* in it, on one clock
+/// (CLOCK_MONOTONIC) for both sides, cut this long before the decision
+/// tick. The sensors learn of a request late, and each differently: the
+/// eBPF ring buffer is read every 20 ms (up to 80 ms late on a loaded
+/// machine) and a turn's record leaves when the next request comes on its
+/// connection; the load generator reports every monitoring tick on its
+/// own grid. So a request is filed once both have had time to tell of
+/// it; one told of later still goes into the next interval. The policy's
+/// windows are fed at once, as the sensors tell.
+pub const FILE_LAG_MS: u64 = 200;
 
 /// What the layer keeps of one app.
 pub(super) struct Meter {
@@ -25,6 +38,10 @@ pub(super) struct Meter {
     /// The decision interval so far: latencies (ns) and replies.
     pub(super) iv_client: LogHistogram,
     pub(super) iv_server: LogHistogram,
+    /// Both sides' requests not yet in an interval, to be filed by when
+    /// they ended ([`FILE_LAG_MS`]).
+    filed_client: Ended,
+    filed_server: Ended,
     pub(super) iv_completed: u64,
     /// The last decision intervals' client and server latencies, for the
     /// client/server gap.
@@ -54,6 +71,8 @@ impl Meter {
             server: std::array::from_fn(|_| window()),
             iv_client: LogHistogram::new(),
             iv_server: LogHistogram::new(),
+            filed_client: Ended::default(),
+            filed_server: Ended::default(),
             iv_completed: 0,
             gap: GapWindows::new(enough),
             offered_rps: None,
@@ -66,6 +85,32 @@ impl Meter {
         }
     }
 
+    /// A tick's requests into the interval: each side's filed by when
+    /// they ended where its sensor says ([`FILE_LAG_MS`]), else into the
+    /// interval at once (`ended` empty: a sensor that cannot say).
+    pub(super) fn file(
+        &mut self,
+        client: (&LogHistogram, &mut Ended),
+        server: (&LogHistogram, &mut Ended),
+    ) {
+        for ((hist, ended), iv, filed) in [
+            (client, &mut self.iv_client, &mut self.filed_client),
+            (server, &mut self.iv_server, &mut self.filed_server),
+        ] {
+            if ended.is_empty() {
+                iv.merge(hist);
+            } else {
+                filed.append(ended);
+            }
+        }
+    }
+
+    /// Moves the requests filed as ended by `cut_ns` into the interval.
+    pub(super) fn close_files(&mut self, cut_ns: u64) {
+        self.filed_client.take_until(cut_ns, &mut self.iv_client);
+        self.filed_server.take_until(cut_ns, &mut self.iv_server);
+    }
+
     /// Feeds the app's readings of the tick into its windows and figures;
     /// `power`: the tick's power figure (none: none) replaces the last.
     pub(super) fn feed(
@@ -76,22 +121,36 @@ impl Meter {
         act: &dyn Holdings,
         power: bool,
     ) {
+        let fig = usize::from(a.figure == Figure::Service);
+        // The requests with their end instants go to the files, taken out
+        // first (the raw reading is cloned below, and kept by the daemon).
+        let mut client_ended = r
+            .client
+            .as_mut()
+            .map(|c| std::mem::take(&mut c.latency.ended))
+            .unwrap_or_default();
+        let mut server_ended = Ended::default();
+        if let Some(s) = r.server.as_mut() {
+            server_ended = std::mem::take(&mut s[fig].ended);
+            s.iter_mut().for_each(|t| t.ended.clear());
+        }
         let client = r.client.clone().unwrap_or_default();
         let server = r.server.clone().unwrap_or_default();
-        let fig = usize::from(a.figure == Figure::Service);
         // Replies of the tick: the client's count where it drives the app
         // or feeds the policy, else the requests the server was seen serve.
         self.iv_completed += match (a.driven, a.feedback) {
             (true, _) | (false, Feedback::Client) => client.completed,
             (false, Feedback::Ebpf) => server[fig].hist.len(),
         };
-        self.iv_client.merge(&client.latency.hist);
+        self.file(
+            (&client.latency.hist, &mut client_ended),
+            (&server[fig].hist, &mut server_ended),
+        );
         self.client
             .push(client.latency.hist, tick.dt_s, client.latency.latest_ns);
         if client.offered_rps.is_some() {
             self.offered_rps = client.offered_rps;
         }
-        self.iv_server.merge(&server[fig].hist);
         for (w, t) in self.server.iter_mut().zip(server) {
             w.push(t.hist, tick.dt_s, t.latest_ns);
         }

@@ -214,3 +214,47 @@ fn client_samples_set_the_gap_over_as_many_intervals_as_the_percentile_needs() {
     // 100 an interval: 8 intervals (the bound) hold 800, never enough.
     assert_eq!(ebpf_target_after(20, 100).1, TargetFrom::Client);
 }
+
+/// The two sides tell of the same requests at different ticks (the eBPF
+/// side one tick late, as a ring buffer read late or a turn's record
+/// left at the next request does): filed by when each ended and cut at
+/// the same instant, an interval holds the same requests on both sides.
+/// A sensor that gives no end instants goes into the interval at once.
+#[test]
+fn both_sides_file_a_request_into_the_interval_it_ended_in() {
+    use qosd_sensors::filed::Ended;
+    let mut m = meter::Meter::new(5, 99.0);
+    let one = |end_ns: u64, ns: u64| {
+        let mut h = LogHistogram::new();
+        h.record(ns);
+        let mut e = Ended::default();
+        e.push(end_ns, ns);
+        (h, e)
+    };
+    // Requests k = 1..=10 end at k·100 ms, k ms long; the client tells
+    // of each at its tick, eBPF at the next.
+    let req = |k: u64| one(k * 100_000_000, k * 1_000_000);
+    let none = || (LogHistogram::new(), Ended::default());
+    for k in 1..=10u64 {
+        let (ch, mut ce) = req(k);
+        let (sh, mut se) = if k > 1 { req(k - 1) } else { none() };
+        m.file((&ch, &mut ce), (&sh, &mut se));
+        if k == 5 || k == 10 {
+            // The interval ends at tick k, cut one tick back (the lag).
+            m.close_files((k - 1) * 100_000_000);
+            assert_eq!(m.iv_client.len(), m.iv_server.len(), "tick {k}");
+            assert_eq!(
+                m.iv_client.percentile(100.0),
+                m.iv_server.percentile(100.0),
+                "tick {k}"
+            );
+            assert_eq!(m.iv_client.len(), if k == 5 { 4 } else { 5 });
+            m.iv_client.clear();
+            m.iv_server.clear();
+        }
+    }
+    // A sensor that gives no end instants: into the interval at once.
+    let (h, _) = req(1);
+    m.file((&h, &mut Ended::default()), (&h, &mut Ended::default()));
+    assert_eq!((m.iv_client.len(), m.iv_server.len()), (1, 1));
+}
