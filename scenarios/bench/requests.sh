@@ -1,13 +1,24 @@
 #!/usr/bin/env bash
-# Request counting in the kernel (bpf/count.h): BPF run time per request
-# served, with and without it, on memcached and redis, plain (one request
-# per turn) and pipelined (16 per write). "Without" is a qosd built before
-# it (QOSD_BEFORE=path; skipped when unset). Each figure is the sum of the
-# tracer's programs' run_time_ns (kernel.bpf_stats_enabled) over one load,
-# divided by the requests the server itself counted; the median of RUNS
-# (default 3) interleaved before/after runs; ROWS (default
-# "mc:1 mc:16 rd:1 rd:16") picks the rows. Needs root, bpftool,
-# memcached, redis-server, redis-benchmark, perl.
+# Request counting in the kernel (bpf/count.h, bpf/agg.h): BPF run time per
+# request served on memcached and redis, plain (one request per turn) and
+# pipelined (16 per write), for this qosd and optionally one built before
+# (QOSD_BEFORE=path, or a wrapper that sets QOSD_AGGREGATE). From the
+# tracer's programs' run_time_ns (kernel.bpf_stats_enabled) over one load:
+#   all     every run of the programs, divided by the requests the server
+#           counted (the figure printed before the server side was split);
+#   server  the server's share: all, less the runs the load generator's own
+#           sockets caused (on loopback the client's socket events run the
+#           same programs, which leave at the port test). The client counts
+#           its runs itself (its writes, its reads and the data segments its
+#           sockets received, TCP_INFO), and each costs what a run that
+#           leaves at the port test costs: measured per program and per
+#           qosd under the same load sent to an untraced server ("floor");
+#   >=      a lower bound of server: every run at the floor but those of the
+#           server that can do work (one per data segment each way), so
+#           other processes' socket events on this node are left out too.
+# The median of RUNS (default 3) interleaved runs; ROWS (default
+# "mc:1 mc:16 rd:1 rd:16") picks the rows. Needs root, bpftool, memcached,
+# redis-server, perl, python3.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 QOSD=${QOSD:-target/release/qosd}
@@ -29,6 +40,9 @@ echo 1 >/proc/sys/kernel/bpf_stats_enabled
 free_port() { perl -MIO::Socket::INET -e 'print IO::Socket::INET->new(Listen=>1,LocalAddr=>"127.0.0.1:0")->sockport'; }
 mc_port=$(free_port)
 memcached -u nobody -l 127.0.0.1 -p "$mc_port" -t 2 -c 4096 & pids+=($!); mc=$!
+# The floor's server: the same load, sent where no tracer looks.
+mc0_port=$(free_port)
+memcached -u nobody -l 127.0.0.1 -p "$mc0_port" -t 2 -c 4096 & pids+=($!)
 rd_port=$(free_port)
 redis-server --bind 127.0.0.1 --port "$rd_port" --save '' --appendonly no >/dev/null & pids+=($!); rd=$!
 sleep 0.5
@@ -40,21 +54,34 @@ mc_served() {
 }
 rd_served() { redis-cli -p "$rd_port" info stats | awk -F: '/^total_commands_processed/ { print $2 + 0 }'; }
 
-# memcached load: 4 connections, N/4 gets each, DEPTH per write.
-mc_load() {
+# The load: 4 connections to port $1, $2 gets in all, $3 per write, $4 mc
+# or rd (a GET of a missing key: one line back each). Prints the client's
+# own socket events: writes, reads, data segments received and sent.
+load() {
   perl -MIO::Socket::INET -e '
-    my ($port, $n, $depth) = @ARGV; my @kids;
+    my ($port, $n, $depth, $proto) = @ARGV; my @kids;
+    pipe(my $rd, my $wr) or die;
+    my $req = $proto eq "mc" ? "get qosd-bench\r\n" : "*2\r\n\$3\r\nGET\r\n\$10\r\nqosd-bench\r\n";
     for my $c (1..4) { my $pid = fork; if (!$pid) {
-      my $s = IO::Socket::INET->new("127.0.0.1:$port") or die; $s->autoflush(1);
-      my $batch = "get qosd-bench\r\n" x $depth;
-      for (1 .. $n / 4 / $depth) { print $s $batch; for (1..$depth) { my $l = <$s>; } }
-      exit 0 } push @kids, $pid }
-    waitpid($_, 0) for @kids' "$mc_port" "$N" "$1"
+      my $s = IO::Socket::INET->new("127.0.0.1:$port") or die;
+      my ($w, $r) = (0, 0); my $batch = $req x $depth;
+      for (1 .. $n / 4 / $depth) {
+        syswrite($s, $batch) == length $batch or die; $w++;
+        my ($got, $buf) = (0, "");
+        while ($got < $depth) { sysread($s, $buf, 65536) or die; $r++; $got += ($buf =~ tr/\n//) }
+      }
+      # TCP_INFO: tcpi_data_segs_in, tcpi_data_segs_out.
+      my ($in, $out) = unpack("L L", substr(getsockopt($s, 6, 11), 152, 8));
+      syswrite($wr, "$w $r $in $out\n"); exit 0 } push @kids, $pid }
+    close $wr; waitpid($_, 0) for @kids;
+    my @t = (0) x 4; while (<$rd>) { my @v = split; $t[$_] += $v[$_] for 0..3 } print "@t\n"' "$@"
 }
-rd_load() { redis-benchmark -h 127.0.0.1 -p "$rd_port" -c 4 -n "$N" -P "$1" -t get -q >/dev/null; }
 
-# ns of BPF per request served: $1 qosd, $2 server pid, $3 served fn, rest: load.
-bpf_per_request() {
+# One load under a tracer: $1 qosd, $2 traced server pid, $3 served fn
+# (counts the traced server's requests), rest: load's (port, requests,
+# depth, proto). Writes the program snapshots before/after, the requests served and
+# the client's counts to $out.{p0,p1,served,client}; prints $out.
+traced_load() {
   local q=$1 srv=$2 served=$3; shift 3
   # A fresh file per run: the background job truncates its output only
   # once it runs, so waiting on a reused file could see the last run's
@@ -75,51 +102,107 @@ bpf_per_request() {
     kill -INT "$t" 2>/dev/null || true
     return 1
   fi
-  local sum="import json,sys; ids={$ids}; print(sum(p.get('run_time_ns',0) for p in json.load(sys.stdin) if p['id'] in ids))"
-  local ns0 s0; bpftool -j prog show >"$out.p0"; ns0=$(python3 -c "$sum" <"$out.p0"); s0=$($served)
-  "$@"
-  local ns1 s1; bpftool -j prog show >"$out.p1"; ns1=$(python3 -c "$sum" <"$out.p1"); s1=$($served)
+  echo "$ids" >"$out.ids"
+  local s0; bpftool -j prog show >"$out.p0"; s0=$($served)
+  load "$@" >"$out.client"
+  bpftool -j prog show >"$out.p1"; echo "$s0 $($served)" >"$out.served"
   kill -INT "$t"; wait "$t" || true
-  [ -n "${PER_PROG:-}" ] && per_prog "$out.p0" "$out.p1" "$ids" $((s1 - s0 - 1)) >&2
-  awk -v a="$ns0" -v b="$ns1" -v r0="$s0" -v r1="$s1" 'BEGIN { printf "%.0f\n", (b - a) / (r1 - r0 - 1) }'
+  echo "$out"
 }
-# PER_PROG=1: each program's runs and ns per request served, on stderr.
-per_prog() {
+
+# The arithmetic (python): `floor OUT` prints {program: ns per run} of a
+# load sent to an untraced server; `split OUT FLOOR` prints "all server
+# low" ns per request served (and with PER_PROG=1 each program's share on
+# stderr).
+calc() {
   python3 - "$@" <<'PY'
 import json, sys
-a, b, ids, served = sys.argv[1], sys.argv[2], {int(i) for i in sys.argv[3].split(',')}, int(sys.argv[4])
-p0 = {p['id']: p for p in json.load(open(a))}
+def runs(out):
+    ids = {int(i) for i in open(out + '.ids').read().strip().split(',')}
+    p0 = {p['id']: p for p in json.load(open(out + '.p0'))}
+    d = {}
+    for p in json.load(open(out + '.p1')):
+        if p['id'] in ids:
+            q = p0.get(p['id'], {})
+            d[p.get('name', str(p['id']))] = (p.get('run_time_ns', 0) - q.get('run_time_ns', 0),
+                                              p.get('run_cnt', 0) - q.get('run_cnt', 0))
+    return d
+if sys.argv[1] == 'floor':
+    print(json.dumps({k: ns / n for k, (ns, n) in runs(sys.argv[2]).items() if n}))
+    sys.exit()
+out, floor = sys.argv[2], json.loads(open(sys.argv[3]).read())
+s0, s1 = map(int, open(out + '.served').read().split())
+served = s1 - s0 - 1  # the stats query itself
+w, r, segs_in, segs_out = map(int, open(out + '.client').read().split())
+client = {'qosd_send': w, 'qosd_recv': r, 'qosd_data_ready': segs_in}
+# The server's runs that can do work: a data_ready per data segment the
+# client sent, a read per segment at least, a send per segment it got.
+# Every other run (the client's, other processes' sockets on this node,
+# the server's reads that found nothing) leaves at the first tests.
+working = {'qosd_data_ready': segs_out, 'qosd_recv': segs_out, 'qosd_send': segs_in,
+           'qosd_fork': 0, 'qosd_exit': 0, 'qosd_set_state': 0}
+total = server = low = 0
 rows = []
-for p in json.load(open(b)):
-    if p['id'] not in ids:
-        continue
-    q = p0.get(p['id'], {})
-    ns = p.get('run_time_ns', 0) - q.get('run_time_ns', 0)
-    n = p.get('run_cnt', 0) - q.get('run_cnt', 0)
+for name, (ns, n) in runs(out).items():
+    f = floor.get(name, 0)
+    c = min(client.get(name, 0), n)
+    srv = ns - c * f
+    lo = ns - max(0, n - working.get(name, n)) * f
+    total += ns
+    server += srv
+    low += lo
     if n:
-        rows.append(f"{p.get('name', p['id'])} {n / served:.2f} runs {ns / served:.0f} ns ({ns / n:.0f}/run)")
-print('  per request: ' + '; '.join(rows))
+        rows.append(f"{name} {n / served:.2f} runs ({c / served:.2f} client) {ns / served:.0f} ns, server {srv / served:.0f} (>= {lo / served:.0f})")
+if len(sys.argv) > 4:
+    print('  per request: ' + '; '.join(rows), file=sys.stderr)
+    print('  floor ns/run: ' + ', '.join(f"{k} {v:.0f}" for k, v in floor.items() if k in client), file=sys.stderr)
+print(f"{total / served:.0f} {server / served:.0f} {low / served:.0f}")
 PY
 }
+
+# "all server low" ns per request: $1 qosd, $2 floor file, rest: traced_load's.
+bpf_per_request() {
+  local q=$1 floor=$2; shift 2
+  local out; out=$(traced_load "$q" "$@") || return 1
+  calc split "$out" "$floor" ${PER_PROG:+per_prog}
+}
+
+# The floor of $1: its programs' ns per run under a load that only meets
+# the port test (sent to an untraced memcached while it traces another).
+floor_of() {
+  local out; out=$(traced_load "$1" "$mc" mc_served "$mc0_port" "$N" 1 mc) || return 1
+  calc floor "$out" >"$2"
+}
+
 med() { printf '%s\n' "$@" | sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
+# Column $1 of each "all server low" triple in the rest.
+col() { local i=$1; shift; for p in "$@"; do echo "$p" | cut -d' ' -f"$i"; done; }
+cell() { local a sv lo; a=$(col 1 "$@"); sv=$(col 2 "$@"); lo=$(col 3 "$@")
+  echo "$(med $sv) ns ($(echo $sv)), >= $(med $lo); all $(med $a)"; }
 
 echo "### Request counting in the kernel: BPF ns per request served"
 echo
-echo "Median of $RUNS interleaved runs of $N requests, 4 connections; all the tracer's programs"
-echo "(server and client socket events), kernel.bpf_stats_enabled; $(date -u '+%Y-%m-%d %H:%M UTC')."
+echo "Median of $RUNS interleaved runs of $N requests, 4 connections, kernel.bpf_stats_enabled;"
+echo "server side: all the tracer's programs' runs less those the client's sockets caused, each at"
+echo "the floor (a run that leaves at the port test, measured per qosd); \">=\": less every run but"
+echo "the server's that can do work (other sockets' events on this node too); $(date -u '+%Y-%m-%d %H:%M UTC')."
 echo
-echo "| server, load | without counting | with counting |"
+fa=$tmp/floor.before fb=$tmp/floor.after
+[ -n "$BEFORE" ] && floor_of "$BEFORE" "$fa"
+floor_of "$QOSD" "$fb"
+for f in ${BEFORE:+"$fa"} "$fb"; do echo "floor ns/run ($f): $(cat "$f")" >&2; done
+echo "| server, load | before: server side (runs); all | this: server side (runs); all |"
 echo "|---|---|---|"
-for row in "memcached get:mc:1" "memcached get, 16 per write:mc:16" "redis GET (redis-benchmark -P 1):rd:1" "redis GET (redis-benchmark -P 16):rd:16"; do
+for row in "memcached get:mc:1" "memcached get, 16 per write:mc:16" "redis GET:rd:1" "redis GET, 16 per write:rd:16"; do
   IFS=: read -r name kind depth <<<"$row"
   [[ " $ROWS " == *" $kind:$depth "* ]] || continue
-  if [ "$kind" = mc ]; then srv=$mc served=mc_served load=mc_load; else srv=$rd served=rd_served load=rd_load; fi
+  if [ "$kind" = mc ]; then srv=$mc served=mc_served port=$mc_port; else srv=$rd served=rd_served port=$rd_port; fi
   a=() b=()
   for _ in $(seq 1 "$RUNS"); do
-    [ -n "$BEFORE" ] && a+=("$(bpf_per_request "$BEFORE" "$srv" "$served" "$load" "$depth")")
-    b+=("$(bpf_per_request "$QOSD" "$srv" "$served" "$load" "$depth")")
+    [ -n "$BEFORE" ] && a+=("$(bpf_per_request "$BEFORE" "$fa" "$srv" "$served" "$port" "$N" "$depth" "$kind")")
+    b+=("$(bpf_per_request "$QOSD" "$fb" "$srv" "$served" "$port" "$N" "$depth" "$kind")")
   done
-  before=-; [ -n "$BEFORE" ] && before="$(med "${a[@]}") ns (${a[*]})"
-  echo "| $name | $before | $(med "${b[@]}") ns (${b[*]}) |"
+  before=-; [ -n "$BEFORE" ] && before=$(cell "${a[@]}")
+  echo "| $name | $before | $(cell "${b[@]}") |"
 done
 echo

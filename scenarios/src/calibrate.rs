@@ -15,6 +15,9 @@ use serde::{Deserialize, Serialize};
 use crate::scenario::{AppSpec, Scenario};
 use crate::sim::model::{percentile, Queue, Sample, SimModel};
 
+mod floor;
+pub use floor::{PeakFloor, FLOOR_WARN_SHARE};
+
 /// One point of a load–latency curve.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Point {

@@ -185,9 +185,19 @@ macro_rules! load_skel {
             .events
             .set_max_entries(opts.ringbuf_bytes)
             .map_err(bpf_err("sizing the ring buffer"))?;
+        let kernel_agg = opts.aggregate == super::Aggregate::Kernel;
+        if kernel_agg {
+            open.maps
+                .agg
+                .set_max_entries(2 * super::agg::AGG_SLOTS)
+                .map_err(bpf_err("sizing the request histograms"))?;
+        }
         if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
             ro.wakeup_bytes = wakeup_bytes(opts);
-            ro.aggregate = u8::from(opts.aggregate == super::Aggregate::Kernel);
+            ro.aggregate = u8::from(kernel_agg);
+            if kernel_agg {
+                ro.agg_slots = super::agg::AGG_SLOTS;
+            }
         }
         let mut skel = open
             .load()

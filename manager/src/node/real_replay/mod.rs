@@ -26,7 +26,7 @@ use std::time::Instant;
 use anyhow::Context;
 use qosd_core::control::{Cadence, ControlLoop};
 use qosd_core::{Feedback, Policy, Resource};
-use qosd_scenarios::calibrate::Calibration;
+use qosd_scenarios::calibrate::{Calibration, FLOOR_WARN_SHARE};
 use qosd_scenarios::record::RunRecorder;
 use qosd_scenarios::scenario::Scenario;
 use qosd_scenarios::timeline::Timeline;
@@ -101,6 +101,7 @@ pub fn run(
             knobs.join(", ")
         }
     );
+    warn_floor(sc, &cal, act.nr_online_cpus());
     let pids = sc
         .apps
         .iter()
@@ -271,4 +272,37 @@ fn job_cpus(
         .iter()
         .filter_map(|(app, a)| Some((app.clone(), (a - before.get(app)?) / secs.max(1e-9))))
         .collect()
+}
+
+/// Says where an LC app's own calibrated curve puts its p99 near its
+/// target at the scenario's peak on every CPU: violations there are the
+/// app's own tail, which no allocation removes (docs/sharing.md, "What
+/// hurts search at the demo's peak").
+fn warn_floor(sc: &Scenario, cal: &Calibration, cpus: usize) {
+    for a in &sc.apps {
+        let Some(f) = cal.peak_floor(a, cpus as f64) else {
+            continue;
+        };
+        if f.share() < FLOOR_WARN_SHARE {
+            continue;
+        }
+        let at = f.latency_us.map_or_else(
+            || "past the highest load calibrated".to_owned(),
+            |l| {
+                format!(
+                    "{:.2} ms ({:.0} % of the target)",
+                    l / 1000.0,
+                    f.share() * 100.0
+                )
+            },
+        );
+        eprintln!(
+            "note: {}'s calibrated p99 at its peak ({:.0} req/s) on all {cpus} CPUs is {at}, \
+             target {:.2} ms: intervals near the peak will cross the target whatever the \
+             policy does",
+            a.name,
+            f.rps,
+            f.target_us / 1000.0
+        );
+    }
 }
