@@ -30,7 +30,7 @@ KUBECONFORM_VERSION := v0.8.0
 # kube-apiserver): built from the Go module proxy, a few minutes once.
 KUBE_VERSION := v1.32.4
 
-.PHONY: all deps tools tracefs build fixtures test test-k8s test-kernels demo bench fmt lint clean install uninstall man
+.PHONY: all deps tools tracefs build fixtures test test-k8s test-kernels demo bench fmt lint layout clean install uninstall man
 
 all: build
 
@@ -139,9 +139,15 @@ man:
 fmt:
 	$(CARGO) fmt --all
 
-lint:
+lint: layout
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --all-targets -- -D warnings
+
+# No source file over 500 lines outside the tests (docs/architecture.md).
+layout:
+	@over=$$(git ls-files '*.rs' | grep -v -e '/tests/' -e 'tests\.rs$$' | xargs wc -l | \
+		awk '$$2 != "total" && $$1 > 500'); \
+	if [ -n "$$over" ]; then echo "files over 500 lines outside the tests:"; echo "$$over"; exit 1; fi
 
 clean:
 	$(CARGO) clean

@@ -4,7 +4,8 @@
 //! `/metrics` and the API show it, which amounts a config may give it).
 //! Code that handles "every knob" iterates [`KNOBS`] instead of matching on
 //! `Resource`; adding a knob is a variant, its fields and one row here
-//! (then its actuator: `actuators/src/registry.rs`; see `docs/extending.md`).
+//! (then its actuator: a row of `actuators/src/detect.rs`; see
+//! `docs/extending.md`).
 
 use crate::policy::AppClass;
 use crate::resources::{Allocation, NodeCaps, Resource, Share};

@@ -48,7 +48,7 @@ enum Command {
     /// Best-effort batch job (hashing) that prints its progress, for scenarios and tests.
     #[command(hide = true)]
     Batch(cmd::batch::Args),
-    /// Which knobs (cores, frequency, cache ways, memory bandwidth, CPU quota) this machine has.
+    /// Which knobs (every row of the knob table) and backends this machine has.
     Caps(cmd::caps::Args),
     /// Change one knob by hand (one-shot; `qosd restore` puts it back).
     Set(cmd::set::Args),
