@@ -153,6 +153,43 @@ fn daemon(cfg: &std::path::Path) -> Daemon {
     )
 }
 
+/// The daemon's config (and a rule policy that turns hedging on at every
+/// decision) in `dir`: one app `name` matched by `pid`, hedged to the
+/// topology's replica with `hedge` as the rest of its hedge settings.
+fn write_config(
+    dir: &std::path::Path,
+    name: &str,
+    pid: i32,
+    api: u16,
+    hedge: &str,
+) -> std::path::PathBuf {
+    let policy = dir.join("rules.yaml");
+    std::fs::write(
+        &policy,
+        "name: hedge-on\nrules:\n  - name: hedge-it\n    when: [\"hedge < 2\"]\n    \
+         then: [{ resource: hedge, change: +1 }]\n",
+    )
+    .unwrap();
+    let cfg = dir.join("config.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "apps:\n  - name: {name}\n    match: {{ pid: {pid} }}\n    class: lc\n    \
+             target: {{ p99: 50ms }}\n    feedback: client\n    \
+             hedge: {{ service: {}, replica: {}, t_hedge_ms: 10, {hedge} }}\n\
+             policy: {}\napi:\n  listen: 127.0.0.1:{api}\n  token_file: {}\n\
+             state_file: {}\nactuators: {{ enabled: [hedge] }}\nsensors: {{ power: false }}\n",
+            Topo::service(PORT),
+            Topo::replica(PORT),
+            policy.display(),
+            dir.join("api.token").display(),
+            dir.join("state.json").display(),
+        ),
+    )
+    .unwrap();
+    cfg
+}
+
 /// The app is hedged and its programs count (read at a decision after
 /// the knob was applied, so every filter is attached by then).
 fn hedged(body: &str) -> bool {
@@ -172,30 +209,13 @@ fn the_daemon_hedges_an_app_counts_in_metrics_and_restores_after_sigterm_and_sig
     let api = 19327u16;
     // The app starts unhedged; a rule turns hedging on (PARTIES leaves
     // an idle app's hedging as it is).
-    let policy = dir.path().join("rules.yaml");
-    std::fs::write(
-        &policy,
-        "name: hedge-on\nrules:\n  - name: hedge-it\n    when: [\"hedge < 2\"]\n    \
-         then: [{ resource: hedge, change: +1 }]\n",
-    )
-    .unwrap();
-    let cfg = dir.path().join("config.yaml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "apps:\n  - name: client\n    match: {{ pid: {pid} }}\n    class: lc\n    \
-             target: {{ p99: 50ms }}\n    feedback: client\n    \
-             hedge: {{ service: {}, replica: {}, t_hedge_ms: 10, budget_permille: 1000, burst: 50, start: off }}\n\
-             policy: {}\napi:\n  listen: 127.0.0.1:{api}\n  token_file: {}\n\
-             state_file: {}\nactuators: {{ enabled: [hedge] }}\nsensors: {{ power: false }}\n",
-            Topo::service(PORT),
-            Topo::replica(PORT),
-            policy.display(),
-            dir.path().join("api.token").display(),
-            dir.path().join("state.json").display(),
-        ),
-    )
-    .unwrap();
+    let cfg = write_config(
+        dir.path(),
+        "client",
+        pid,
+        api,
+        "budget_permille: 1000, burst: 50, start: off",
+    );
     let mut d = daemon(&cfg);
     until(api, "/v1/apps/client", hedged);
     let samples = requests(&topo, 1, 300);
@@ -263,32 +283,15 @@ fn the_daemon_refuses_an_app_whose_requests_carry_no_id() {
     let api = 19328u16;
     // Its own app name: two daemons of this binary would share the group
     // lock of one name.
-    // Hedged from the start, with a rule that would turn it on again.
-    let policy = dir.path().join("rules.yaml");
-    std::fs::write(
-        &policy,
-        "name: hedge-on\nrules:\n  - name: hedge-it\n    when: [\"hedge < 2\"]\n    \
-         then: [{ resource: hedge, change: +1 }]\n",
-    )
-    .unwrap();
-    let cfg = dir.path().join("config.yaml");
-    // The id rule wants bytes 100..104; the client's requests have 64.
-    std::fs::write(
-        &cfg,
-        format!(
-            "apps:\n  - name: noid\n    match: {{ pid: {pid} }}\n    class: lc\n    \
-             target: {{ p99: 50ms }}\n    feedback: client\n    \
-             hedge: {{ service: {}, replica: {}, t_hedge_ms: 10, id: {{ offset: 100, len: 4 }}, start: on }}\n\
-             policy: {}\napi:\n  listen: 127.0.0.1:{api}\n  token_file: {}\n\
-             state_file: {}\nactuators: {{ enabled: [hedge] }}\nsensors: {{ power: false }}\n",
-            Topo::service(PORT),
-            Topo::replica(PORT),
-            policy.display(),
-            dir.path().join("api.token").display(),
-            dir.path().join("state.json").display(),
-        ),
-    )
-    .unwrap();
+    // Hedged from the start, with a rule that would turn it on again. The
+    // id rule wants bytes 100..104; the client's requests have 64.
+    let cfg = write_config(
+        dir.path(),
+        "noid",
+        pid,
+        api,
+        "id: { offset: 100, len: 4 }, start: on",
+    );
     let mut d = daemon(&cfg);
     until(api, "/v1/apps/noid", hedged);
     let samples = requests(&topo, 1, 10);
