@@ -12,18 +12,14 @@
 
 #include "requests.h"
 #include "agg.h"
+#include "counters.h"
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 128 * 1024); /* resized by userspace before load */
 } events SEC(".maps");
 
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, QOSD_CNT_MAX);
-	__type(key, __u32);
-	__type(value, __u64);
-} counters SEC(".maps");
+QOSD_COUNTERS(QOSD_CNT_MAX)
 
 /* emit_record(wake_at): never wake the reader; its timed poll takes it. */
 
@@ -31,13 +27,6 @@ struct {
  * 8-byte header, rounded up to 8. */
 #define QOSD_REC_FOOTPRINT ((sizeof(struct req_record) + 8 + 7) / 8 * 8)
 #define QOSD_NEVER_WAKE (~0ULL)
-
-static __always_inline void count(__u32 idx)
-{
-	__u64 *c = bpf_map_lookup_elem(&counters, &idx);
-	if (c)
-		*c += 1;
-}
 
 /*
  * Sends one record. The reader is woken each time the bytes of records

@@ -39,6 +39,7 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
 #include "hedge.h"
+#include "counters.h"
 
 #define TC_ACT_OK 0
 #define TC_ACT_SHOT 2
@@ -56,12 +57,7 @@ struct {
 	__type(value, struct qh_entry);
 } scoreboard SEC(".maps");
 
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, QH_NR_COUNTERS);
-	__type(key, __u32);
-	__type(value, __u64);
-} counters SEC(".maps");
+QOSD_COUNTERS(QH_NR_COUNTERS)
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -69,13 +65,6 @@ struct {
 	__type(key, __u32);
 	__type(value, struct qh_budget);
 } budget SEC(".maps");
-
-static __always_inline void count(__u32 idx)
-{
-	__u64 *c = bpf_map_lookup_elem(&counters, &idx);
-	if (c)
-		*c += 1;
-}
 
 /* A UDP/IPv4 packet's headers (no IP options beyond what ihl says). */
 struct parsed {

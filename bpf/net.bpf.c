@@ -30,6 +30,7 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
 #include "net.h"
+#include "counters.h"
 
 #define TC_ACT_OK 0
 #define ETH_P_IP 0x0800
@@ -62,19 +63,7 @@ struct {
 	__type(value, struct qn_val);
 } ports SEC(".maps");
 
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, QN_NR_COUNTERS);
-	__type(key, __u32);
-	__type(value, __u64);
-} counters SEC(".maps");
-
-static __always_inline void count(__u32 idx)
-{
-	__u64 *c = bpf_map_lookup_elem(&counters, &idx);
-	if (c)
-		*c += 1;
-}
+QOSD_COUNTERS(QN_NR_COUNTERS)
 
 /* Adds `segs` packets of `bytes` to one CPU's value at time `now`. */
 static __always_inline void add(struct qn_val *v, __u64 now, __u32 segs, __u64 bytes)

@@ -51,6 +51,7 @@
 #include <bpf/bpf_tracing.h>
 #include <bpf/bpf_core_read.h>
 #include "sched.h"
+#include "counters.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -61,7 +62,6 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 const volatile __u32 use_cycles = 0;
 /* Set by userspace before load: number of possible CPUs. */
 const volatile __u32 nr_cpus = 1;
-
 
 /* Globals so that the skeleton emits the Rust types of the contract. */
 struct thread_stats _thread_type = {};
@@ -151,19 +151,7 @@ struct {
 	__type(value, __u64);
 } clocks SEC(".maps");
 
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, QOSD_SCNT_MAX);
-	__type(key, __u32);
-	__type(value, __u64);
-} counters SEC(".maps");
-
-static __always_inline void count(__u32 idx)
-{
-	__u64 *c = bpf_map_lookup_elem(&counters, &idx);
-	if (c)
-		*c += 1;
-}
+QOSD_COUNTERS(QOSD_SCNT_MAX)
 
 /* Cumulative non-idle time of a CPU up to `now`, its open slice included. */
 static __always_inline __u64 busy_until(struct cpu_state *s, __u64 now)

@@ -9,6 +9,10 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::Root;
 
+/// Burst, as % of the quota (the kernel caps it at the quota): one
+/// period's quota may be banked. Measured best (`scenarios/bench/cfs_period.sh`).
+pub const DEFAULT_BURST_PCT: u32 = 100;
+
 /// Which cores backend to use. `auto` takes the first available of
 /// cgroup2, cgroup1, affinity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -109,7 +113,7 @@ impl Default for Config {
             cpu_quota_backend: QuotaBackend::Auto,
             cpu_quota_unit_milli: DEFAULT_QUOTA_UNIT_MILLI,
             cpu_quota_period_us: None,
-            cpu_quota_burst_pct: crate::quota::DEFAULT_BURST_PCT,
+            cpu_quota_burst_pct: DEFAULT_BURST_PCT,
             restore_on_drop: true,
             hedge: Default::default(),
         }

@@ -32,9 +32,7 @@ const R: Resource = Resource::CpuQuota;
 const DEFAULT_PERIOD_US: u64 = 100_000;
 /// The kernel refuses quotas under 1 ms.
 const MIN_QUOTA_US: u64 = 1_000;
-/// Burst, as % of the quota (the kernel caps it at the quota): one
-/// period's quota may be banked. Measured best (`scenarios/bench/cfs_period.sh`).
-pub const DEFAULT_BURST_PCT: u32 = 100;
+pub use crate::config::DEFAULT_BURST_PCT;
 
 /// The cgroup v2 mount with the `cpu` controller (enabled for its
 /// children when qosd first makes a group there).

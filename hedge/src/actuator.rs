@@ -11,13 +11,13 @@
 //! share one TC priority, so a restore removes exactly qosd's).
 
 use std::collections::BTreeMap;
+use std::time::Instant;
 
 use qosd_actuators::netns::{NetnsRef, DELAY_PREFIX, TC_PREF};
 use qosd_actuators::{AppTarget, Change, Ctx, Error, Result};
 
 use crate::bpf::{Counters, Hook, Programs, Wiring};
 use crate::delay::{DelayStats, ThreadLine};
-use crate::drain::Draining;
 use crate::route::{in_netns, link, route_get};
 use crate::HedgeSpec;
 
@@ -36,6 +36,13 @@ pub(crate) struct Wired {
     pub(crate) programs: Programs,
     /// The thread delay line, where the kernel has no netem.
     pub(crate) thread: Option<ThreadLine>,
+}
+
+/// A hedged app being turned off: its answer filters stay until
+/// `deadline` or until nothing is in flight.
+pub(crate) struct Draining {
+    pub(crate) active: Active,
+    pub(crate) deadline: Instant,
 }
 
 /// The hedged apps.

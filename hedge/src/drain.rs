@@ -15,19 +15,12 @@ use std::time::{Duration, Instant};
 use qosd_actuators::journal::Entry;
 use qosd_actuators::{Change, Ctx, Error};
 
-use crate::actuator::{key_prefix, Active, Hedges};
+use crate::actuator::{key_prefix, Active, Draining, Hedges};
 
 /// The longest a hedged request's answers are waited for past `T_hedge`
 /// before the answer filters go anyway (answers lost, or an id reused by
 /// the app before its hedge settled).
 pub const DRAIN_RTT: Duration = Duration::from_secs(1);
-
-/// A hedged app being turned off: its answer filters stay until
-/// `deadline` or until nothing is in flight.
-pub(crate) struct Draining {
-    pub(crate) active: Active,
-    pub(crate) deadline: Instant,
-}
 
 type Outcome = (Vec<Change>, Vec<Error>);
 

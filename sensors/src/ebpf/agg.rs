@@ -72,11 +72,7 @@ impl std::fmt::Display for Aggregate {
 /// How often the histograms are read (more often on flushes and exits).
 pub const READ_EVERY: Duration = Duration::from_millis(100);
 
-/// Slots the kernel's cell map holds in kernel mode: one per traced root
-/// process, each two cells (TURN and CONN) of ~30 KiB per CPU, made when
-/// the tracer loads (a per-CPU array is preallocated). A root whose two
-/// candidate slots are taken is counted through records instead (logged).
-pub const AGG_SLOTS: u32 = 16;
+pub use super::hooks::AGG_SLOTS;
 
 // bpf/agg.h, pinned on this side (the C side has _Static_asserts).
 const KINDS: [u8; 2] = [super::abi::REC_TURN, super::abi::REC_CONN];

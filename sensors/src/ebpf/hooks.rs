@@ -17,6 +17,12 @@ use libbpf_rs::{Map, MapCore, MapFlags, OpenObject};
 
 use super::{TraceError, TracerOptions};
 
+/// Slots the kernel's cell map holds in kernel mode: one per traced root
+/// process, each two cells (TURN and CONN) of ~30 KiB per CPU, made when
+/// the tracer loads (a per-CPU array is preallocated). A root whose two
+/// candidate slots are taken is counted through records instead (logged).
+pub const AGG_SLOTS: u32 = 16;
+
 #[allow(clippy::all, clippy::undocumented_unsafe_blocks)]
 pub(crate) mod sys_skel {
     include!(concat!(env!("OUT_DIR"), "/requests.skel.rs"));
@@ -189,14 +195,14 @@ macro_rules! load_skel {
         if kernel_agg {
             open.maps
                 .agg
-                .set_max_entries(2 * super::agg::AGG_SLOTS)
+                .set_max_entries(2 * AGG_SLOTS)
                 .map_err(bpf_err("sizing the request histograms"))?;
         }
         if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
             ro.wakeup_bytes = wakeup_bytes(opts);
             ro.aggregate = u8::from(kernel_agg);
             if kernel_agg {
-                ro.agg_slots = super::agg::AGG_SLOTS;
+                ro.agg_slots = AGG_SLOTS;
             }
         }
         let mut skel = open
