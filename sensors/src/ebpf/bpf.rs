@@ -314,6 +314,22 @@ fn check_counters_and_exits(
     }
 }
 
+/// `Cmd::Remove`: the target leaves the kernel's maps, the histograms and
+/// the statistics, and its ports stop being traced.
+fn on_remove(
+    maps: &Maps<'_>,
+    grpc: &mut Result<GrpcProbes<'_>, String>,
+    shared: &Shared,
+    agg: &RefCell<AggReader>,
+    pid: u32,
+    port_shadow: &mut Vec<u64>,
+) {
+    remove_target(maps, grpc, pid);
+    agg.borrow_mut().remove(maps, shared, pid);
+    shared.lock_targets().remove(&pid);
+    refresh_ports(maps, shared, port_shadow);
+}
+
 /// The thread body: load, report readiness, then poll until told to stop.
 pub(super) fn run(
     opts: TracerOptions,
@@ -390,10 +406,7 @@ pub(super) fn run(
                     let _ = reply.send(r);
                 }
                 Ok(Cmd::Remove(pid, reply)) => {
-                    remove_target(&maps, &mut grpc, pid);
-                    agg.borrow_mut().remove(&maps, &shared, pid);
-                    shared.lock_targets().remove(&pid);
-                    refresh_ports(&maps, &shared, &mut port_shadow);
+                    on_remove(&maps, &mut grpc, &shared, &agg, pid, &mut port_shadow);
                     let _ = reply.send(Ok(()));
                 }
                 Ok(Cmd::FlushOpen(pid, reply)) => {
