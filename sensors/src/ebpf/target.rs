@@ -266,7 +266,7 @@ impl TargetStats {
     }
 
     pub fn take_report(&mut self) -> TargetReport {
-        let now = super::monotonic_ns();
+        let now = qosd_core::clock::monotonic_ns();
         let mode = self.effective_mode();
         let secs = (now.saturating_sub(self.interval_start_ns)) as f64 / 1e9;
         let total_secs = (now.saturating_sub(self.started_ns)) as f64 / 1e9;
