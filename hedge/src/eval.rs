@@ -137,6 +137,7 @@ pub fn run(a: &EvalArgs, state: &Path) -> Result<Report> {
         id: IdRule::default(),
         budget_permille: a.budget_permille,
         burst: 10,
+        min_no_id: qosd_core::hedge::default_min_no_id(),
     };
     let mut ctx = context(state)?;
     let mut hedges = Hedges::default();
