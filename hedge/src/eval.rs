@@ -232,7 +232,9 @@ fn flow_rounds(
     };
     let mut out = Vec::new();
     let mut cost: Vec<(String, u64, u64)> = Vec::new();
-    let _stats = BpfStats::on();
+    // On for the flow rounds (a reference: off again when dropped, even on
+    // an early return); without it the cost columns read 0.
+    let _stats = qosd_sensors::bpfstats::StatsOn::take().ok();
     for round in 0..a.flow_rounds {
         let off_first = round % 2 == 0;
         let off_before = if off_first { Some(rate(topo)?) } else { None };
@@ -260,29 +262,6 @@ fn flow_rounds(
         out.push((off, on));
     }
     Ok((out, cost))
-}
-
-/// `kernel.bpf_stats_enabled` on for the flow rounds, put back after.
-struct BpfStats(Option<String>);
-
-const BPF_STATS: &str = "/proc/sys/kernel/bpf_stats_enabled";
-
-impl BpfStats {
-    fn on() -> Self {
-        let before = std::fs::read_to_string(BPF_STATS).ok();
-        if std::fs::write(BPF_STATS, "1").is_err() {
-            return BpfStats(None);
-        }
-        BpfStats(before)
-    }
-}
-
-impl Drop for BpfStats {
-    fn drop(&mut self) {
-        if let Some(b) = &self.0 {
-            let _ = std::fs::write(BPF_STATS, b.trim());
-        }
-    }
 }
 
 impl Report {
