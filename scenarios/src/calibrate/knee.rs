@@ -13,9 +13,12 @@ use super::{AppCalibration, Point};
 /// A step the fit leaves out: the server fell behind (achieved below this
 /// share of the offered rate) ...
 const KEPT_SHARE: f64 = 0.95;
-/// ... or it ran at or right below the pole, where x / (pole − x) explodes
-/// and one step would decide the fit.
-const POLE_MARGIN: f64 = 0.98;
+/// ... or it ran above this share of the pole: near the pole a step of a
+/// few seconds never reaches its steady state, its p99 is the most
+/// variable of all, and x / (pole − x) turns the pole's own uncertainty
+/// (capacity is read off a grid of steps) into a large error, so one such
+/// step would decide the fit.
+const FIT_MAX_LOAD: f64 = 0.8;
 /// Huber's constant (in robust standard deviations): steps further from
 /// the fit than this are down-weighted, so one stalled step (another
 /// process took the CPU) cannot drag the curve.
@@ -65,7 +68,7 @@ impl CurveFit {
     }
 
     /// Fits the curve to `steps` (each step's point and how many requests
-    /// it measured) below `pole_rps`: weighted least squares (a step's
+    /// it measured) up to FIT_MAX_LOAD × `pole_rps`: weighted least squares (a step's
     /// weight is its request count) made robust by Huber's weights.
     /// `None` with fewer than 3 usable steps, or a fit without a floor
     /// or without growth (no knee on such a curve).
@@ -76,7 +79,7 @@ impl CurveFit {
                 *n > 0
                     && p.latency_us.is_finite()
                     && p.achieved_rps >= KEPT_SHARE * p.offered_rps
-                    && p.offered_rps < POLE_MARGIN * pole_rps
+                    && p.offered_rps <= FIT_MAX_LOAD * pole_rps
             })
             .map(|(p, n)| {
                 let g = p.offered_rps / (pole_rps - p.offered_rps);
