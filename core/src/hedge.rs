@@ -78,48 +78,38 @@ pub const T_HEDGE_US_RANGE: std::ops::RangeInclusive<u64> = 100..=10_000_000;
 impl HedgeSpec {
     /// Checks the ranges; the message names the field and what is allowed.
     pub fn validate(&self) -> Result<(), String> {
-        if !T_HEDGE_US_RANGE.contains(&self.t_hedge_us) {
-            return Err(format!(
-                "t_hedge_us: {} is out of range ({}..={})",
-                self.t_hedge_us,
-                T_HEDGE_US_RANGE.start(),
-                T_HEDGE_US_RANGE.end()
-            ));
-        }
-        if !(1..=8).contains(&self.id.len) {
-            return Err(format!("id.len: {} is out of range (1..=8)", self.id.len));
-        }
+        in_range("t_hedge_us", self.t_hedge_us, T_HEDGE_US_RANGE)?;
+        in_range("id.len", self.id.len, 1..=8)?;
         if u32::from(self.id.offset) + u32::from(self.id.len) > MAX_PAYLOAD {
             return Err(format!(
                 "id.offset: {} + id.len {} is past the largest payload ({MAX_PAYLOAD} bytes)",
                 self.id.offset, self.id.len
             ));
         }
-        if !(1..=1000).contains(&self.budget_permille) {
-            return Err(format!(
-                "budget_permille: {} is out of range (1..=1000)",
-                self.budget_permille
-            ));
-        }
-        if !(1..=100_000).contains(&self.burst) {
-            return Err(format!(
-                "burst: {} is out of range (1..=100000)",
-                self.burst
-            ));
-        }
-        if !MIN_NO_ID_RANGE.contains(&self.min_no_id) {
-            return Err(format!(
-                "min_no_id: {} is out of range ({}..={})",
-                self.min_no_id,
-                MIN_NO_ID_RANGE.start(),
-                MIN_NO_ID_RANGE.end()
-            ));
-        }
+        in_range("budget_permille", self.budget_permille, 1..=1000)?;
+        in_range("burst", self.burst, 1..=100_000)?;
+        in_range("min_no_id", self.min_no_id, MIN_NO_ID_RANGE)?;
         if self.service.port() == 0 || self.replica.port() == 0 {
             return Err("service and replica need a port".into());
         }
         Ok(())
     }
+}
+
+/// `key: v is out of range (a..=b)` unless `v` is in `r`.
+fn in_range<T: PartialOrd + std::fmt::Display>(
+    key: &str,
+    v: T,
+    r: std::ops::RangeInclusive<T>,
+) -> Result<(), String> {
+    if r.contains(&v) {
+        return Ok(());
+    }
+    Err(format!(
+        "{key}: {v} is out of range ({}..={})",
+        r.start(),
+        r.end()
+    ))
 }
 
 #[cfg(test)]
