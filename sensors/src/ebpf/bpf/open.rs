@@ -129,12 +129,20 @@ impl Followed {
             return Vec::new();
         }
         let rows = sys_conns(maps, |tgid| gone.get(&tgid).copied());
-        rows.into_iter()
+        let flushed: Vec<req_record> = rows
+            .into_iter()
             .filter_map(|(k, pending)| {
                 let _ = maps.conns.delete(&k);
                 pending.map(|(r, _)| r)
             })
-            .collect()
+            .collect();
+        let children: Vec<&u32> = gone.keys().collect();
+        tracing::debug!(
+            ?children,
+            replies = flushed.len(),
+            "followed children exited"
+        );
+        flushed
     }
 }
 
