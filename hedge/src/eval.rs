@@ -263,7 +263,8 @@ impl Report {
         s += &flow::summary(&self.flow_rps, self.args.flow_requests);
         for (name, n, ns) in &self.flow_bpf {
             s += &format!(
-                "unrelated flow, {name}: {n} runs, {:.0} ns per packet (bpf_stats)\n",
+                "unrelated flow, {name}: {n} runs, {:.0} ns per packet (bpf_stats, one more \
+                 on-round after the measured ones, which run without the stats)\n",
                 *ns as f64 / (*n).max(1) as f64
             );
         }

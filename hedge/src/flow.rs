@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use qosd_actuators::{AppTarget, Ctx};
+use qosd_sensors::bpfstats::RunStat;
 
 use crate::actuator::Hedges;
 use crate::client::{self, Mode, RunArgs};
@@ -90,34 +91,41 @@ pub fn rounds(
         );
         Ok(answered as f64 / secs)
     };
-    let mut out = Vec::new();
-    let mut cost: Vec<(String, u64, u64)> = Vec::new();
-    let _stats = BpfStats::on();
-    for round in 0..a.flow_rounds {
-        let off_first = round % 2 == 0;
-        let off_before = if off_first { Some(rate()?) } else { None };
+    // The stats cost two clock reads per program run: off in the
+    // measured rounds, on for one more on-round that gives the cost.
+    let _stats = BpfStats::off();
+    let on_round = |hedges: &mut Hedges, ctx: &mut Ctx| -> Result<(f64, Vec<RunStat>)> {
         hedges.enable(ctx, app, spec)?;
         let on = rate();
-        for s in hedges.run_stats(&app.name) {
-            match cost.iter_mut().find(|c| c.0 == s.name) {
-                Some(c) => {
-                    c.1 += s.runs;
-                    c.2 += s.run_time_ns;
-                }
-                None => cost.push((s.name, s.runs, s.run_time_ns)),
-            }
-        }
+        let stats = hedges.run_stats(&app.name);
         let (_, errs) = hedges.disable(ctx, &app.name);
         let on = on?;
         if let Some(e) = errs.into_iter().next() {
             return Err(e.into());
         }
+        Ok((on, stats))
+    };
+    let mut out = Vec::new();
+    for round in 0..a.flow_rounds {
+        let off_first = round % 2 == 0;
+        let off_before = if off_first { Some(rate()?) } else { None };
+        let (on, _) = on_round(hedges, ctx)?;
         let off = match off_before {
             Some(off) => off,
             None => rate()?,
         };
         out.push((off, on));
     }
+    let stats = {
+        // A reference, not the sysctl: off again when dropped, whatever
+        // happens (bpfstats::StatsOn).
+        let _on = qosd_sensors::bpfstats::StatsOn::take().ok();
+        on_round(hedges, ctx)?.1
+    };
+    let cost = stats
+        .into_iter()
+        .map(|s| (s.name, s.runs, s.run_time_ns))
+        .collect();
     Ok((out, cost))
 }
 
@@ -165,15 +173,16 @@ pub fn summary(rps: &[(f64, f64)], nr_requests: u64) -> String {
     )
 }
 
-/// `kernel.bpf_stats_enabled` on for the flow rounds, put back after.
+/// `kernel.bpf_stats_enabled` off for the measured rounds (a leftover 1
+/// would time every program run), put back as found after.
 struct BpfStats(Option<String>);
 
 const BPF_STATS: &str = "/proc/sys/kernel/bpf_stats_enabled";
 
 impl BpfStats {
-    fn on() -> Self {
+    fn off() -> Self {
         let before = std::fs::read_to_string(BPF_STATS).ok();
-        if std::fs::write(BPF_STATS, "1").is_err() {
+        if std::fs::write(BPF_STATS, "0").is_err() {
             return BpfStats(None);
         }
         BpfStats(before)
