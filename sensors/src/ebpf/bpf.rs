@@ -21,7 +21,7 @@ use sock_skel::types::sock_state;
 use sys_skel::types::{conn_key, conn_state, port_key, req_record, target_cfg};
 
 mod open;
-use open::{flush_open, remove_target};
+use open::{flush_open, remove_target, Followed};
 
 fn bpf_err(what: &str) -> impl Fn(libbpf_rs::Error) -> TraceError + '_ {
     move |e| TraceError::Bpf(format!("{what}: {e}"))
@@ -303,16 +303,19 @@ fn on_add(
     Ok(())
 }
 
-/// Every 200 ms: the lost-record and by-turns counters, and the traced
-/// processes that exited (their last replies were complete; then the pid
-/// is no longer matched in the kernel, as it may be reused).
+/// Every 200 ms: the lost-record and by-turns counters, the replies in
+/// flight of followed children that exited (`reap`, [`Followed`]), and the
+/// traced processes that exited (their last replies were complete; then
+/// the pid is no longer matched in the kernel, as it may be reused).
 fn check_counters_and_exits(
     maps: &Maps<'_>,
     grpc: &mut Result<GrpcProbes<'_>, String>,
     shared: &Shared,
     agg: &RefCell<AggReader>,
+    reap: impl FnOnce() -> Vec<req_record>,
     flush: &mut dyn FnMut(u32),
 ) {
+    ingest(shared, &mut reap());
     shared
         .dropped
         .store(counter(maps, CNT_LOST), Ordering::Relaxed);
@@ -391,9 +394,11 @@ pub(super) fn run(
     };
     // Replies already sent on connections still open are finished requests
     // (their end is otherwise only known at the next inbound bytes).
+    let followed = RefCell::new(Followed::default());
     let flush = |batch: &mut Vec<req_record>, pid: u32| {
         drain(batch, true); // a close already sent must not count twice
-        let mut open = flush_open(&maps, pid);
+        let mut open = followed.borrow_mut().reap(&maps);
+        open.extend(flush_open(&maps, pid));
         ingest(&shared, &mut open);
     };
     let mut last_check = Instant::now();
@@ -432,7 +437,8 @@ pub(super) fn run(
         if last_check.elapsed() >= Duration::from_millis(200) {
             last_check = Instant::now();
             let mut flush_pid = |pid| flush(&mut batch, pid);
-            check_counters_and_exits(&maps, &mut grpc, &shared, &agg, &mut flush_pid);
+            let reap = || followed.borrow_mut().reap(&maps);
+            check_counters_and_exits(&maps, &mut grpc, &shared, &agg, reap, &mut flush_pid);
         }
         // A traced process (or a child) may listen on a new port.
         if last_ports.elapsed() >= Duration::from_secs(1) {

@@ -1,8 +1,11 @@
-//! Connections still open when a target leaves or a trace ends: found
-//! (through the owners' socket fds on the socket path, by walking the
-//! connection map on the syscall path), their replies in flight flushed as
-//! finished requests, their entries dropped so no stale state carries into
-//! a later trace.
+//! Connections still open when a target leaves or a trace ends, or (on
+//! the syscall path) when a followed child exits: found (through the
+//! owners' socket fds on the socket path, by walking the connection map on
+//! the syscall path), their replies in flight flushed as finished
+//! requests, their entries dropped so no stale state carries into a later
+//! trace.
+
+use std::collections::HashMap;
 
 use super::*;
 
@@ -64,16 +67,21 @@ fn open_conns(maps: &Maps<'_>, root: u32, members: &[u32]) -> OpenConns {
             _fds: Some(fds),
         };
     }
-    let rows = maps
-        .conns
+    let rows = sys_conns(maps, |tgid| members.contains(&tgid).then_some(root));
+    OpenConns { rows, _fds: None }
+}
+
+/// Syscall path: the connection map's entries of the processes that
+/// `root_of` counts under a root, with their reply in flight as a record
+/// under that root.
+fn sys_conns(maps: &Maps<'_>, root_of: impl Fn(u32) -> Option<u32>) -> Vec<(Vec<u8>, Pending)> {
+    maps.conns
         .keys()
         .filter_map(|k| {
-            let v = maps.conns.lookup(&k, MapFlags::ANY).ok()??;
             let key: conn_key = read_pod(&k)?;
+            let root = root_of(key.tgid)?;
+            let v = maps.conns.lookup(&k, MapFlags::ANY).ok()??;
             let c: conn_state = read_pod(&v)?;
-            if !members.contains(&key.tgid) {
-                return None;
-            }
             let pending = (c.state == ST_RESPONDING && c.emit & EMIT_TURN != 0).then(|| {
                 let times = [c.req_start_ns, c.req_start_ns, c.last_out_ns];
                 let r = pending_turn(root, key.fd, c.conn_id, (c.turns, c.nreq), times);
@@ -83,8 +91,59 @@ fn open_conns(maps: &Maps<'_>, root: u32, members: &[u32]) -> OpenConns {
             });
             Some((k, pending))
         })
-        .collect();
-    OpenConns { rows, _fds: None }
+        .collect()
+}
+
+/// Followed children (tgid -> root) as last seen in the kernel's targets
+/// map, on the syscall path. The kernel forgets a child at its exit
+/// (follow.h) and closes its sockets without close(2), which the syscall
+/// path never sees: the reply in flight on each of its connections (a
+/// request served, whose end would come at the next inbound bytes or the
+/// close) would be lost, and its entries left behind. The socket path sees
+/// the kernel's close and needs none of this.
+#[derive(Default)]
+pub(super) struct Followed(HashMap<u32, u32>);
+
+impl Followed {
+    /// The replies in flight of the children gone since the last call,
+    /// counted under the root they had; their entries dropped. A child
+    /// that lives between two calls (200 ms apart), or whose pid a new
+    /// child of the same root takes in between, is not seen gone.
+    pub(super) fn reap(&mut self, maps: &Maps<'_>) -> Vec<req_record> {
+        if maps.lports.is_some() {
+            return Vec::new();
+        }
+        let now: HashMap<u32, u32> = maps
+            .targets
+            .keys()
+            .filter_map(|k| {
+                let v = maps.targets.lookup(&k, MapFlags::ANY).ok()??;
+                let cfg: target_cfg = read_pod(&v)?;
+                Some((read_pod::<u32>(&k)?, cfg.root))
+            })
+            .filter(|(tgid, root)| tgid != root)
+            .collect();
+        let mut gone = std::mem::replace(&mut self.0, now);
+        gone.retain(|tgid, root| self.0.get(tgid) != Some(root));
+        if gone.is_empty() {
+            return Vec::new();
+        }
+        let rows = sys_conns(maps, |tgid| gone.get(&tgid).copied());
+        let flushed: Vec<req_record> = rows
+            .into_iter()
+            .filter_map(|(k, pending)| {
+                let _ = maps.conns.delete(&k);
+                pending.map(|(r, _)| r)
+            })
+            .collect();
+        let children: Vec<&u32> = gone.keys().collect();
+        tracing::debug!(
+            ?children,
+            replies = flushed.len(),
+            "followed children exited"
+        );
+        flushed
+    }
 }
 
 pub(super) fn remove_target(maps: &Maps<'_>, grpc: &mut Result<GrpcProbes<'_>, String>, pid: u32) {
