@@ -47,6 +47,11 @@ pub struct HedgeSpec {
     /// Hedges the budget may save up during quiet times.
     #[serde(default = "default_burst")]
     pub burst: u32,
+    /// Requests without an id the programs must count, with none that
+    /// carries one, before the app is refused (hedging turned off): one
+    /// odd short packet to the service must not turn hedging off.
+    #[serde(default = "default_min_no_id")]
+    pub min_no_id: u32,
 }
 
 /// Hedges per 1000 requests unless set: 5 % extra load at most.
@@ -58,6 +63,14 @@ pub fn default_budget() -> u32 {
 pub fn default_burst() -> u32 {
     10
 }
+
+/// Requests without an id before an app is refused, unless set.
+pub fn default_min_no_id() -> u32 {
+    16
+}
+
+/// Bounds of `min_no_id`.
+pub const MIN_NO_ID_RANGE: std::ops::RangeInclusive<u32> = 1..=1_000_000;
 
 /// Bounds of `t_hedge_us`: netem's resolution below, a request timeout above.
 pub const T_HEDGE_US_RANGE: std::ops::RangeInclusive<u64> = 100..=10_000_000;
@@ -94,6 +107,14 @@ impl HedgeSpec {
                 self.burst
             ));
         }
+        if !MIN_NO_ID_RANGE.contains(&self.min_no_id) {
+            return Err(format!(
+                "min_no_id: {} is out of range ({}..={})",
+                self.min_no_id,
+                MIN_NO_ID_RANGE.start(),
+                MIN_NO_ID_RANGE.end()
+            ));
+        }
         if self.service.port() == 0 || self.replica.port() == 0 {
             return Err("service and replica need a port".into());
         }
@@ -113,6 +134,7 @@ mod tests {
             id: IdRule::default(),
             budget_permille: 50,
             burst: 10,
+            min_no_id: 16,
         }
     }
 
@@ -120,12 +142,13 @@ mod tests {
     fn validation_names_the_field() {
         spec().validate().unwrap();
         type Case = (fn(&mut HedgeSpec), &'static str);
-        let cases: [Case; 5] = [
+        let cases: [Case; 6] = [
             (|s| s.t_hedge_us = 5, "t_hedge_us"),
             (|s| s.id.len = 9, "id.len"),
             (|s| s.id.offset = 1470, "id.offset"),
             (|s| s.budget_permille = 0, "budget_permille"),
             (|s| s.burst = 0, "burst"),
+            (|s| s.min_no_id = 0, "min_no_id"),
         ];
         for (f, key) in cases {
             let mut s = spec();

@@ -8,6 +8,7 @@
 //! sensors and actuators stay independent.
 
 pub mod admit;
+pub mod clock;
 pub mod control;
 pub mod cpulist;
 pub mod hedge;

@@ -220,8 +220,9 @@ impl Hedges {
     }
 
     /// Checks what the kernel saw: an app whose requests carry no id under
-    /// the rule (every request too short) is refused: hedging is turned off
-    /// and the error says why. Call after the app has sent requests.
+    /// the rule (every request too short, at least `min_no_id` of them) is
+    /// refused: hedging is turned off and the error says why. Call after
+    /// the app has sent requests.
     /// Also finishes the drains that are done ([`Hedges::reap`]).
     pub fn check(&mut self, ctx: &mut Ctx, app: &str) -> Result<()> {
         for e in self.reap(ctx).1 {
@@ -233,10 +234,10 @@ impl Hedges {
         let Some(c) = self.counters(app) else {
             return Ok(());
         };
-        if c.no_id == 0 || c.requests > 0 {
+        let spec = self.apps[app].spec.clone();
+        if !refuse(&c, spec.min_no_id) {
             return Ok(());
         }
-        let spec = self.apps[app].spec.clone();
         let (_, errs) = self.disable(ctx, app);
         if let Some(e) = errs.into_iter().next() {
             tracing::warn!("hedge for {app}: turning off: {e}");
@@ -252,6 +253,14 @@ impl Hedges {
     pub fn netns(&self, app: &str) -> Option<&NetnsRef> {
         self.apps.get(app).map(|a| &a.netns)
     }
+}
+
+/// True when the counters since hedging was turned on show an app whose
+/// requests carry no id: `min_no_id` of them at least, and not one with
+/// an id (a single short packet, or one app that mixes both, is not
+/// refused).
+fn refuse(c: &Counters, min_no_id: u32) -> bool {
+    c.requests == 0 && c.no_id >= u64::from(min_no_id)
 }
 
 /// Makes the delay line `d0`→`d1` (journalled first) and, where the
@@ -329,6 +338,21 @@ fn attach(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_app_is_refused_only_past_the_minimum_and_with_no_id_at_all() {
+        let c = |requests, no_id| Counters {
+            requests,
+            no_id,
+            ..Counters::default()
+        };
+        assert!(!refuse(&c(0, 0), 16));
+        assert!(!refuse(&c(0, 1), 16), "one odd packet");
+        assert!(!refuse(&c(0, 15), 16));
+        assert!(refuse(&c(0, 16), 16));
+        assert!(refuse(&c(0, 1), 1));
+        assert!(!refuse(&c(1, 1000), 16), "some requests carry an id");
+    }
 
     #[test]
     fn delay_devs_are_short_and_distinct() {

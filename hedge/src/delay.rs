@@ -35,6 +35,11 @@ pub struct DelayStats {
     pub late_p50_us: f64,
     pub late_p99_us: f64,
     pub late_max_us: f64,
+    /// The longest `send` of a clone back into the veth, µs: the part of
+    /// the lateness spent in the kernel (the clone's own path and any
+    /// receive work the kernel does on the way out of the call) rather
+    /// than in waking the thread.
+    pub send_max_us: f64,
     /// True when the thread runs SCHED_FIFO (else the normal class).
     pub realtime: bool,
 }
@@ -44,6 +49,7 @@ struct Shared {
     held: AtomicU64,
     csum_completed: AtomicU64,
     late_us: Mutex<Vec<u32>>,
+    send_max_ns: AtomicU64,
     realtime: AtomicBool,
 }
 
@@ -191,6 +197,7 @@ impl ThreadLine {
             late_p50_us: pct(50.0),
             late_p99_us: pct(99.0),
             late_max_us: late.last().copied().map_or(0.0, f64::from),
+            send_max_us: self.shared.send_max_ns.load(Ordering::Relaxed) as f64 / 1000.0,
             realtime: self.shared.realtime.load(Ordering::Relaxed),
         }
     }
@@ -222,9 +229,13 @@ fn run(sock: OwnedFd, delay: Duration, stop: &AtomicBool, sh: &Shared) {
         let now = crate::wait::realtime_ns();
         while held.front().is_some_and(|(due, _)| *due <= now) {
             if let Some((due, frame)) = held.pop_front() {
+                let woke = crate::wait::realtime_ns();
                 // SAFETY: sending a live buffer on our bound packet socket.
                 unsafe { libc::send(sock.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
-                let late = crate::wait::realtime_ns().saturating_sub(due) / 1000;
+                let sent = crate::wait::realtime_ns();
+                sh.send_max_ns
+                    .fetch_max(sent.saturating_sub(woke), Ordering::Relaxed);
+                let late = sent.saturating_sub(due) / 1000;
                 sh.held.fetch_add(1, Ordering::Relaxed);
                 if let Ok(mut v) = sh.late_us.lock() {
                     if v.len() < MAX_SAMPLES {

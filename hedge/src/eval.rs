@@ -8,7 +8,7 @@
 //! plot (SVG and PNG) and JSON.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use plotters::prelude::*;
@@ -21,6 +21,7 @@ use crate::bpf::Counters;
 use crate::chaos::ChaosArgs;
 use crate::client::{self, Mode, RunArgs, Sample, Summary};
 use crate::delay::DelayStats;
+use crate::flow;
 use crate::route::in_netns;
 use crate::topo::Topo;
 use crate::{HedgeSpec, IdRule};
@@ -49,6 +50,9 @@ pub struct Row {
     pub summary: Summary,
     /// Requests answered more than once at the client.
     pub duplicates: usize,
+    /// The slowest answered request: its id and whether the chaos server
+    /// made it slow (a hedged request) or not (a fast one held up).
+    pub slowest: Option<(u64, bool)>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -99,11 +103,17 @@ fn run_client(topo: &Topo, args: &RunArgs) -> Result<Vec<Sample>> {
     in_netns(&topo.client()?, || client::run(args))
 }
 
-fn row(name: &str, s: &[Sample]) -> Row {
+fn row(name: &str, s: &[Sample], a: &EvalArgs) -> Row {
+    let slowest = s
+        .iter()
+        .filter_map(|x| Some((x.latency_us?, x.id)))
+        .max_by(|x, y| x.0.total_cmp(&y.0))
+        .map(|(_, id)| (id, crate::chaos::is_slow(a.seed, a.slow_permille, id)));
     Row {
         contender: name.into(),
         summary: client::summarize(s),
         duplicates: s.iter().filter(|x| x.answers > 1).count(),
+        slowest,
     }
 }
 
@@ -117,8 +127,11 @@ pub fn run(a: &EvalArgs, state: &Path) -> Result<Report> {
     topo.keep(svc);
     let rep = topo.serve(true, chaos(PORT, a.base_us, 0, 0, a.seed))?;
     topo.keep(rep);
-    let flow = topo.serve(false, chaos(FLOW_PORT, 0, 0, 0, a.seed))?;
-    topo.keep(flow);
+    // The unrelated flow's server on a CPU of its own (see [`flow`]).
+    let flow_srv = flow::on_cpu(flow::flow_cpus().map(|c| c.1), || {
+        topo.serve(false, chaos(FLOW_PORT, 0, 0, 0, a.seed))
+    })?;
+    topo.keep(flow_srv);
     let t_hedge = Duration::from_secs_f64(a.t_hedge_ms / 1000.0);
     let base = RunArgs {
         service: Topo::service(PORT).into(),
@@ -137,6 +150,7 @@ pub fn run(a: &EvalArgs, state: &Path) -> Result<Report> {
         id: IdRule::default(),
         budget_permille: a.budget_permille,
         burst: 10,
+        min_no_id: qosd_core::hedge::default_min_no_id(),
     };
     let mut ctx = context(state)?;
     let mut hedges = Hedges::default();
@@ -174,10 +188,11 @@ pub fn run(a: &EvalArgs, state: &Path) -> Result<Report> {
         ("app-hedged", &app_hedged),
         ("kernel-hedged", &kernel),
     ] {
-        rows.push(row(name, s));
+        rows.push(row(name, s, a));
         cdf.push((name.to_owned(), client::sorted_ms(s)));
     }
-    let (flow_rps, flow_bpf) = flow_rounds(a, &topo, &mut ctx, &mut hedges, &app, &spec)?;
+    let (flow_rps, flow_bpf) =
+        flow::rounds(a, FLOW_PORT, &topo, &mut ctx, &mut hedges, &app, &spec)?;
     Ok(Report {
         args: a.clone(),
         rows,
@@ -190,112 +205,17 @@ pub fn run(a: &EvalArgs, state: &Path) -> Result<Report> {
     })
 }
 
-/// Per round (without, with) req/s; per program (name, runs, ns).
-type FlowResult = (Vec<(f64, f64)>, Vec<(String, u64, u64)>);
-
-/// An unrelated UDP flow (another port of the service's host) with the
-/// hedger off and on, interleaved (off/on, then on/off, ...: neither
-/// side always runs first).
-fn flow_rounds(
-    a: &EvalArgs,
-    topo: &Topo,
-    ctx: &mut Ctx,
-    hedges: &mut Hedges,
-    app: &qosd_actuators::AppTarget,
-    spec: &HedgeSpec,
-) -> Result<FlowResult> {
-    let args = RunArgs {
-        service: Topo::service(FLOW_PORT).into(),
-        mode: Mode::Plain,
-        first_id: 1,
-        nr_requests: a.flow_requests,
-        // Enough parallel streams to keep the CPUs busy: throughput, not
-        // one stream's round-trip time.
-        streams: 8,
-        payload_len: 64,
-        timeout: Duration::from_secs(1),
-        drain: Duration::from_millis(1),
-    };
-    let rate = |topo: &Topo| -> Result<f64> {
-        let t = Instant::now();
-        let s = run_client(topo, &args)?;
-        let secs = t.elapsed().as_secs_f64();
-        let answered = s.iter().filter(|x| x.latency_us.is_some()).count();
-        // A lost request stalls its stream for the timeout: say so, it
-        // weighs on the rate far more than the programs' time.
-        let sum = client::summarize(&s);
-        eprintln!(
-            "unrelated flow: {answered} answered, {} lost in {secs:.3} s, p99 {:.2} ms, max {:.2} ms",
-            sum.lost, sum.p99_ms, sum.max_ms
-        );
-        Ok(answered as f64 / secs)
-    };
-    let mut out = Vec::new();
-    let mut cost: Vec<(String, u64, u64)> = Vec::new();
-    let _stats = BpfStats::on();
-    for round in 0..a.flow_rounds {
-        let off_first = round % 2 == 0;
-        let off_before = if off_first { Some(rate(topo)?) } else { None };
-        hedges.enable(ctx, app, spec)?;
-        let on = rate(topo);
-        for s in hedges.run_stats(&app.name) {
-            let (name, n, ns) = (s.name, s.runs, s.run_time_ns);
-            match cost.iter_mut().find(|c| c.0 == name) {
-                Some(c) => {
-                    c.1 += n;
-                    c.2 += ns;
-                }
-                None => cost.push((name, n, ns)),
-            }
-        }
-        let (_, errs) = hedges.disable(ctx, &app.name);
-        let on = on?;
-        if let Some(e) = errs.into_iter().next() {
-            return Err(e.into());
-        }
-        let off = match off_before {
-            Some(off) => off,
-            None => rate(topo)?,
-        };
-        out.push((off, on));
-    }
-    Ok((out, cost))
-}
-
-/// `kernel.bpf_stats_enabled` on for the flow rounds, put back after.
-struct BpfStats(Option<String>);
-
-const BPF_STATS: &str = "/proc/sys/kernel/bpf_stats_enabled";
-
-impl BpfStats {
-    fn on() -> Self {
-        let before = std::fs::read_to_string(BPF_STATS).ok();
-        if std::fs::write(BPF_STATS, "1").is_err() {
-            return BpfStats(None);
-        }
-        BpfStats(before)
-    }
-}
-
-impl Drop for BpfStats {
-    fn drop(&mut self) {
-        if let Some(b) = &self.0 {
-            let _ = std::fs::write(BPF_STATS, b.trim());
-        }
-    }
-}
-
 impl Report {
     /// The Markdown table of Table 4.2, the counters and the flow check.
     pub fn table(&self) -> String {
         let mut s = String::from(
-            "| contender | requests | lost | P50 ms | P95 ms | P99 ms | max ms | duplicates |\n\
-             | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+            "| contender | requests | lost | P50 ms | P95 ms | P99 ms | max ms | duplicates | slowest request |\n\
+             | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n",
         );
         for r in &self.rows {
             let m = &r.summary;
             s += &format!(
-                "| {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {} |\n",
+                "| {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {} |\n",
                 r.contender,
                 m.requests,
                 m.lost,
@@ -303,7 +223,12 @@ impl Report {
                 m.p95_ms,
                 m.p99_ms,
                 m.max_ms,
-                r.duplicates
+                r.duplicates,
+                match r.slowest {
+                    Some((id, true)) => format!("id {id} (a slow id)"),
+                    Some((id, false)) => format!("id {id} (a fast id)"),
+                    None => "-".into(),
+                }
             );
         }
         let c = &self.kernel_counters;
@@ -319,13 +244,14 @@ impl Report {
             &match &self.delay {
                 Some(d) => format!(
                 "delay line: qosd thread ({}), {} clones held, {} partial checksums completed, \
-                 late p50 {:.0} µs, p99 {:.0} µs, max {:.0} µs\n",
+                 late p50 {:.0} µs, p99 {:.0} µs, max {:.0} µs (longest send {:.0} µs)\n",
                 if d.realtime { "SCHED_FIFO" } else { "normal class" },
                 d.held,
                 d.csum_completed,
                 d.late_p50_us,
                 d.late_p99_us,
-                d.late_max_us
+                d.late_max_us,
+                d.send_max_us
             ),
                 None => "delay line: netem\n".to_owned(),
             };
@@ -334,13 +260,7 @@ impl Report {
             "extra requests {extra:.2} % (budget {:.1} %)\n",
             f64::from(self.args.budget_permille) / 10.0
         );
-        for (i, (off, on)) in self.flow_rps.iter().enumerate() {
-            s += &format!(
-                "unrelated flow round {}: {off:.0} req/s without, {on:.0} with the hedger: ratio {:.3}\n",
-                i + 1,
-                on / off
-            );
-        }
+        s += &flow::summary(&self.flow_rps, self.args.flow_requests);
         for (name, n, ns) in &self.flow_bpf {
             s += &format!(
                 "unrelated flow, {name}: {n} runs, {:.0} ns per packet (bpf_stats)\n",
@@ -365,14 +285,13 @@ impl Report {
         let bound = self.args.t_hedge_ms + 2.0 * self.no_fault_p99_ms;
         let c = &self.kernel_counters;
         let extra = c.hedges_sent as f64 * 1000.0 / c.requests.max(1) as f64;
-        let mut ratios: Vec<f64> = self.flow_rps.iter().map(|(off, on)| on / off).collect();
-        ratios.sort_by(f64::total_cmp);
-        let median = ratios.get(ratios.len() / 2).copied().unwrap_or(f64::NAN);
+        let [q1, median, q3] = flow::quartiles(&flow::ratios(&self.flow_rps));
         format!(
             "- p99 kernel-hedged {:.2} ms <= T_hedge + 2 x no-fault p99 = {:.2} + 2 x {:.2} = {bound:.2} ms: {}\n\
              - max kernel-hedged {:.2} ms <= max app-hedged {:.2} ms over {} requests: {}\n\
              - extra requests {extra:.1} per 1000 <= budget {}: {}\n\
-             - unrelated flow, median ratio with/without the hedger {median:.3} >= 0.99: {}\n",
+             - unrelated flow, median ratio with/without the hedger {median:.3} \
+             (quartiles {q1:.3}-{q3:.3}) >= 0.99: {}\n",
             kernel.p99_ms,
             self.args.t_hedge_ms,
             self.no_fault_p99_ms,

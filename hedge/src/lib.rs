@@ -16,6 +16,7 @@ pub mod client;
 pub mod delay;
 pub mod drain;
 pub mod eval;
+pub mod flow;
 pub mod knob;
 pub mod route;
 pub mod topo;

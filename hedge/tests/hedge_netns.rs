@@ -43,6 +43,7 @@ fn spec(t_hedge_us: u64, budget_permille: u32) -> HedgeSpec {
         id: IdRule::default(),
         budget_permille,
         burst: 2,
+        min_no_id: 16,
     }
 }
 
@@ -251,13 +252,21 @@ fn requests_without_an_id_are_refused() {
         offset: 100,
         len: 4,
     };
+    s.min_no_id = 20;
     h.enable(&mut ctx, &topo.app("t5"), &s).unwrap();
+    // Below the minimum: not refused (one odd packet is not an app
+    // without ids).
+    clients(&topo, 10, 64, 10);
+    h.check(&mut ctx, "t5").unwrap();
+    assert_eq!(h.enabled().count(), 1, "refused below min_no_id");
     clients(&topo, 10, 64, 10);
     let e = h.check(&mut ctx, "t5").unwrap_err();
     assert!(e.is_invalid_input());
     let msg = e.to_string();
     assert!(
-        msg.contains("carry no id") && msg.contains("id.offset 100"),
+        msg.contains("its 20 requests")
+            && msg.contains("carry no id")
+            && msg.contains("id.offset 100"),
         "{msg}"
     );
     assert!(h.enabled().next().is_none(), "still hedged");

@@ -294,7 +294,8 @@ fn the_daemon_refuses_an_app_whose_requests_carry_no_id() {
     );
     let mut d = daemon(&cfg);
     until(api, "/v1/apps/noid", hedged);
-    let samples = requests(&topo, 1, 10);
+    // 20: past the default min_no_id (16).
+    let samples = requests(&topo, 1, 20);
     assert!(samples.iter().all(|s| s.answers == 1), "{samples:?}");
     let refused = |b: &str| {
         serde_json::from_str::<Value>(b).is_ok_and(|v| {

@@ -101,7 +101,7 @@ fn daemon_net_sensor_counts_an_apps_port_and_top_peers_and_is_removed_on_sigterm
     let (from2, from3, size) = (200u64, 100u64, 100usize);
     let to = SocketAddrV4::new(p.ip(1), port);
     let _app = Pair::within(&p.a, || UdpSocket::bind(to).unwrap());
-    while !(50..400).contains(&((qosd_sensors::net::now_ns() / 1_000_000) % 1000)) {
+    while !(50..400).contains(&((qosd_core::clock::monotonic_ns() / 1_000_000) % 1000)) {
         std::thread::sleep(Duration::from_millis(5));
     }
     Pair::within(&p.b, || {

@@ -135,22 +135,22 @@ fn a_burst_inside_one_bin_is_one_bin_of_k() {
         let sock = UdpSocket::bind("0.0.0.0:0").unwrap();
         for _ in 0..3 {
             // The start of the next second, then the next ms boundary.
-            let next = (qosd_sensors::net::now_ns() / 1_000_000_000 + 1) * 1_000_000_000;
+            let next = (qosd_core::clock::monotonic_ns() / 1_000_000_000 + 1) * 1_000_000_000;
             std::thread::sleep(Duration::from_nanos(
-                next.saturating_sub(qosd_sensors::net::now_ns()) + 100_000,
+                next.saturating_sub(qosd_core::clock::monotonic_ns()) + 100_000,
             ));
             let t0 = Instant::now();
             loop {
-                let now = qosd_sensors::net::now_ns();
+                let now = qosd_core::clock::monotonic_ns();
                 if now % 1_000_000 < 30_000 || t0.elapsed() > Duration::from_millis(50) {
                     break;
                 }
             }
-            let first = qosd_sensors::net::now_ns();
+            let first = qosd_core::clock::monotonic_ns();
             for _ in 0..k {
                 sock.send_to(&[3u8; 32], to).unwrap();
             }
-            spans.push((first, qosd_sensors::net::now_ns()));
+            spans.push((first, qosd_core::clock::monotonic_ns()));
             last = mono_s();
         }
     });

@@ -9,21 +9,11 @@ use std::path::Path;
 use std::process::Command;
 
 use support::replay::{
-    assert_ebpf_p99_beside_client, calibrate, fixture_scenario, replay_group, started_pid,
+    assert_ebpf_p99_beside_client, calibrate, fixture_scenario, replay_group, replay_ok as ok,
+    started_pid,
 };
 use support::{cgroups, free_port, qosd_in_repo as qosd, repo, wait_for, write_config};
 use support::{AppSpec, Daemon, Killed, QOSD};
-
-fn ok(args: &[&str]) -> String {
-    let o = qosd(args);
-    assert!(
-        o.status.success(),
-        "qosd {args:?}: {}\n{}",
-        String::from_utf8_lossy(&o.stderr),
-        String::from_utf8_lossy(&o.stdout)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
 
 /// Real replays share this machine's CPUs and measure latency and CPU use
 /// on them: one at a time, or one would starve the other's server.

@@ -8,8 +8,10 @@
 # UDP runs' bytes qosd counted on the veth's egress vs the veth's own
 # tx_bytes (/proc/net/dev) over the same run, and bytes per packet vs
 # iperf3's 1400-byte payload (1442 = + Ethernet 14, IPv4 20, UDP 8).
-# BPF cost per packet from the kernel's bpf_stats (on for the run, then
-# put back). IPv6 is off on the veths so no router solicitation or MLD
+# BPF cost per packet from the kernel's bpf_stats, in one extra on-run
+# per protocol after the rounds: the stats cost two clock reads per
+# program run, so they are off during the measured rounds (the knob is
+# put back as found at the end). IPv6 is off on the veths so no router solicitation or MLD
 # frame muddles the byte check. Needs root, iperf3, bpftool, python3.
 set -euo pipefail
 trap 'echo "net.sh: failed at line $LINENO" >&2' ERR
@@ -32,7 +34,7 @@ cleanup() {
 trap cleanup EXIT
 cleanup
 tmp=$(mktemp -d)
-echo 1 >/proc/sys/kernel/bpf_stats_enabled
+echo 0 >/proc/sys/kernel/bpf_stats_enabled
 ip netns add "$A"
 ip netns add "$B"
 ip link add "$VA" netns "$A" type veth peer name "$VB" netns "$B"
@@ -43,7 +45,11 @@ ip netns exec "$B" sysctl -qw "net.ipv6.conf.$VB.disable_ipv6=1"
 ip -n "$A" link set "$VA" up
 ip -n "$B" link set "$VB" up
 ip -n "$A" route get 10.227.0.2 | grep -q "dev $VA" || { echo "route does not lead into $VA" >&2; exit 1; }
-ip netns exec "$B" iperf3 -s -B 10.227.0.2 -p "$PORT" >"$tmp/iperf3-s.log" 2>&1 &
+# The sender and the receiver each on a CPU of their own (fewer
+# migrations, steadier rounds); one CPU: both on it.
+CPU_C=0 CPU_S=$(( $(nproc) > 1 ? 1 : 0 ))
+load0=$(cut -d' ' -f1-3 /proc/loadavg)
+ip netns exec "$B" iperf3 -s -A "$CPU_S" -B 10.227.0.2 -p "$PORT" >"$tmp/iperf3-s.log" 2>&1 &
 for _ in $(seq 50); do ip netns exec "$B" ss -ltn | grep -q ":$PORT " && break; sleep 0.1; done
 ip netns exec "$B" ss -ltn | grep -q ":$PORT " || { cat "$tmp/iperf3-s.log" >&2; exit 1; }
 
@@ -55,17 +61,20 @@ run() {
   [ "$proto" = udp ] && extra=(-u -b 0 -l 1400)
   local before; before=$(tx_bytes)
   if [ "$mode" = on ]; then
+    # A log of its own per run: a shared one could still show the last
+    # run's "counting on" before the shell truncates it for this one.
+    local log="$tmp/q-$proto-$r.log"
     ip netns exec "$A" "$QOSD" net --iface "$VA" --json --top 5 --state-file "$tmp/state.json" \
-      >"$tmp/q-$proto-$r.json" 2>"$tmp/q.log" &
+      >"$tmp/q-$proto-$r.json" 2>"$log" &
     qpid=$!
-    for _ in $(seq 50); do grep -q "counting on" "$tmp/q.log" && break; sleep 0.1; done
-    grep -q "counting on" "$tmp/q.log" || { cat "$tmp/q.log" >&2; exit 1; }
+    for _ in $(seq 50); do grep -qs "counting on" "$log" && break; sleep 0.1; done
+    grep -q "counting on" "$log" || { echo "qosd net did not start:" >&2; cat "$log" >&2; exit 1; }
   fi
-  ip netns exec "$A" timeout $((SECS + 20)) iperf3 -c 10.227.0.2 -p "$PORT" -t "$SECS" -J "${extra[@]}" \
+  ip netns exec "$A" timeout $((SECS + 20)) iperf3 -c 10.227.0.2 -A "$CPU_C" -p "$PORT" -t "$SECS" -J "${extra[@]}" \
     >"$tmp/i-$proto-$mode-$r.json"
   if [ -n "$qpid" ]; then
     sleep 1.1 # the last window completes
-    bpftool -j prog show >"$tmp/p-$proto-$r.json"
+    [ "$r" = cost ] && bpftool -j prog show >"$tmp/p-$proto-$r.json"
     kill -TERM "$qpid"
     wait "$qpid"
   fi
@@ -77,14 +86,18 @@ for r in $(seq "$ROUNDS"); do
     if [ $((r % 2)) = 1 ]; then run "$proto" off "$r"; run "$proto" on "$r"; else run "$proto" on "$r"; run "$proto" off "$r"; fi
   done
 done
+echo 1 >/proc/sys/kernel/bpf_stats_enabled
+for proto in tcp udp; do run "$proto" on cost; done
+echo 0 >/proc/sys/kernel/bpf_stats_enabled
 if ip netns exec "$A" tc filter show dev "$VA" egress | grep -q net_; then
   echo "qosd net left a filter behind" >&2
   exit 1
 fi
 
-python3 - "$tmp" "$ROUNDS" "$SECS" <<'PY'
+python3 - "$tmp" "$ROUNDS" "$SECS" "$CPU_C,$CPU_S" "$load0" "$(cut -d' ' -f1-3 /proc/loadavg)" <<'PY'
 import json, statistics, sys
 tmp, rounds, secs = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+pin, load0, load1 = sys.argv[4].split(","), sys.argv[5], sys.argv[6]
 
 def gbps(proto, mode, r):
     j = json.load(open(f"{tmp}/i-{proto}-{mode}-{r}.json"))
@@ -101,11 +114,13 @@ print("## Network counters: `qosd net` (`scenarios/bench/net.sh`, issue 26)")
 print()
 print(f"iperf3 (Debian) across a veth pair between two network namespaces, {secs} s per run, with and")
 print("without `qosd net`'s TC programs (ingress + egress of the client's veth, 1 ms bins),")
-print(f"interleaved over {rounds} rounds (off/on, then on/off). Loaded machine: other jobs share")
-print("the 2 CPUs, so single runs vary; the ratio is of the runs of one round. Goal: median ≥ 0.99×.")
+print(f"interleaved over {rounds} rounds (off/on, then on/off), iperf3's client on CPU {pin[0]} and its server on")
+print(f"CPU {pin[1]} (`-A`); the ratio is of the runs of one round. Goal: median ≥ 0.99×. Load average at the")
+print(f"start {load0}, at the end {load1} (other work, e.g. builds at nice 19, counts in it).")
 print()
 print("| traffic | off Gbit/s (median) | on Gbit/s (median) | on/off ratio: median | lower quartile | upper quartile |")
 print("| --- | --- | --- | --- | --- | --- |")
+each = {}
 for proto, label in [("tcp", "TCP"), ("udp", "UDP, 1400-byte payload, -b 0")]:
     off = [gbps(proto, "off", r) for r in range(1, rounds + 1)]
     on = [gbps(proto, "on", r) for r in range(1, rounds + 1)]
@@ -113,6 +128,10 @@ for proto, label in [("tcp", "TCP"), ("udp", "UDP, 1400-byte payload, -b 0")]:
     lo, med, hi = q(ratio)
     print(f"| {label} | {statistics.median(off):.2f} | {statistics.median(on):.2f} | "
           f"{med:.3f}× | {lo:.3f}× | {hi:.3f}× |")
+    each[label] = " ".join(f"{x:.3f}" for x in ratio)
+print()
+for label, e in each.items():
+    print(f"Per round, {label}: {e}.")
 print()
 # Counter check on the UDP runs with qosd on.
 rows = []
@@ -141,15 +160,15 @@ print(f"UDP bytes per packet counted: {', '.join(str(b) for b in bpp)} (1400-byt
 peak = statistics.median(p for *_, p in rows)
 print(f"Median of the runs' peak 1 ms bin on UDP egress: {peak:.2f} Gbit/s.")
 print()
-print("BPF cost (bpf_stats, all on-runs): ", end="")
+print(f"BPF cost (bpf_stats, one {secs} s on-run per protocol after the rounds; the stats are off "
+      "in the rounds): ", end="")
 cost = []
 for proto in ["tcp", "udp"]:
     for name in ["net_ingress", "net_egress"]:
         t = n = 0
-        for r in range(1, rounds + 1):
-            for p in json.load(open(f"{tmp}/p-{proto}-{r}.json")):
-                if p.get("name") == name:
-                    t += p.get("run_time_ns", 0); n += p.get("run_cnt", 0)
+        for p in json.load(open(f"{tmp}/p-{proto}-cost.json")):
+            if p.get("name") == name:
+                t += p.get("run_time_ns", 0); n += p.get("run_cnt", 0)
         cost.append(f"{proto.upper()} {name} {t / n:.0f} ns per run over {n} runs" if n else
                     f"{proto.upper()} {name}: no runs")
 print("; ".join(cost) + ". A run is one skb: a TCP GSO skb carries many segments.")

@@ -35,10 +35,10 @@ struct Cli {
     #[arg(long, default_value_t = 3)]
     seed: u64,
     /// Interleaved off/on rounds of the unrelated-flow check.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 20)]
     flow_rounds: u32,
-    /// Requests per unrelated-flow round.
-    #[arg(long, default_value_t = 20_000)]
+    /// Requests per unrelated-flow round (~1-2 s at this machine's rate).
+    #[arg(long, default_value_t = 100_000)]
     flow_requests: u64,
     /// Output directory (table, JSON, CDF plot).
     #[arg(long, default_value = "target/bench/hedge")]

@@ -12,9 +12,10 @@ use clap::Args as ClapArgs;
 use qosd_actuators::journal::{Entry, Journal};
 use qosd_actuators::netns::{NetnsRef, NET_TC_PREF};
 use qosd_actuators::{signals, Config, Ctx, Root};
+use qosd_core::clock::monotonic_ns;
 use qosd_sensors::net::{
-    default_ifaces, iface_by_name, now_ns, proto_name, Direction, Figures, Iface, NetOptions,
-    NetSensor, Window,
+    default_ifaces, iface_by_name, proto_name, Direction, Figures, Iface, NetOptions, NetSensor,
+    Window,
 };
 
 use crate::exit::to_anyhow;
@@ -202,17 +203,17 @@ fn watch(
     let start = Instant::now();
     // The first window is the one the programs were attached in: it holds
     // everything counted since.
-    let mut window = now_ns() / 1_000_000_000;
+    let mut window = monotonic_ns() / 1_000_000_000;
     loop {
         let until = (window + 1) * 1_000_000_000 + 2_000_000;
-        let mut left = Duration::from_nanos(until.saturating_sub(now_ns()));
+        let mut left = Duration::from_nanos(until.saturating_sub(monotonic_ns()));
         if let Some(end) = end {
             left = left.min(end.saturating_sub(start.elapsed()));
         }
         if let Some(sig) = sigs.wait_timeout(left).map_err(to_anyhow)? {
             return Ok(Some(sig));
         }
-        if now_ns() >= until {
+        if monotonic_ns() >= until {
             let w = sensor.read(window).map_err(|e| anyhow::anyhow!("{e}"))?;
             print_window(&w, args)?;
             window += 1;

@@ -5,7 +5,7 @@
 
 use std::net::SocketAddrV4;
 
-use qosd_core::hedge::{default_budget, default_burst, HedgeSpec, IdRule};
+use qosd_core::hedge::{default_budget, default_burst, default_min_no_id, HedgeSpec, IdRule};
 use qosd_core::knobs::{HEDGE_OFF, HEDGE_ON};
 use serde::{Deserialize, Serialize};
 
@@ -32,6 +32,10 @@ pub struct HedgeConfig {
     /// Hedges the budget may save up (1 to 100000; default 10).
     #[serde(default = "default_burst")]
     pub burst: u32,
+    /// Requests without an id (and none with one) before the app is
+    /// refused (1 to 1000000; default 16): one odd packet is not enough.
+    #[serde(default = "default_min_no_id")]
+    pub min_no_id: u32,
     /// `on` (default): hedged from the start; `off`: only once a policy
     /// turns it on.
     #[serde(default)]
@@ -57,6 +61,7 @@ impl HedgeConfig {
             id: self.id,
             budget_permille: self.budget_permille,
             burst: self.burst,
+            min_no_id: self.min_no_id,
         }
     }
 
@@ -83,7 +88,7 @@ impl HedgeConfig {
             let key = match field {
                 "id.len" => at.key("id").key("len"),
                 "id.offset" => at.key("id").key("offset"),
-                "budget_permille" | "burst" => at.key(field),
+                "budget_permille" | "burst" | "min_no_id" => at.key(field),
                 _ => at.clone(),
             };
             Invalid::new(key, msg)
@@ -104,7 +109,7 @@ mod tests {
         let h = parse("{ service: 10.0.0.1:53, replica: 10.0.0.2:53, t_hedge_ms: 10 }");
         let s = h.spec();
         assert_eq!(s.t_hedge_us, 10_000);
-        assert_eq!((s.budget_permille, s.burst), (50, 10));
+        assert_eq!((s.budget_permille, s.burst, s.min_no_id), (50, 10, 16));
         assert_eq!(h.start_level(), HEDGE_ON);
         h.validate(&KeyPath::root()).unwrap();
     }
@@ -116,6 +121,7 @@ mod tests {
             ("t_hedge_ms: .nan", "t_hedge_ms"),
             ("t_hedge_ms: 5, id: { offset: 0, len: 9 }", "len"),
             ("t_hedge_ms: 5, budget_permille: 0", "budget_permille"),
+            ("t_hedge_ms: 5, min_no_id: 0", "min_no_id"),
         ] {
             let h = parse(&format!(
                 "{{ service: 10.0.0.1:53, replica: 10.0.0.2:53, {y} }}"

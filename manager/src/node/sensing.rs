@@ -247,7 +247,7 @@ impl Sensing {
         sensed.snapshot.since_ms = Some(oldest.max(self.restart_ms));
         if tick.decide {
             let lag_ns = meter::FILE_LAG_MS * 1_000_000;
-            let cut_ns = qosd_sensors::ebpf::monotonic_ns().saturating_sub(lag_ns);
+            let cut_ns = qosd_core::clock::monotonic_ns().saturating_sub(lag_ns);
             self.meters.iter_mut().for_each(|m| m.close_files(cut_ns));
             self.refresh_gaps(tick.now_ms);
             sensed.interval = self.interval_rows(tick.now_ms);

@@ -4,7 +4,8 @@
 //! servers from Debian's packages (nginx, memcached) started on loopback,
 //! and readers of a process's CPUs and cgroups. Submodules: `clients`
 //! (bounded loads that time every request), `daemon` (`qosd run` as a
-//! child, its API, Prometheus), `trace` (`qosd trace` as a child), `fake`
+//! child, its API, Prometheus), `dashboard` (a Grafana dashboard's
+//! panels and their PromQL), `trace` (`qosd trace` as a child), `fake`
 //! (fake /sys and /proc trees, shared with the actuators' tests),
 //! `deploy` (`make install`, the systemd unit), `grpc` (gRPC fixtures),
 //! `hostile` (misbehaving raw-socket clients of the daemon's API),
@@ -16,6 +17,7 @@
 
 pub mod clients;
 pub mod daemon;
+pub mod dashboard;
 pub mod deploy;
 #[path = "../../../actuators/tests/common/mod.rs"]
 pub mod fake;

@@ -208,7 +208,7 @@ impl Running {
 }
 
 pub fn mono_s() -> u64 {
-    qosd_sensors::net::now_ns() / 1_000_000_000
+    qosd_core::clock::monotonic_ns() / 1_000_000_000
 }
 
 /// Sum of one key's figures over `windows`: peers whose addr/proto/dir

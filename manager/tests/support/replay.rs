@@ -1,10 +1,28 @@
-//! Helpers of the replay tests (`replay_real`, `grpc_replay`): quick
+//! Helpers of the replay tests (`replay`, `replay_sim_policies`,
+//! `replay_real`, `grpc_replay`): a successful `qosd` run, quick
 //! calibration, one-app scenarios, the replay's server pid and cpuset
-//! group, and timeline rows.
+//! group, timeline rows and the summary.
 
 use std::path::{Path, PathBuf};
 
 use super::qosd_in_repo as qosd;
+
+/// `qosd ARGS...` from the repo root, which must succeed: its stdout.
+pub fn replay_ok(args: &[&str]) -> String {
+    let o = qosd(args);
+    assert!(
+        o.status.success(),
+        "qosd {args:?}: {}\n{}",
+        String::from_utf8_lossy(&o.stderr),
+        String::from_utf8_lossy(&o.stdout)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// A replay's `summary.json`.
+pub fn summary(dir: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap()
+}
 
 /// A one-app fixture scenario named `app`, constant at `level` of capacity.
 pub fn fixture_scenario(dir: &Path, app: &str, level: f64, duration_s: u32) -> PathBuf {
@@ -60,16 +78,22 @@ pub fn started_pid(stderr: &str) -> u32 {
         .unwrap_or_else(|| panic!("no server pid in {stderr}"))
 }
 
-/// The `timeline.csv` rows of `app` in a replay's output folder, split
+/// Every `timeline.csv` row (all apps) in a replay's output folder, split
 /// into columns.
-pub fn timeline_rows(dir: &Path, app: &str) -> Vec<Vec<String>> {
+pub fn timeline(dir: &Path) -> Vec<Vec<String>> {
     std::fs::read_to_string(dir.join("timeline.csv"))
         .unwrap()
         .lines()
         .skip(1)
         .map(|l| l.split(',').map(str::to_owned).collect::<Vec<_>>())
-        .filter(|c| c[1] == app)
         .collect()
+}
+
+/// The `timeline.csv` rows of `app` in a replay's output folder.
+pub fn timeline_rows(dir: &Path, app: &str) -> Vec<Vec<String>> {
+    let mut rows = timeline(dir);
+    rows.retain(|c| c[1] == app);
+    rows
 }
 
 /// Server-side p99 from eBPF (column 5) beside the client's (column 4):

@@ -13,6 +13,7 @@ use nix::sys::time::TimeSpec;
 use nix::sys::timerfd::{
     ClockId as TimerClock, Expiration, TimerFd, TimerFlags, TimerSetTimeFlags,
 };
+use qosd_core::clock::monotonic_ns;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -27,12 +28,6 @@ use conn::{preload, Conn};
 const TIMER_TOKEN: u64 = u64::MAX;
 /// A keep-alive connection that failed before any reply is retried after this.
 const RETRY_NS: u64 = 100_000_000;
-
-pub fn now_ns() -> u64 {
-    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
-        .unwrap_or(TimeSpec::new(0, 0));
-    t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64
-}
 
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Pending {
@@ -109,7 +104,7 @@ impl<'a> Engine<'a> {
             self.spec.seed,
             dur_ns,
         );
-        let start = now_ns();
+        let start = monotonic_ns();
         let end = start + dur_ns;
         let deadline = end + self.spec.drain.as_nanos() as u64;
         let mut next = sched.next().map(|a| start + a);
@@ -117,7 +112,7 @@ impl<'a> Engine<'a> {
         let mut events = vec![EpollEvent::empty(); 1024];
         let mut dirty = Vec::new();
         loop {
-            let now = now_ns();
+            let now = monotonic_ns();
             while now >= next_report && next_report <= end {
                 self.t.emit(self.spec, start, next_report, on_interval);
                 next_report += iv_ns;

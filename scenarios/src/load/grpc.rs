@@ -21,12 +21,12 @@ use std::time::Duration;
 
 use nix::sys::time::TimeSpec;
 use nix::sys::timerfd::{ClockId, Expiration, TimerFd, TimerFlags, TimerSetTimeFlags};
+use qosd_core::clock::monotonic_ns;
 use tokio::sync::{mpsc, Notify, Semaphore};
 use tonic::codegen::http::uri::PathAndQuery;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 
-use super::engine::now_ns;
 use super::tally::Tally;
 use super::{IntervalReport, LoadError, LoadReport, LoadSpec, Schedule};
 
@@ -79,7 +79,7 @@ pub(super) fn run(
         Vec::new()
     };
     let (tx, rx) = mpsc::unbounded_channel::<u64>();
-    let start = now_ns();
+    let start = monotonic_ns();
     std::thread::scope(|scope| {
         scope.spawn(move || pace(spec, start, stop, tx));
         let drive = Drive {
@@ -132,7 +132,7 @@ fn pace(spec: &LoadSpec, start: u64, stop: &AtomicBool, tx: mpsc::UnboundedSende
             if stop.load(Ordering::Relaxed) || tx.is_closed() {
                 return;
             }
-            let now = now_ns();
+            let now = monotonic_ns();
             if now >= at {
                 break;
             }
@@ -179,12 +179,12 @@ impl Drive<'_> {
         let end = start + spec.duration.as_nanos() as u64;
         let deadline = end + spec.drain.as_nanos() as u64;
         // tokio's clock and ours are both CLOCK_MONOTONIC.
-        let (t0, n0) = (tokio::time::Instant::now(), now_ns());
+        let (t0, n0) = (tokio::time::Instant::now(), monotonic_ns());
         let instant = |ns: u64| t0 + Duration::from_nanos(ns.saturating_sub(n0));
         let mut next_report = start + iv_ns;
         let mut schedule_done = false;
         loop {
-            let now = now_ns();
+            let now = monotonic_ns();
             while now >= next_report && next_report <= end {
                 self.run
                     .tally
@@ -235,7 +235,7 @@ impl Drive<'_> {
             tokio::task::spawn_local(async move {
                 // Only fails when the semaphore is closed, which it never is.
                 let _slot = slots.acquire().await;
-                run.tally.borrow_mut().sent(at, now_ns());
+                run.tally.borrow_mut().sent(at, monotonic_ns());
                 let result = match endpoint.connect().await {
                     Ok(channel) => call(channel, method, request).await,
                     Err(_) => Err(Failure::Connect),
@@ -255,7 +255,7 @@ impl Drive<'_> {
         let (channel, open) = (conn.channel.clone(), Rc::clone(&conn.open));
         open.set(open.get() + 1);
         run.outstanding.set(run.outstanding.get() + 1);
-        run.tally.borrow_mut().sent(at, now_ns());
+        run.tally.borrow_mut().sent(at, monotonic_ns());
         tokio::task::spawn_local(async move {
             let result = call(channel, method, request).await;
             open.set(open.get() - 1);
@@ -266,7 +266,7 @@ impl Drive<'_> {
 
 impl Run {
     fn finish(&self, at: u64, result: Result<(), Failure>) {
-        let now = now_ns();
+        let now = monotonic_ns();
         let mut t = self.tally.borrow_mut();
         match result {
             Ok(()) => t.completed(at, now),

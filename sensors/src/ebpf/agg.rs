@@ -218,7 +218,7 @@ impl AggReader {
             return;
         }
         self.last = Instant::now();
-        let end_ns = super::monotonic_ns();
+        let end_ns = qosd_core::clock::monotonic_ns();
         let mut deltas = Vec::new();
         for (&root, cells) in &mut self.cells {
             for (k, seen) in cells.seen.iter_mut().enumerate() {

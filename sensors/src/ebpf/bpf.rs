@@ -80,7 +80,7 @@ fn add_target(
     }
     let emit = emit_bits(mode);
     // Stats first, so that no record of this pid finds nowhere to go.
-    let mut stats = TargetStats::new(mode, window, super::monotonic_ns());
+    let mut stats = TargetStats::new(mode, window, qosd_core::clock::monotonic_ns());
     stats.probes = probes;
     stats.warning = warning;
     shared.lock_targets().insert(pid, stats);

@@ -33,9 +33,11 @@ use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use qosd_core::clock::monotonic_ns;
+
 pub use agg::Aggregate;
 pub use hooks::{HookChoice, Hooks};
-pub use probe::{check_environment, monotonic_ns};
+pub use probe::check_environment;
 
 /// Every live descendant of `pid`, from /proc: what tracing `pid` follows
 /// on the socket path.

@@ -12,18 +12,6 @@ const CAP_BPF: u32 = 39;
 const BTF: &str = "/sys/kernel/btf/vmlinux";
 const TRACEFS: [&str; 2] = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"];
 
-/// CLOCK_MONOTONIC in ns: the clock of `bpf_ktime_get_ns()`.
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into the timespec we own; CLOCK_MONOTONIC
-    // is always supported on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
 fn effective_caps() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with("CapEff:"))?;

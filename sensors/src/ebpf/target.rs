@@ -237,11 +237,11 @@ impl TargetStats {
     }
 
     fn kind(&self, mode: Mode) -> &KindStats {
-        match mode {
-            Mode::Connection => &self.conn,
-            Mode::Grpc => &self.grpc,
-            Mode::Auto | Mode::Turn => &self.turn,
-        }
+        pick(mode, &self.turn, &self.conn, &self.grpc)
+    }
+
+    fn kind_mut(&mut self, mode: Mode) -> &mut KindStats {
+        pick(mode, &mut self.turn, &mut self.conn, &mut self.grpc)
     }
 
     /// Connections seen accepted (or used, for ones open before tracing).
@@ -266,7 +266,7 @@ impl TargetStats {
     }
 
     pub fn take_report(&mut self) -> TargetReport {
-        let now = super::monotonic_ns();
+        let now = qosd_core::clock::monotonic_ns();
         let mode = self.effective_mode();
         let secs = (now.saturating_sub(self.interval_start_ns)) as f64 / 1e9;
         let total_secs = (now.saturating_sub(self.started_ns)) as f64 / 1e9;
@@ -302,11 +302,7 @@ impl TargetStats {
         };
         // The interval's durations go to the caller whole (the daemon merges
         // them over its own time horizon and across a process group).
-        let k = match mode {
-            Mode::Connection => &mut self.conn,
-            Mode::Grpc => &mut self.grpc,
-            Mode::Auto | Mode::Turn => &mut self.turn,
-        };
+        let k = self.kind_mut(mode);
         report.histogram = std::mem::take(&mut k.lat.interval);
         report.service_histogram = std::mem::take(&mut k.svc.interval);
         report.ended = std::mem::take(&mut k.lat.ended);
@@ -318,6 +314,17 @@ impl TargetStats {
         }
         self.interval_start_ns = now;
         report
+    }
+}
+
+/// Of the stats of each record kind (turn, conn, grpc), the one that serves
+/// `mode` (turns while undecided): the one place modes map to record kinds,
+/// for shared and mutable borrows alike.
+fn pick<T>(mode: Mode, turn: T, conn: T, grpc: T) -> T {
+    match mode {
+        Mode::Connection => conn,
+        Mode::Grpc => grpc,
+        Mode::Auto | Mode::Turn => turn,
     }
 }
 

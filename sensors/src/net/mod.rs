@@ -12,6 +12,7 @@ mod window;
 use std::fmt;
 use std::time::Duration;
 
+use qosd_core::clock::monotonic_ns;
 use serde::Serialize;
 
 pub use bpf::Programs;
@@ -130,7 +131,7 @@ impl NetSensor {
     }
 
     /// The figures of window `window` (a CLOCK_MONOTONIC second; complete
-    /// once [`now_ns`] has passed its end).
+    /// once [`monotonic_ns`] has passed its end).
     pub fn read(&self, window: u64) -> Result<Window, NetError> {
         let peers = self.programs.peers()?;
         let ports = self.programs.ports()?;
@@ -145,23 +146,11 @@ impl NetSensor {
     }
 }
 
-/// CLOCK_MONOTONIC in ns: the clock of `bpf_ktime_get_ns`, so windows and
-/// bins here line up with the kernel's.
-pub fn now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec we own.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
 /// Sleeps until window `w` is complete (plus a small margin for packets
 /// being counted at the boundary); `None` when that is longer than `max`.
 pub fn wait_window_end(w: u64, max: Duration) -> Option<()> {
     let end = (w + 1) * 1_000_000_000 + 2_000_000;
-    let now = now_ns();
+    let now = monotonic_ns();
     let left = Duration::from_nanos(end.saturating_sub(now));
     if left > max {
         return None;

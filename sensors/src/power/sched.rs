@@ -11,6 +11,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 
 use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
 use libbpf_rs::{MapCore, MapFlags, OpenObject};
+use qosd_core::clock::monotonic_ns;
 
 use super::perf::{open_cycle_counters, read_counter};
 use super::sched_abi::skel::{SchedSkel, SchedSkelBuilder};
@@ -78,16 +79,6 @@ pub struct Sched {
     nr_cpus: usize,
     /// Why cycles are not used (no PMU, disabled in config), if they are not.
     pub cycles_note: Option<String>,
-}
-
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid timespec for the call to fill in.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 fn bpf_err(what: &str) -> impl Fn(libbpf_rs::Error) -> PowerError + '_ {

@@ -58,7 +58,7 @@ impl ClientReport {
         };
         // A POST says nothing of when its requests ended: they are filed
         // by when it arrived.
-        let now = crate::ebpf::monotonic_ns();
+        let now = qosd_core::clock::monotonic_ns();
         for &v in latencies_us {
             let ns = (v * 1e3).round() as u64;
             r.latency.hist.record(ns);

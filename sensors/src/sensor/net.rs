@@ -9,11 +9,12 @@
 //! the traffic. Attaching the programs (and journalling the TC objects)
 //! is the caller's: the sensors crate knows no journal.
 
+use qosd_core::clock::monotonic_ns;
 use qosd_core::control::Tick;
 use serde::Serialize;
 
 use super::{Measurements, Quantity, Sensor, Target};
-use crate::net::{now_ns, Direction, Figures, NetSensor, PeerKey, Window};
+use crate::net::{Direction, Figures, NetSensor, PeerKey, Window};
 
 /// One target's traffic over the windows completed in a tick,
 /// `[ingress, egress]`; the peaks are the last window's (an upper bound
@@ -78,7 +79,7 @@ impl NetPlugin {
         NetPlugin {
             sensor,
             top_n: top_n.max(1),
-            next: now_ns() / 1_000_000_000,
+            next: monotonic_ns() / 1_000_000_000,
         }
     }
 }
@@ -147,7 +148,7 @@ impl Sensor for NetPlugin {
         let mut m = Measurements::empty(targets.len());
         let bin_ms = self.sensor.options().bin_ms;
         // Windows end 2 ms late: packets counted at the boundary are in.
-        let done = now_ns().saturating_sub(2_000_000) / 1_000_000_000;
+        let done = monotonic_ns().saturating_sub(2_000_000) / 1_000_000_000;
         while self.next < done {
             let w = self.sensor.read(self.next)?;
             self.next += 1;

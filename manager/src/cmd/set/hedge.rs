@@ -44,6 +44,9 @@ pub struct HedgeArgs {
     /// Hedges the budget may save up.
     #[arg(long, default_value_t = 10)]
     pub burst: u32,
+    /// Requests without an id (and none with one) before the app is refused.
+    #[arg(long, default_value_t = qosd_core::hedge::default_min_no_id())]
+    pub min_no_id: u32,
 }
 
 impl HedgeArgs {
@@ -64,6 +67,7 @@ impl HedgeArgs {
             },
             budget_permille: self.budget_permille,
             burst: self.burst,
+            min_no_id: self.min_no_id,
         };
         spec.validate().map_err(|m| crate::usage!("hedge: {m}"))?;
         Ok(spec)

@@ -11,7 +11,9 @@ use nix::errno::Errno;
 use nix::sys::epoll::{EpollEvent, EpollFlags};
 use nix::sys::socket::{self, AddressFamily, SockFlag, SockType, SockaddrStorage};
 
-use super::{now_ns, Engine, Pending, RETRY_NS};
+use qosd_core::clock::monotonic_ns;
+
+use super::{Engine, Pending, RETRY_NS};
 use crate::load::proto::{self, Outcome, Parse, ReqKind};
 use crate::load::{LoadError, LoadSpec};
 
@@ -146,12 +148,12 @@ impl Engine<'_> {
             let _ = self.epoll.modify(&c.stream, &mut ev);
         }
         if failed {
-            self.close_conn(i, now_ns());
+            self.close_conn(i, monotonic_ns());
         }
     }
 
     pub(super) fn on_event(&mut self, i: usize, ev: EpollFlags) {
-        let now = now_ns();
+        let now = monotonic_ns();
         let Some(c) = self.conns[i].as_mut() else {
             return;
         };
