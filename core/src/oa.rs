@@ -106,6 +106,16 @@ impl Oa {
         let now = wait_quantile_s(c0, self.x_rps, self.demand_s, p).unwrap_or(0.0);
         Some((wait_quantile_s(c1, self.x_rps, d1, p)? - now).max(0.0))
     }
+
+    /// How much the `percentile` of the queueing wait grows, in s, if the
+    /// throughput rose to `x_rps` on the same CPUs at the same demand
+    /// (M/M/c, as [`Oa::wait_growth_on`]). `None` when `x_rps` saturates
+    /// them.
+    pub fn wait_growth_at(&self, x_rps: f64, percentile: f64) -> Option<f64> {
+        let p = (percentile / 100.0).clamp(0.5, 0.9999);
+        let now = wait_quantile_s(self.cpus, self.x_rps, self.demand_s, p).unwrap_or(0.0);
+        Some((wait_quantile_s(self.cpus, x_rps, self.demand_s, p)? - now).max(0.0))
+    }
 }
 
 /// Erlang C: the probability that an arrival waits in an M/M/c queue of
@@ -318,5 +328,13 @@ mod tests {
             ..four
         };
         assert_eq!(o.wait_growth_on(&four, &two, &n, 99.0), None);
+        // More load on the same 4 cores: the wait at the higher X less
+        // the wait now; past X_sat, saturated.
+        let up = o.wait_growth_at(2600.0, 99.0).unwrap();
+        let want = wait_quantile_s(4.0, 2600.0, 0.001, 0.99).unwrap()
+            - wait_quantile_s(4.0, 2360.0, 0.001, 0.99).unwrap();
+        assert!((up - want).abs() < 1e-12 && up > 0.0, "{up} vs {want}");
+        assert_eq!(o.wait_growth_at(2360.0, 99.0), Some(0.0));
+        assert_eq!(o.wait_growth_at(4000.0, 99.0), None);
     }
 }

@@ -174,6 +174,7 @@ mod tests {
             revert_vote: parties::RevertVote::Evidence,
             max_util: Some(0.8),
             min_predicted_slack: Some(0.05),
+            trend_upsize_intervals: Some(4),
             downsize_below_util: Some(0.5),
             quota_be_first: true,
             ..PartiesParams::default()

@@ -14,6 +14,7 @@ mod judge;
 mod oa;
 mod params;
 mod slack;
+mod trend;
 pub(crate) use params::{slack_in_range, validate_victims};
 pub use params::{PartiesParams, RevertVote, Steps};
 
@@ -31,6 +32,8 @@ struct AppMem {
     slacks: std::collections::VecDeque<f64>,
     /// Direction of its last action (true: upsize), for `restart_wheel_on_turn`.
     last_up: Option<bool>,
+    /// Its X at the last decisions (`trend_upsize_intervals`), newest last.
+    rates: std::collections::VecDeque<f64>,
 }
 
 #[derive(Debug, Clone)]
@@ -119,6 +122,7 @@ impl Parties {
             harms: 0,
             slacks: std::collections::VecDeque::new(),
             last_up: None,
+            rates: std::collections::VecDeque::new(),
         })
     }
 
@@ -337,6 +341,8 @@ impl Policy for Parties {
         if self.last_sample_ms != Some(now_ms) {
             self.observe(now_ms, snap);
         }
+        // (Rates are what was measured, kept whether or not the plan is.)
+        self.note_rates(snap);
         self.before = Some((self.apps.clone(), self.pending.clone()));
         self.last_decide_ms = Some(now_ms);
         let mut ed = Editor::new(node, snap, current);
@@ -378,9 +384,10 @@ impl Policy for Parties {
                 });
             }
             ed.plan.cannot_meet = unmet;
-        } else if !self.headroom_upsize(&mut ed, snap, &saturated, &note) {
-            // (An app past max_util gets a unit before anything is given
-            // back.) Apps with slack to spare and not cooling down, most slack
+        } else if !self.upsize_ahead(&mut ed, snap, &saturated, &slacks, &note) {
+            // (An app past max_util, or heading below the upsize line at
+            // the next interval's load, gets a unit before anything is
+            // given back.) Apps with slack to spare and not cooling down, most slack
             // first: the first that can give a unit is downsized (one at
             // its floor must not hold the others' downsizes back).
             let mut spare: Vec<&(String, f64)> = slacks

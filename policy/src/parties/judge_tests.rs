@@ -271,3 +271,70 @@ fn idle_cpus_are_given_back_from_the_hysteresis_band() {
     let plan = c.decide(0, &snap(vec![idle]), &allocs(&[("a", 2, 0, 0, 0)]), &n);
     assert!(plan.decisions.is_empty(), "{plan:?}");
 }
+
+/// `trend_upsize_intervals`: slack 0.15 (in the band, no action) on 4
+/// cores of 0.5 ms requests while X climbs 200 req/s per interval. Once
+/// the window holds 4 intervals the next interval's 5800 req/s is
+/// predicted to add ~0.18 of the target to the p99's wait (M/M/c):
+/// upsized now, and the reason says why. A flat or falling X, or a
+/// window not yet full, changes nothing; an app that cannot grow is
+/// listed in `skipped`.
+#[test]
+fn an_upsize_comes_ahead_of_a_load_that_climbs_toward_the_target() {
+    let p = PartiesParams {
+        trend_upsize_intervals: Some(4),
+        ..evidence()
+    };
+    let at = |rps: f64| AppState {
+        rps,
+        cpus_used: Some(rps * 0.0005),
+        ..lc("a", Some(0.15))
+    };
+    let run = |rates: &[f64], cores: u32| {
+        let mut c = Parties::new("x", p.clone(), 1);
+        let n = node(cores, 0, false, false);
+        let cur = allocs(&[("a", 4, 0, 0, 0)]);
+        let mut plans = Vec::new();
+        for (i, r) in rates.iter().enumerate() {
+            let plan = c.decide(i as u64 * 500, &snap(vec![at(*r)]), &cur, &n);
+            c.applied(i as u64 * 500, &plan, &cur);
+            plans.push(plan);
+        }
+        plans
+    };
+    let plans = run(&[5000.0, 5200.0, 5400.0, 5600.0], 16);
+    for plan in &plans[..3] {
+        assert!(plan.decisions.is_empty(), "window not full: {plan:?}");
+    }
+    let up = kinds(&plans[3], DecisionKind::Upsize);
+    assert_eq!(up, vec![("a".to_string(), CORES, 4, 5)], "{:?}", plans[3]);
+    let why = &plans[3].decisions[0].reason;
+    assert!(
+        why.contains("predicted at the next interval's X 5800 req/s")
+            && why.contains("trend +200 req/s per interval")
+            && why.contains("on 4.0 CPUs"),
+        "{why}"
+    );
+    for flat in [[5600.0; 4], [5600.0, 5400.0, 5200.0, 5000.0]] {
+        let plans = run(&flat, 16);
+        assert!(plans.iter().all(|p| p.decisions.is_empty()), "{plans:?}");
+    }
+    // Off (null): the paper's rule, nothing in the band.
+    let mut c = Parties::new("x", evidence(), 1);
+    let n = node(16, 0, false, false);
+    let cur = allocs(&[("a", 4, 0, 0, 0)]);
+    for (i, r) in [5000.0, 5200.0, 5400.0, 5600.0].iter().enumerate() {
+        let plan = c.decide(i as u64 * 500, &snap(vec![at(*r)]), &cur, &n);
+        assert!(plan.decisions.is_empty(), "{plan:?}");
+    }
+    // No core left on a 4-core node: not made, and said so.
+    let plans = run(&[5000.0, 5200.0, 5400.0, 5600.0], 4);
+    let last = &plans[3];
+    assert!(
+        last.decisions.is_empty() && last.cannot_meet.is_empty(),
+        "{last:?}"
+    );
+    let s = &last.skipped[0];
+    assert_eq!((s.resource, s.kind), (CORES, DecisionKind::Upsize));
+    assert!(s.reason.contains("no resource can grow"), "{}", s.reason);
+}

@@ -154,6 +154,16 @@ pub struct PartiesParams {
     /// `max_util`: 4 → 3 cores at U 0.59 adds ~4 ms to a p99 of 1 ms
     /// requests. `null`: no such check.
     pub min_predicted_slack: Option<f64>,
+    /// Upsize also an app whose slack is predicted to fall below
+    /// `upsize_below_slack` at the next decision interval's load: its
+    /// throughput X's trend (least squares over this many decision
+    /// intervals, rising only) gives the next interval's X, and the slack
+    /// now less the growth of the percentile's queueing wait at that X on
+    /// the same CPUs (M/M/c, [`qosd_core::oa::Oa::wait_growth_at`]) is the
+    /// prediction. PARTIES upsizes only once slack is below the line, and
+    /// the unit helps from the next interval on: on a climbing load the
+    /// interval in between violates. `null`: only on measured slack.
+    pub trend_upsize_intervals: Option<u32>,
     /// An app in the hysteresis band (slack between the two thresholds)
     /// also gives back one unit of CPU (cores or CPU quota) when its
     /// predicted utilisation on the smaller allocation stays below this:
@@ -203,6 +213,7 @@ impl Default for PartiesParams {
             idle_decide_ms: 0,
             max_util: None,
             min_predicted_slack: None,
+            trend_upsize_intervals: None,
             downsize_below_util: None,
             quota_be_first: false,
         }
@@ -281,6 +292,14 @@ impl PartiesParams {
         }
         if let Some(s) = self.min_predicted_slack {
             slack_in_range(&at.key("min_predicted_slack"), s)?;
+        }
+        if let Some(k) = self.trend_upsize_intervals {
+            if k < 2 {
+                return Err(Invalid::new(
+                    at.key("trend_upsize_intervals"),
+                    format!("{k}: a trend needs at least 2 intervals (null: off)"),
+                ));
+            }
         }
         if let Some(u) = self.downsize_below_util {
             if !(u > 0.0 && u <= self.max_util.unwrap_or(1.0)) {

@@ -4,19 +4,23 @@
 //! lower bound a policy can reach on the same load and model.
 //!
 //! It sees the model as the simulated node runs it, tick by tick (the same
-//! load at the same instants, the same lagging network queue), but in
-//! steady state: no noise, and no backlog carried in (it holds the right
-//! allocation all along, so none builds up). Frequency is the highest (it
-//! costs no cores); cache ways are split among the apps to need the fewest
-//! cores. An interval that no allocation of the node meets is charged the
-//! whole node and counted: the share of such intervals is the least
-//! violation any policy can reach.
+//! load at the same instants, the same lagging network queue), without
+//! noise. Frequency is the highest (it costs no cores); cache ways are
+//! split among the apps to need the fewest cores. An interval that no
+//! allocation of the node meets is charged the whole node and counted:
+//! the share of such intervals is the least violation any policy can
+//! reach. Load past what the node can serve leaves a backlog, as on the
+//! simulated node: the oracle carries it (drained on the most the other
+//! apps leave), and the intervals whose percentile the draining backlog
+//! still pushes over the target count as unmet too, the same ones any
+//! policy violates after an overload (`infeasible_t_s` lists them all).
 
 use serde::{Deserialize, Serialize};
 
 use qosd_core::Share;
 
 use super::model::{percentile, Queue, Sample, SimModel};
+use super::MAX_BACKLOG_S;
 use crate::calibrate::{network_queue_ms, Calibration};
 use crate::scenario::{AppSpec, Scenario, SimNode};
 
@@ -32,6 +36,10 @@ pub struct Oracle {
     /// `infeasible_intervals / intervals`: the least violation fraction
     /// any policy can reach on this load.
     pub violation_fraction: f64,
+    /// When each infeasible interval ended, s of the run (a timeline
+    /// row's `t_s`): `qosd compare` counts a run's violations beyond them.
+    #[serde(default)]
+    pub infeasible_t_s: Vec<f64>,
     /// The run's core·s over the oracle's: how far the policy is from the
     /// least allocation (filled in by the run's summary).
     #[serde(default)]
@@ -57,6 +65,8 @@ struct App<'a> {
     percentile: f64,
     capacity_rps: f64,
     net_q_ms: f64,
+    /// Requests still queued from an overload, carried between intervals.
+    backlog: f64,
 }
 
 /// The least allocation of every interval (`None`: no allocation of the
@@ -76,6 +86,7 @@ pub fn least_allocations(
             percentile: a.target.as_ref().map_or(99.0, |t| t.percentile),
             capacity_rps: cal.apps.get(&a.name).map_or(1.0, |c| c.capacity_rps),
             net_q_ms: 0.0,
+            backlog: 0.0,
         })
         .collect();
     let dt = clock.monitor_ms as f64 / 1000.0;
@@ -102,9 +113,73 @@ pub fn least_allocations(
                     .collect()
             })
             .collect();
-        out.push(least_for_interval(&apps, &ticks, &sc.node, dt));
+        let least = least_for_interval(&apps, &ticks, &sc.node, dt);
+        carry_backlogs(&mut apps, &ticks, least.as_deref(), &sc.node, dt);
+        out.push(least);
     }
     out
+}
+
+/// Moves each app's backlog on over the interval's ticks: under its
+/// least allocation, or where none meets every target under the most the
+/// others leave it (their least cores on one way, or one core each).
+fn carry_backlogs(
+    apps: &mut [App],
+    ticks: &[Vec<(f64, f64)>],
+    least: Option<&[(String, Share)]>,
+    node: &SimNode,
+    dt: f64,
+) {
+    let others_least: Vec<u32> = apps
+        .iter()
+        .zip(ticks)
+        .map(|(a, t)| least_cores(a, t, node, 1.min(node.nr_ways), dt).unwrap_or(1))
+        .collect();
+    let n = apps.len() as u32;
+    for (i, (a, t)) in apps.iter_mut().zip(ticks).enumerate() {
+        let share = match least {
+            Some(shares) => shares[i].1,
+            None => Share {
+                nr_cores: node
+                    .nr_cores
+                    .saturating_sub(
+                        others_least
+                            .iter()
+                            .enumerate()
+                            .filter(|(j, _)| *j != i)
+                            .map(|(_, c)| c)
+                            .sum(),
+                    )
+                    .max(1),
+                nr_ways: node.nr_ways.saturating_sub(n - 1).max(1).min(node.nr_ways),
+                freq_mhz: node.freq_max_mhz,
+                ..Default::default()
+            },
+        };
+        let (servers, s_us) = (
+            a.model.servers(&share, node),
+            a.model.service_time_us(&share, node),
+        );
+        a.backlog = drain(a.backlog, t, servers as f64 * 1e6 / s_us, dt).1;
+    }
+}
+
+/// The backlog over the ticks at `lambda`s per s against a capacity of
+/// `cap` requests/s, from `b0` requests, as the simulated node keeps it
+/// (clients give up past `MAX_BACKLOG_S`): each tick's mean wait from the
+/// backlog, µs, and what is left at the end.
+fn drain(b0: f64, ticks: &[(f64, f64)], cap: f64, dt: f64) -> (Vec<f64>, f64) {
+    let mut b = b0;
+    let waits = ticks
+        .iter()
+        .map(|&(lambda, _)| {
+            let before = b;
+            let served = (b + lambda * dt).min(cap * dt);
+            b = (b + lambda * dt - served).min(cap * MAX_BACKLOG_S);
+            0.5 * (before + b) / cap * 1e6
+        })
+        .collect();
+    (waits, b)
 }
 
 /// The oracle's figures over a run.
@@ -117,6 +192,7 @@ pub fn baseline(sc: &Scenario, cal: &Calibration, clock: Clock) -> Oracle {
             Some(shares) => shares.iter().map(|(_, s)| s.nr_cores).sum(),
             None => {
                 o.infeasible_intervals += 1;
+                o.infeasible_t_s.push(o.intervals as f64 * iv_s);
                 sc.node.nr_cores
             }
         };
@@ -150,12 +226,15 @@ fn least_cores(app: &App, ticks: &[(f64, f64)], node: &SimNode, ways: u32, dt: f
         if ticks.iter().any(|&(lambda, _)| lambda >= cap) {
             return false;
         }
+        // A backlog carried in from an overload waits ahead of the queue.
+        let (waits, _) = drain(app.backlog, ticks, cap, dt);
         let samples: Vec<Sample> = ticks
             .iter()
-            .map(|&(lambda, net_us)| Sample {
+            .zip(waits)
+            .map(|(&(lambda, net_us), wait_us)| Sample {
                 queue: Queue::new(servers, s_us, app.model.service_cv, lambda * 1e-6),
                 throttle: None,
-                shift_us: app.model.fixed_us,
+                shift_us: app.model.fixed_us + wait_us,
                 network_us: net_us,
                 noise: 1.0,
                 weight: (lambda * dt).max(1e-9),
@@ -313,6 +392,30 @@ mod tests {
         }
     }
 
+    /// An overload leaves a backlog: the intervals after the load falls
+    /// back, until it has drained, are unmet too (no allocation ends
+    /// them), and then the oracle meets the target again.
+    #[test]
+    fn an_overloads_backlog_keeps_the_following_intervals_unmet() {
+        let sc = scenario(
+            "name: c\nduration_s: 20\nnode: {nr_cores: 16, nr_ways: 0}\napps:\n  - name: s\n    class: lc\n    server: {kind: fixture, work_us: 1000}\n    protocol: http\n    connections: 16\n    target: {percentile: 99, knee_factor: 1.0}\n    load: {kind: ramp, from: 0.3, to: 1.2, start_s: 2, over_s: 0.5, hold_s: 4, back_s: 0.5}\n",
+        );
+        let cal = calibrate::sim(&sc);
+        let o = baseline(&sc, &cal, clock(40));
+        let level = |t: f64| sc.apps[0].load.level_at(t - 0.25);
+        let after: Vec<f64> = o
+            .infeasible_t_s
+            .iter()
+            .copied()
+            .filter(|t| level(*t) < 0.31)
+            .collect();
+        // 2 s of clients' patience at 16 000 req/s, drained at 0.7 of it.
+        assert!(after.len() >= 3, "{:?}", o.infeasible_t_s);
+        assert!(after.iter().all(|t| *t > 6.5 && *t < 12.0), "{after:?}");
+        assert_eq!(o.infeasible_intervals as usize, o.infeasible_t_s.len());
+        assert!(!o.infeasible_t_s.contains(&20.0), "drained by the end");
+    }
+
     /// A target no allocation meets is an infeasible interval charged the
     /// whole node; the ways go where they save the most cores.
     #[test]
@@ -354,6 +457,7 @@ mod tests {
             percentile: 99.0,
             capacity_rps: cal.apps[&sc.apps[i].name].capacity_rps,
             net_q_ms: 0.0,
+            backlog: 0.0,
         };
         let (a, b) = (app(0), app(1));
         let brute = (1..6)
