@@ -93,7 +93,7 @@ pub fn rounds(
     };
     // The stats cost two clock reads per program run: off in the
     // measured rounds, on for one more on-round that gives the cost.
-    let _stats = BpfStats::set(false);
+    let _stats = BpfStats::off();
     let on_round = |hedges: &mut Hedges, ctx: &mut Ctx| -> Result<(f64, Vec<RunStat>)> {
         hedges.enable(ctx, app, spec)?;
         let on = rate();
@@ -117,7 +117,9 @@ pub fn rounds(
         out.push((off, on));
     }
     let stats = {
-        let _on = BpfStats::set(true);
+        // A reference, not the sysctl: off again when dropped, whatever
+        // happens (bpfstats::StatsOn).
+        let _on = qosd_sensors::bpfstats::StatsOn::take().ok();
         on_round(hedges, ctx)?.1
     };
     let cost = stats
@@ -171,15 +173,16 @@ pub fn summary(rps: &[(f64, f64)], nr_requests: u64) -> String {
     )
 }
 
-/// `kernel.bpf_stats_enabled` set for a while, put back as found after.
+/// `kernel.bpf_stats_enabled` off for the measured rounds (a leftover 1
+/// would time every program run), put back as found after.
 struct BpfStats(Option<String>);
 
 const BPF_STATS: &str = "/proc/sys/kernel/bpf_stats_enabled";
 
 impl BpfStats {
-    fn set(on: bool) -> Self {
+    fn off() -> Self {
         let before = std::fs::read_to_string(BPF_STATS).ok();
-        if std::fs::write(BPF_STATS, if on { "1" } else { "0" }).is_err() {
+        if std::fs::write(BPF_STATS, "0").is_err() {
             return BpfStats(None);
         }
         BpfStats(before)

@@ -186,8 +186,6 @@ fn row(
 /// Per-program run counts and ns per run while an untraced memcached
 /// serves a closed loop and `qosd trace` follows an idle process.
 fn untraced_cost(qosd: &str, hooks: &str, secs: f64) -> Result<String, String> {
-    const KNOB: &str = "/proc/sys/kernel/bpf_stats_enabled";
-    let before = std::fs::read_to_string(KNOB).map_err(|e| format!("{KNOB}: {e}"))?;
     let idle = KillOnDrop(
         Command::new("sleep")
             .arg("600")
@@ -205,10 +203,11 @@ fn untraced_cost(qosd: &str, hooks: &str, secs: f64) -> Result<String, String> {
     BufReader::new(t.stdout.as_mut().ok_or("no stdout")?)
         .read_line(&mut first)
         .map_err(|e| e.to_string())?;
-    std::fs::write(KNOB, "1").map_err(|e| format!("{KNOB}: {e}"))?;
+    let on = qosd_sensors::bpfstats::StatsOn::take()
+        .map_err(|e| format!("turning BPF statistics on: {e}"))?;
     let (h, _) = load(port, 8, secs, None);
     let progs = qosd_sensors::bpfstats::held_by(t.id());
-    let _ = std::fs::write(KNOB, before.trim());
+    drop(on);
     let _ = t.kill();
     let _ = t.wait();
     let req = h.len().max(1) as f64;

@@ -18,7 +18,7 @@ use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use qosd_sensors::bpfstats::RunStat;
+use qosd_sensors::bpfstats::{self, RunStat, StatsOn};
 use qosd_sensors::stats::LogHistogram;
 
 fn free_port() -> u16 {
@@ -187,6 +187,8 @@ fn main() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let server = mc.0.id();
+    let found_on = stats_off();
+    let mut timed_rounds = 0;
     run_load(port, conns, 1.0, server, None); // warm-up
     let mut r = Rounds::default();
     for round in 0..rounds {
@@ -201,6 +203,9 @@ fn main() {
             let mut t = traced.then(|| start_trace(&qosd, server));
             let pid = t.as_ref().map(Child::id);
             res[usize::from(traced)] = Some(run_load(port, conns, secs, server, pid));
+            if pid.is_some_and(|p| bpfstats::timed(&bpfstats::held_by(p))) {
+                timed_rounds += 1;
+            }
             if let Some(c) = t.as_mut() {
                 let _ = c.kill();
                 let _ = c.wait();
@@ -223,12 +228,39 @@ fn main() {
     drop(mc);
     if rounds > 0 {
         r.print_table(rounds, secs, conns);
+        println!("{}\n", stats_note(found_on, timed_rounds));
     }
     match stats {
         Some(Ok(text)) => println!("{text}"),
         Some(Err(e)) => println!("BPF run-time statistics not measured: {e}\n"),
         None => {}
     }
+}
+
+/// BPF statistics off for the A/B rounds: on, they add two clock reads to
+/// every run of every program (~0.4 µs per traced get, server and client,
+/// in a profile here), so a sysctl left at 1 by another bench turns into
+/// tracing overhead. The sysctl's own reference is dropped here; one held
+/// by a process (BPF_ENABLE_STATS) cannot be, and does not show in the
+/// sysctl: each traced round checks whether its programs were timed.
+fn stats_off() -> &'static str {
+    if !bpfstats::sysctl_on() {
+        return "";
+    }
+    let _ = std::fs::write(bpfstats::SYSCTL, "0");
+    " (kernel.bpf_stats_enabled was found at 1, left on by another bench: set to 0)"
+}
+
+/// The sentence on BPF statistics during the rounds, for the output.
+fn stats_note(found_on: &str, timed_rounds: usize) -> String {
+    if timed_rounds == 0 {
+        return format!("BPF statistics were off during the rounds{found_on}.");
+    }
+    format!(
+        "**BPF statistics were on in {timed_rounds} traced round(s)** (held by another \
+         process): every BPF run paid two clock reads there; the figures overstate the \
+         overhead{found_on}."
+    )
 }
 
 /// Per-round figures of both sides.
@@ -349,13 +381,11 @@ fn bpf_stats(
     server: u32,
     runs: usize,
 ) -> Result<String, String> {
-    const KNOB: &str = "/proc/sys/kernel/bpf_stats_enabled";
-    let before = std::fs::read_to_string(KNOB).map_err(|e| format!("{KNOB}: {e}"))?;
-    std::fs::write(KNOB, "1").map_err(|e| format!("{KNOB}: {e}"))?;
+    let on = StatsOn::take().map_err(|e| format!("turning BPF statistics on: {e}"))?;
     let results: Vec<_> = (0..runs)
         .map(|_| bpf_stats_run(qosd, port, conns, secs, server))
         .collect();
-    let _ = std::fs::write(KNOB, before.trim());
+    drop(on);
     let results = results.into_iter().collect::<Result<Vec<_>, _>>()?;
     // Per program, per run: (runs per request, ns per request).
     let mut per: std::collections::BTreeMap<String, (Vec<f64>, Vec<f64>)> = Default::default();

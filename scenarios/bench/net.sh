@@ -10,8 +10,9 @@
 # iperf3's 1400-byte payload (1442 = + Ethernet 14, IPv4 20, UDP 8).
 # BPF cost per packet from the kernel's bpf_stats, in one extra on-run
 # per protocol after the rounds: the stats cost two clock reads per
-# program run, so they are off during the measured rounds (the knob is
-# put back as found at the end). IPv6 is off on the veths so no router solicitation or MLD
+# program run, so they are off during the measured rounds (a sysctl left
+# at 1 by another bench is set to 0; the on-run takes them by reference,
+# lib/bpf_stats.sh). IPv6 is off on the veths so no router solicitation or MLD
 # frame muddles the byte check. Needs root, iperf3, bpftool, python3.
 set -euo pipefail
 trap 'echo "net.sh: failed at line $LINENO" >&2' ERR
@@ -25,9 +26,9 @@ SECS=${SECS:-3}
 A=qosd-bench-net26-a B=qosd-bench-net26-b VA=qb26a VB=qb26b
 PORT=5226
 tmp=$(mktemp -d)
-knob=$(cat /proc/sys/kernel/bpf_stats_enabled)
+. scenarios/bench/lib/bpf_stats.sh
 cleanup() {
-  echo "$knob" >/proc/sys/kernel/bpf_stats_enabled
+  bpf_stats_off
   ip netns pids "$A" 2>/dev/null | xargs -r kill 2>/dev/null || true
   ip netns pids "$B" 2>/dev/null | xargs -r kill 2>/dev/null || true
   ip netns del "$A" 2>/dev/null || true
@@ -104,9 +105,9 @@ for r in $(seq "$ROUNDS"); do
   # The floor's runs beside the round's UDP pair, before or after it by turns.
   [ "$FLOOR" = 1 ] && run udp noop "$r"
 done
-echo 1 >/proc/sys/kernel/bpf_stats_enabled
+bpf_stats_on
 for proto in tcp udp; do run "$proto" on cost; done
-echo 0 >/proc/sys/kernel/bpf_stats_enabled
+bpf_stats_off
 if ip netns exec "$A" tc filter show dev "$VA" egress | grep -q net_; then
   echo "qosd net left a filter behind" >&2
   exit 1

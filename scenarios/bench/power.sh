@@ -33,10 +33,10 @@ command -v bpftool >/dev/null || { echo "power.sh: bpftool missing (make deps)" 
 
 tmp=$(mktemp -d)
 qpid=
-stats_before=
+. "$(dirname "$0")/lib/bpf_stats.sh"
 cleanup() {
   if [ -n "$qpid" ]; then kill -INT "$qpid" 2>/dev/null || true; wait "$qpid" 2>/dev/null || true; fi
-  if [ -n "$stats_before" ]; then echo "$stats_before" >/proc/sys/kernel/bpf_stats_enabled; fi
+  bpf_stats_off
   rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -88,16 +88,14 @@ done
 load_end=$(cut -d' ' -f1 /proc/loadavg)
 
 # Mean run time of the program per invocation, from the kernel's stats.
-stats_before=$(cat /proc/sys/kernel/bpf_stats_enabled)
-echo 1 >/proc/sys/kernel/bpf_stats_enabled
+bpf_stats_on
 attach
 switch_run >/dev/null
 read -r run_ns run_cnt < <(bpftool prog show name qosd_sched_switch |
   awk '{ for (i = 1; i < NF; i++) { if ($i == "run_time_ns") t = $(i+1); if ($i == "run_cnt") c = $(i+1) } }
        END { print t + 0, c + 0 }')
 detach
-echo "$stats_before" >/proc/sys/kernel/bpf_stats_enabled
-stats_before=
+bpf_stats_off
 echo "bpf stats: $run_cnt runs, $run_ns ns" >&2
 
 # "median q1 q3" of the arguments.

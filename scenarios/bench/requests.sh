@@ -28,14 +28,14 @@ N=${N:-40000}
 ROWS=${ROWS:-mc:1 mc:16 rd:1 rd:16}
 tmp=$(mktemp -d)
 pids=()
+. scenarios/bench/lib/bpf_stats.sh
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  [ -n "${knob:-}" ] && echo "$knob" >/proc/sys/kernel/bpf_stats_enabled
+  bpf_stats_off
   rm -rf "$tmp"
 }
 trap cleanup EXIT
-knob=$(cat /proc/sys/kernel/bpf_stats_enabled)
-echo 1 >/proc/sys/kernel/bpf_stats_enabled
+bpf_stats_on
 
 free_port() { perl -MIO::Socket::INET -e 'print IO::Socket::INET->new(Listen=>1,LocalAddr=>"127.0.0.1:0")->sockport'; }
 mc_port=$(free_port)

@@ -226,6 +226,7 @@ mod tests {
                 base_latency_us: 1.0,
                 percentile: 99.0,
                 knee_spread: None,
+                knee_fit: None,
                 nr_cpus: None,
                 points: vec![],
             },

@@ -16,7 +16,9 @@ use crate::scenario::{AppSpec, Scenario};
 use crate::sim::model::{percentile, Queue, Sample, SimModel};
 
 mod floor;
+mod knee;
 pub use floor::{PeakFloor, FLOOR_WARN_SHARE};
+pub use knee::{CurveFit, KneeSpread};
 
 /// One point of a load–latency curve.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -56,59 +58,15 @@ pub struct AppCalibration {
     /// load (a real calibration; absent for the sim and `--knee-repeats 0`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub knee_spread: Option<KneeSpread>,
+    /// The fitted curve the knee was put on (a real sweep; absent for the
+    /// sim, `--knee steps`, or a curve that does not fit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub knee_fit: Option<CurveFit>,
     /// CPUs the server was confined to while calibrated on a real node (the
     /// most it can hold beside the other apps); absent for the sim.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nr_cpus: Option<usize>,
     pub points: Vec<Point>,
-}
-
-/// The knee latency's repeatability: `knee_latency_us` is the median of
-/// the percentiles of `repeats_us.len()` steps at the knee load; their
-/// range is its confidence interval (for 5 steps, ~94 % that the true
-/// median lies between the lowest and the highest).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct KneeSpread {
-    /// Each repeated step's percentile, µs.
-    pub repeats_us: Vec<f64>,
-    /// Their median, lowest and highest, µs.
-    pub median_us: f64,
-    pub min_us: f64,
-    pub max_us: f64,
-    /// Largest distance of one step from the median, % of the median.
-    pub spread_pct: f64,
-    /// Requests measured at the knee, all steps.
-    pub samples: u64,
-    /// Requests pooled for `base_latency_us` (the light steps).
-    pub base_samples: u64,
-}
-
-impl KneeSpread {
-    /// The spread of per-step figures `v` (µs) around their median.
-    pub fn of(v: Vec<f64>, samples: u64, base_samples: u64) -> Option<KneeSpread> {
-        let mut s: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
-        s.sort_by(f64::total_cmp);
-        let n = s.len();
-        if n == 0 {
-            return None;
-        }
-        let median = if n % 2 == 1 {
-            s[n / 2]
-        } else {
-            (s[n / 2 - 1] + s[n / 2]) / 2.0
-        };
-        let (min, max) = (s[0], s[n - 1]);
-        let far = (median - min).max(max - median);
-        Some(KneeSpread {
-            repeats_us: v,
-            median_us: median,
-            min_us: min,
-            max_us: max,
-            spread_pct: 100.0 * far / median.max(1e-9),
-            samples,
-            base_samples,
-        })
-    }
 }
 
 /// Calibration of every app of a scenario.
@@ -226,6 +184,7 @@ pub fn from_points(points: Vec<Point>, percentile: f64) -> Option<AppCalibration
         base_latency_us: base,
         percentile,
         knee_spread: None,
+        knee_fit: None,
         nr_cpus: None,
         points,
     })
@@ -483,16 +442,5 @@ mod tests {
         assert!(k2 > k && k2 < 274.0, "{k2}");
         // No crossing: Kneedle's point (the step before the explosion).
         assert_eq!(knee_load(&pts, 40_000.0), Some(274.0));
-    }
-
-    #[test]
-    fn knee_spread_is_around_the_median() {
-        let k = KneeSpread::of(vec![10.0, 12.0, 9.0, 30.0, 11.0], 5000, 3000).unwrap();
-        assert_eq!((k.median_us, k.min_us, k.max_us), (11.0, 9.0, 30.0));
-        assert!((k.spread_pct - 100.0 * 19.0 / 11.0).abs() < 1e-9);
-        assert_eq!(k.repeats_us.len(), 5);
-        assert!(KneeSpread::of(vec![f64::INFINITY], 0, 0).is_none());
-        let even = KneeSpread::of(vec![1.0, 3.0], 2, 2).unwrap();
-        assert_eq!(even.median_us, 2.0);
     }
 }

@@ -44,6 +44,10 @@ pub struct SweepOptions {
     /// pooled, give the knee latency, and their spread is reported. 0: the
     /// knee's latency is read off the sweep's curve.
     pub knee_repeats: usize,
+    /// Put the knee on the curve fitted over every step
+    /// ([`crate::calibrate::CurveFit`]) rather than reading it off the
+    /// steps (false: `--knee steps`, the method before).
+    pub fit_knee: bool,
 }
 
 /// The longest a step grows to reach `min_samples`, × `step_s`.
@@ -63,6 +67,7 @@ impl Default for SweepOptions {
             // better: on a loaded one the repeats did worse (docs/sharing.md).
             min_samples: 0,
             knee_repeats: 0,
+            fit_knee: true,
         }
     }
 }
@@ -193,6 +198,10 @@ pub fn sweep(
     let points = steps.iter().map(|(p, _)| *p).collect();
     let mut c = from_points(points, pct)
         .ok_or_else(|| load::LoadError::BadSpec(format!("{}: no calibration point", app.name)))?;
+    if o.fit_knee {
+        let counted: Vec<(Point, u64)> = steps.iter().map(|(p, h)| (*p, h.len())).collect();
+        c.fit_knee(&counted);
+    }
     if o.knee_repeats > 0 {
         repeat_knee(&mut c, &steps, app, addr, o, progress)?;
     }
@@ -240,7 +249,10 @@ fn repeat_knee(
     let Some(base) = pool.percentile(pct).map(|v| v as f64 / 1e3) else {
         return Ok(());
     };
-    let Some(knee_rps) = knee_load(&c.points, base) else {
+    // The fitted knee's load where there is one; else where the steps
+    // cross 2 × the pooled base.
+    let fitted = c.knee_fit.map(|_| c.knee_rps);
+    let Some(knee_rps) = fitted.or_else(|| knee_load(&c.points, base)) else {
         return Ok(());
     };
     let mut samples = 0;

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use clap::Args as ClapArgs;
+use clap::{Args as ClapArgs, ValueEnum};
 use qosd_scenarios::calibrate;
 use qosd_scenarios::sweep::SweepOptions;
 
@@ -24,11 +24,14 @@ use crate::usage;
     A sweep offers rising open-loop load (x1.4 per step) until the server saturates\n\
     (achieved < 90% of offered, >1% errors, or p99 50x the lowest; such a step is measured\n\
     twice, so one stall does not end the sweep), then fills in the last stretch.\n\
-    Capacity = the highest rate the server kept up with; the knee is where the latency\n\
-    curve bends (Kneedle) or first passes twice the base latency (the light steps' requests\n\
-    pooled), interpolated between steps; its latency is the median of --knee-repeats steps\n\
-    at that load, whose spread goes into the output (knee_spread). Targets with knee_factor\n\
-    sit there; `target: {ms: N}` in a scenario pins a target for comparisons instead.")]
+    Capacity = the highest rate the server kept up with. The knee (--knee fitted, the\n\
+    default) is on the curve base + growth * x / (capacity - x) fitted over every step the\n\
+    server kept up with (robust least squares, steps weighted by their requests), where\n\
+    rps / latency peaks; the fit goes into the output (knee_fit). --knee steps reads it off\n\
+    the steps instead: where the curve bends (Kneedle) or first passes twice the base latency.\n\
+    With --knee-repeats N its latency is the median of N steps at the knee load, whose\n\
+    spread goes into the output (knee_spread). Targets with knee_factor sit there;\n\
+    `target: {ms: N}` in a scenario pins a target for comparisons instead.")]
 pub struct Args {
     /// Scenario whose apps to calibrate.
     pub scenario: PathBuf,
@@ -64,9 +67,22 @@ pub struct Args {
     /// 1000 for a p99 that rests on 10 requests. 0: every step --step-s.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
     pub min_samples: u64,
+    /// Where the knee is put: on the curve fitted over every step
+    /// (repeats within ~±10 % on a shared 2-CPU machine, docs/control.md),
+    /// or read off single steps (the method before; moves with one step's
+    /// luck).
+    #[arg(long, value_enum, default_value_t = Knee::Fitted)]
+    pub knee: Knee,
     /// Output file. Default: out/calibration-<scenario>.json.
     #[arg(long, value_name = "FILE")]
     pub out: Option<PathBuf>,
+}
+
+/// `--knee`: how the knee is found on a real sweep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Knee {
+    Fitted,
+    Steps,
 }
 
 /// The highest `--max-rps`: far above what one machine's loopback serves.
@@ -115,6 +131,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             seed: sc.seed,
             knee_repeats: args.knee_repeats as usize,
             min_samples: args.min_samples,
+            fit_knee: args.knee == Knee::Fitted,
             ..Default::default()
         };
         crate::node::sweep::calibrate(&sc, args.app.as_deref(), &o)?

@@ -139,6 +139,18 @@ fn print_knee(c: &AppCalibration) {
         c.knee_rps,
         c.knee_latency_us / 1000.0
     );
+    if let Some(f) = &c.knee_fit {
+        eprintln!(
+            "  -> knee where rps / p99 peaks on the curve fitted over {} steps ({} requests): \
+             p99 = {:.3} + {:.3} x / ({:.0} - x) ms, median error {:.0} %",
+            f.nr_steps,
+            f.samples,
+            f.base_us / 1000.0,
+            f.growth_us / 1000.0,
+            f.pole_rps,
+            f.median_err_pct
+        );
+    }
     if let Some(k) = &c.knee_spread {
         eprintln!(
             "  -> knee p99 over {} steps: {:.3}-{:.3} ms (median {:.3}, ±{:.0} %); \

@@ -108,6 +108,7 @@ mod tests {
             base_latency_us: 2564.0,
             percentile: 99.0,
             knee_spread: None,
+            knee_fit: None,
             nr_cpus: Some(1),
             points: pts
                 .iter()

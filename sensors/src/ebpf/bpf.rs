@@ -171,9 +171,16 @@ fn members_of(maps: &Maps<'_>, root: u32) -> Vec<u32> {
 /// idle, to write back once it is counted.
 type Pending = Option<(req_record, Vec<u8>)>;
 
+/// The traced-port bitmap as last written and the listening ports found.
+#[derive(Default)]
+struct Ports {
+    shadow: Vec<u64>,
+    listen: seed::ListenCache,
+}
+
 /// Listening ports of every traced process (socket path): the bitmap the
 /// softirq programs test first. Honours each target's port filter.
-fn refresh_ports(maps: &Maps<'_>, shared: &Shared, shadow: &mut Vec<u64>) {
+fn refresh_ports(maps: &Maps<'_>, shared: &Shared, state: &mut Ports) {
     if maps.lports.is_none() {
         return;
     }
@@ -183,16 +190,21 @@ fn refresh_ports(maps: &Maps<'_>, shared: &Shared, shadow: &mut Vec<u64>) {
         .map(|(pid, t)| (*pid, t.ports.clone()))
         .collect();
     let mut ports = Vec::new();
+    let mut seen = Vec::new();
     for (root, filter) in roots {
         for m in members_of(maps, root) {
             ports.extend(
-                seed::listening_ports(m)
+                state
+                    .listen
+                    .ports(m)
                     .into_iter()
                     .filter(|p| filter.is_empty() || filter.contains(p)),
             );
+            seen.push(m);
         }
     }
-    if let Err(e) = hooks::set_ports(maps, shadow, ports) {
+    state.listen.retain(&seen);
+    if let Err(e) = hooks::set_ports(maps, &mut state.shadow, ports) {
         tracing::warn!("updating the traced-port bitmap: {e}");
     }
 }
@@ -278,7 +290,7 @@ fn on_add(
     shared: &Shared,
     agg: &RefCell<AggReader>,
     (window, pid, t): (usize, u32, &TargetOptions),
-    port_shadow: &mut Vec<u64>,
+    port_shadow: &mut Ports,
 ) -> Result<(), TraceError> {
     add_target(maps, grpc, shared, window, pid, t)?;
     agg.borrow_mut()
@@ -322,7 +334,7 @@ fn on_remove(
     shared: &Shared,
     agg: &RefCell<AggReader>,
     pid: u32,
-    port_shadow: &mut Vec<u64>,
+    port_shadow: &mut Ports,
 ) {
     remove_target(maps, grpc, pid);
     agg.borrow_mut().remove(maps, shared, pid);
@@ -386,7 +398,7 @@ pub(super) fn run(
     };
     let mut last_check = Instant::now();
     let mut last_ports = Instant::now();
-    let mut port_shadow = Vec::new();
+    let mut port_shadow = Ports::default();
     let mut batch = Vec::with_capacity(4096);
     loop {
         if let Err(e) = ring.poll(Duration::from_millis(20)) {

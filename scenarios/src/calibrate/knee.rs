@@ -1,0 +1,217 @@
+//! A knee that repeats. A real sweep's steps each give a p99 that rests
+//! on a few requests and on what else the machine ran at that moment, so a
+//! knee read off single steps (the first step past 2 × the lightest one)
+//! moves with the luckiest and unluckiest step. Here the whole curve is
+//! fitted as a queue (`base + growth · x / (pole − x)`) over every step the
+//! server kept up with, and the knee is where the fitted curve's power
+//! `x / latency(x)` peaks. Also: [`KneeSpread`], repeated steps at the knee.
+
+use serde::{Deserialize, Serialize};
+
+use super::{AppCalibration, Point};
+
+/// A step the fit leaves out: the server fell behind (achieved below this
+/// share of the offered rate) ...
+const KEPT_SHARE: f64 = 0.95;
+/// ... or it ran above this share of the pole: near the pole a step of a
+/// few seconds never reaches its steady state, its p99 is the most
+/// variable of all, and x / (pole − x) turns the pole's own uncertainty
+/// (capacity is read off a grid of steps) into a large error, so one such
+/// step would decide the fit.
+const FIT_MAX_LOAD: f64 = 0.8;
+/// Huber's constant (in robust standard deviations): steps further from
+/// the fit than this are down-weighted, so one stalled step (another
+/// process took the CPU) cannot drag the curve.
+const HUBER_K: f64 = 1.5;
+
+/// The load–latency curve of a real sweep, fitted:
+/// `latency(x) = base_us + growth_us · x / (pole_rps − x)` (an M/M/1-like
+/// wait, growing as ρ / (1 − ρ), over a floor: service time, network,
+/// the machine's wake-up delays).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct CurveFit {
+    /// The floor, µs: the fitted latency at no load.
+    pub base_us: f64,
+    /// The queueing part's scale, µs (latency at half the pole is
+    /// `base_us + growth_us`).
+    pub growth_us: f64,
+    /// The load at which latency grows without bound (the calibrated
+    /// capacity), rps.
+    pub pole_rps: f64,
+    /// Steps the fit used and the requests behind them.
+    pub nr_steps: usize,
+    pub samples: u64,
+    /// Median |fit − step| / step over those steps, %: how well the shape
+    /// holds on this server.
+    pub median_err_pct: f64,
+}
+
+impl CurveFit {
+    /// The fitted latency at `rps` (µs; infinite at or past the pole).
+    pub fn latency_us(&self, rps: f64) -> f64 {
+        if rps >= self.pole_rps {
+            return f64::INFINITY;
+        }
+        self.base_us + self.growth_us * rps / (self.pole_rps - rps)
+    }
+
+    /// The knee, (rps, µs): where throughput per unit of latency,
+    /// x / latency(x), is highest (Kleinrock's optimal operating point:
+    /// the tangent to the curve from the origin). For this curve it is at
+    /// x = pole · √base / (√base + √growth), latency base + √(base · growth).
+    /// A noisy floor moves it by the square root of its error, and the
+    /// growth part, measured at loads where many requests queue, is the
+    /// steadier of the two.
+    pub fn knee(&self) -> (f64, f64) {
+        let (a, b) = (self.base_us.sqrt(), self.growth_us.sqrt());
+        (self.pole_rps * a / (a + b), self.base_us + a * b)
+    }
+
+    /// Fits the curve to `steps` (each step's point and how many requests
+    /// it measured) up to FIT_MAX_LOAD × `pole_rps`: weighted least squares (a step's
+    /// weight is its request count) made robust by Huber's weights.
+    /// `None` with fewer than 3 usable steps, or a fit without a floor
+    /// or without growth (no knee on such a curve).
+    pub fn of(steps: &[(Point, u64)], pole_rps: f64) -> Option<CurveFit> {
+        let used: Vec<(f64, f64, f64)> = steps
+            .iter()
+            .filter(|(p, n)| {
+                *n > 0
+                    && p.latency_us.is_finite()
+                    && p.achieved_rps >= KEPT_SHARE * p.offered_rps
+                    && p.offered_rps <= FIT_MAX_LOAD * pole_rps
+            })
+            .map(|(p, n)| {
+                let g = p.offered_rps / (pole_rps - p.offered_rps);
+                (g, p.latency_us, *n as f64)
+            })
+            .collect();
+        if used.len() < 3 {
+            return None;
+        }
+        let mut w: Vec<f64> = used.iter().map(|u| u.2).collect();
+        let mut ab = (0.0, 0.0);
+        for _ in 0..50 {
+            ab = weighted_line(&used, &w)?;
+            let res: Vec<f64> = used.iter().map(|u| u.1 - ab.0 - ab.1 * u.0).collect();
+            let scale = 1.4826 * median(res.iter().map(|r| r.abs()).collect());
+            if scale <= 0.0 {
+                break;
+            }
+            let next: Vec<f64> = used
+                .iter()
+                .zip(&res)
+                .map(|(u, r)| u.2 * (HUBER_K * scale / r.abs().max(1e-12)).min(1.0))
+                .collect();
+            let moved = next.iter().zip(&w).any(|(a, b)| (a - b).abs() > 1e-9 * b);
+            w = next;
+            if !moved {
+                break;
+            }
+        }
+        let (base_us, growth_us) = ab;
+        if !(base_us > 0.0 && growth_us > 0.0) {
+            return None;
+        }
+        let errs = used
+            .iter()
+            .map(|u| 100.0 * (base_us + growth_us * u.0 - u.1).abs() / u.1.max(1e-9))
+            .collect();
+        Some(CurveFit {
+            base_us,
+            growth_us,
+            pole_rps,
+            nr_steps: used.len(),
+            samples: used.iter().map(|u| u.2 as u64).sum(),
+            median_err_pct: median(errs),
+        })
+    }
+}
+
+/// Weighted least-squares line through (x, y, _) with weights `w`:
+/// (intercept, slope); `None` when the x are all alike.
+fn weighted_line(pts: &[(f64, f64, f64)], w: &[f64]) -> Option<(f64, f64)> {
+    let sw: f64 = w.iter().sum();
+    let mx = pts.iter().zip(w).map(|(p, w)| w * p.0).sum::<f64>() / sw;
+    let my = pts.iter().zip(w).map(|(p, w)| w * p.1).sum::<f64>() / sw;
+    let sxx: f64 = pts.iter().zip(w).map(|(p, w)| w * (p.0 - mx).powi(2)).sum();
+    let sxy: f64 = pts
+        .iter()
+        .zip(w)
+        .map(|(p, w)| w * (p.0 - mx) * (p.1 - my))
+        .sum();
+    if !(sxx > 0.0 && sw > 0.0) {
+        return None;
+    }
+    let b = sxy / sxx;
+    Some((my - b * mx, b))
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    match n {
+        0 => 0.0,
+        _ if n % 2 == 1 => v[n / 2],
+        _ => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+impl AppCalibration {
+    /// Puts the knee on the fitted curve (a real sweep's `steps` with their
+    /// request counts; the pole is the calibrated capacity). Leaves the
+    /// step-read knee where no curve fits, and says so by `knee_fit: None`.
+    pub fn fit_knee(&mut self, steps: &[(Point, u64)]) {
+        if let Some(f) = CurveFit::of(steps, self.capacity_rps) {
+            (self.knee_rps, self.knee_latency_us) = f.knee();
+            self.knee_fit = Some(f);
+        }
+    }
+}
+
+/// The knee latency's repeatability: `knee_latency_us` is the median of
+/// the percentiles of `repeats_us.len()` steps at the knee load; their
+/// range is its confidence interval (for 5 steps, ~94 % that the true
+/// median lies between the lowest and the highest).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KneeSpread {
+    /// Each repeated step's percentile, µs.
+    pub repeats_us: Vec<f64>,
+    /// Their median, lowest and highest, µs.
+    pub median_us: f64,
+    pub min_us: f64,
+    pub max_us: f64,
+    /// Largest distance of one step from the median, % of the median.
+    pub spread_pct: f64,
+    /// Requests measured at the knee, all steps.
+    pub samples: u64,
+    /// Requests pooled for `base_latency_us` (the light steps).
+    pub base_samples: u64,
+}
+
+impl KneeSpread {
+    /// The spread of per-step figures `v` (µs) around their median.
+    pub fn of(v: Vec<f64>, samples: u64, base_samples: u64) -> Option<KneeSpread> {
+        let s: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
+        if s.is_empty() {
+            return None;
+        }
+        let min = s.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let median = median(s);
+        let far = (median - min).max(max - median);
+        Some(KneeSpread {
+            repeats_us: v,
+            median_us: median,
+            min_us: min,
+            max_us: max,
+            spread_pct: 100.0 * far / median.max(1e-9),
+            samples,
+            base_samples,
+        })
+    }
+}
+
+#[cfg(test)]
+#[path = "knee_tests.rs"]
+mod tests;
