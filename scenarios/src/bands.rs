@@ -319,6 +319,7 @@ mod tests {
                 knee_spread: None,
                 nr_cpus: None,
                 points: vec![],
+                knee_fit: None,
             },
         );
         let mut s = Summary::default();
