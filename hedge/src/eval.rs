@@ -74,7 +74,6 @@ pub struct Report {
 }
 
 const PORT: u16 = 27_027;
-const FLOW_PORT: u16 = 27_028;
 
 fn chaos(port: u16, base_us: u64, slow_permille: u32, slow_us: u64, seed: u64) -> ChaosArgs {
     ChaosArgs {
@@ -129,7 +128,7 @@ pub fn run(a: &EvalArgs, state: &Path) -> Result<Report> {
     topo.keep(rep);
     // The unrelated flow's server on a CPU of its own (see [`flow`]).
     let flow_srv = flow::on_cpu(flow::flow_cpus().map(|c| c.1), || {
-        topo.serve(false, chaos(FLOW_PORT, 0, 0, 0, a.seed))
+        topo.serve(false, chaos(flow::PORT, 0, 0, 0, a.seed))
     })?;
     topo.keep(flow_srv);
     let t_hedge = Duration::from_secs_f64(a.t_hedge_ms / 1000.0);
@@ -191,8 +190,15 @@ pub fn run(a: &EvalArgs, state: &Path) -> Result<Report> {
         rows.push(row(name, s, a));
         cdf.push((name.to_owned(), client::sorted_ms(s)));
     }
-    let (flow_rps, flow_bpf) =
-        flow::rounds(a, FLOW_PORT, &topo, &mut ctx, &mut hedges, &app, &spec)?;
+    let (flow_rps, flow_bpf) = flow::rounds(
+        a.flow_rounds,
+        a.flow_requests,
+        &topo,
+        &mut ctx,
+        &mut hedges,
+        &app,
+        &spec,
+    )?;
     Ok(Report {
         args: a.clone(),
         rows,

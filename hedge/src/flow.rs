@@ -16,7 +16,6 @@ use qosd_sensors::bpfstats::RunStat;
 
 use crate::actuator::Hedges;
 use crate::client::{self, Mode, RunArgs};
-use crate::eval::EvalArgs;
 use crate::route::in_netns;
 use crate::topo::Topo;
 use crate::HedgeSpec;
@@ -51,13 +50,17 @@ pub fn on_cpu<T>(cpu: Option<u32>, f: impl FnOnce() -> T) -> T {
     out
 }
 
-/// The unrelated flow (`port` on the service's host) with the hedger off
+/// The unrelated flow's port on the service's host (the hedged service is
+/// on another).
+pub const PORT: u16 = 27_028;
+
+/// The unrelated flow ([`PORT`] on the service's host) with the hedger off
 /// and on, interleaved (off/on, then on/off, ...: neither side always
 /// runs first); the client streams on the first of [`flow_cpus`] (the
 /// server was started on the second).
 pub fn rounds(
-    a: &EvalArgs,
-    port: u16,
+    nr_rounds: u32,
+    nr_requests: u64,
     topo: &Topo,
     ctx: &mut Ctx,
     hedges: &mut Hedges,
@@ -65,10 +68,10 @@ pub fn rounds(
     spec: &HedgeSpec,
 ) -> Result<FlowResult> {
     let args = RunArgs {
-        service: Topo::service(port).into(),
+        service: Topo::service(PORT).into(),
         mode: Mode::Plain,
         first_id: 1,
-        nr_requests: a.flow_requests,
+        nr_requests,
         // Enough parallel streams to keep a CPU busy: throughput, not one
         // stream's round-trip time.
         streams: 8,
@@ -106,7 +109,7 @@ pub fn rounds(
         Ok((on, stats))
     };
     let mut out = Vec::new();
-    for round in 0..a.flow_rounds {
+    for round in 0..nr_rounds {
         let off_first = round % 2 == 0;
         let off_before = if off_first { Some(rate()?) } else { None };
         let (on, _) = on_round(hedges, ctx)?;
