@@ -247,8 +247,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn bands_split_at_the_capacity_fraction() {
+    /// A run's summary whose calibration holds one LC app, "lc", of
+    /// capacity 100 rps.
+    fn lc_summary() -> Summary {
         let mut cal = Calibration::default();
         cal.apps.insert(
             "lc".into(),
@@ -269,6 +270,12 @@ mod tests {
         let mut s = Summary::default();
         s.meta
             .insert("calibration".into(), serde_json::to_value(&cal).unwrap());
+        s
+    }
+
+    #[test]
+    fn bands_split_at_the_capacity_fraction() {
+        let mut s = lc_summary();
         s.meta
             .insert("be_cpus_used".into(), serde_json::json!({"be": 0.75}));
         s.apps.insert("lc".into(), AppSummary::default());
@@ -305,26 +312,7 @@ mod tests {
     /// oracle met, beside the raw one (which keeps them all).
     #[test]
     fn the_oracles_unmet_intervals_are_counted_apart() {
-        let mut cal = Calibration::default();
-        cal.apps.insert(
-            "lc".into(),
-            AppCalibration {
-                capacity_rps: 100.0,
-                knee_rps: 50.0,
-                knee_latency_us: 1.0,
-                ebpf_knee_latency_us: None,
-                gap: Vec::new(),
-                base_latency_us: 1.0,
-                percentile: 99.0,
-                knee_spread: None,
-                nr_cpus: None,
-                points: vec![],
-                knee_fit: None,
-            },
-        );
-        let mut s = Summary::default();
-        s.meta
-            .insert("calibration".into(), serde_json::to_value(&cal).unwrap());
+        let mut s = lc_summary();
         s.apps.insert("lc".into(), AppSummary::default());
         let at = |t_s: f64, viol: bool| Row {
             t_s,
