@@ -96,7 +96,7 @@ pub fn rounds(
     };
     // The stats cost two clock reads per program run: off in the
     // measured rounds, on for one more on-round that gives the cost.
-    let _stats = BpfStats::off();
+    qosd_sensors::bpfstats::clear_leftover_sysctl();
     let on_round = |hedges: &mut Hedges, ctx: &mut Ctx| -> Result<(f64, Vec<RunStat>)> {
         hedges.enable(ctx, app, spec)?;
         let on = rate();
@@ -174,30 +174,6 @@ pub fn summary(rps: &[(f64, f64)], nr_requests: u64) -> String {
         quartiles(&on)[1],
         each.join(" ")
     )
-}
-
-/// `kernel.bpf_stats_enabled` off for the measured rounds (a leftover 1
-/// would time every program run), put back as found after.
-struct BpfStats(Option<String>);
-
-const BPF_STATS: &str = "/proc/sys/kernel/bpf_stats_enabled";
-
-impl BpfStats {
-    fn off() -> Self {
-        let before = std::fs::read_to_string(BPF_STATS).ok();
-        if std::fs::write(BPF_STATS, "0").is_err() {
-            return BpfStats(None);
-        }
-        BpfStats(before)
-    }
-}
-
-impl Drop for BpfStats {
-    fn drop(&mut self) {
-        if let Some(b) = &self.0 {
-            let _ = std::fs::write(BPF_STATS, b.trim());
-        }
-    }
 }
 
 #[cfg(test)]

@@ -244,10 +244,9 @@ fn main() {
 /// by a process (BPF_ENABLE_STATS) cannot be, and does not show in the
 /// sysctl: each traced round checks whether its programs were timed.
 fn stats_off() -> &'static str {
-    if !bpfstats::sysctl_on() {
+    if !bpfstats::clear_leftover_sysctl() {
         return "";
     }
-    let _ = std::fs::write(bpfstats::SYSCTL, "0");
     " (kernel.bpf_stats_enabled was found at 1, left on by another bench: set to 0)"
 }
 

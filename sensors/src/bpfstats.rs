@@ -52,6 +52,17 @@ pub fn sysctl_on() -> bool {
     std::fs::read_to_string(SYSCTL).is_ok_and(|s| s.trim() == "1")
 }
 
+/// Drops the sysctl's own reference if a bench left it at 1 (it would time
+/// every program run on the node); returns whether it was on. A reference
+/// held by a process ([`StatsOn`]) cannot be dropped from here and does
+/// not show in the sysctl: check [`timed`] on the figures instead.
+pub fn clear_leftover_sysctl() -> bool {
+    if !sysctl_on() {
+        return false;
+    }
+    std::fs::write(SYSCTL, "0").is_ok()
+}
+
 /// Whether any of `stats` was timed: the statistics were on while they ran
 /// (by the sysctl or by a reference held anywhere).
 pub fn timed(stats: &[RunStat]) -> bool {
