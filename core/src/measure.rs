@@ -58,6 +58,22 @@ pub fn samples_for_percentile(pct: f64) -> u64 {
     (10.0 / (1.0 - pct / 100.0).max(1e-4)).round() as u64
 }
 
+/// The median of the finite values in `v` (the mean of the middle two for
+/// an even count); `None` when there are none.
+pub fn median(mut v: Vec<f64>) -> Option<f64> {
+    v.retain(|x| x.is_finite());
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    Some(if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        0.5 * (v[n / 2 - 1] + v[n / 2])
+    })
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

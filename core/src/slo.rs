@@ -233,13 +233,7 @@ impl SloSide {
         };
         let mut v: Vec<f64> = self.residuals.iter().copied().collect();
         v.extend(std::iter::repeat_n(0.0, pad));
-        v.sort_by(f64::total_cmp);
-        let n = v.len();
-        self.correction_us = if n % 2 == 1 {
-            v[n / 2]
-        } else {
-            0.5 * (v[n / 2 - 1] + v[n / 2])
-        };
+        self.correction_us = crate::measure::median(v).unwrap_or(0.0);
         self.nr_refreshes += 1;
     }
 }

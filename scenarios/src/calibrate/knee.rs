@@ -147,14 +147,9 @@ fn weighted_line(pts: &[(f64, f64, f64)], w: &[f64]) -> Option<(f64, f64)> {
     Some((my - b * mx, b))
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    match n {
-        0 => 0.0,
-        _ if n % 2 == 1 => v[n / 2],
-        _ => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
+/// The median of `v`, 0 for none (no step to judge).
+fn median(v: Vec<f64>) -> f64 {
+    qosd_core::measure::median(v).unwrap_or(0.0)
 }
 
 impl AppCalibration {

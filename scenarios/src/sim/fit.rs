@@ -21,6 +21,7 @@
 //! ([`FitCheck`]) rather than bending it. A batch job: operations per
 //! CPU-second (its ops/s over the CPUs it used), checked the same way.
 
+use qosd_core::measure::median;
 use qosd_core::Share;
 
 use super::fitted::FitCheck;
@@ -74,20 +75,6 @@ pub struct JobPoint {
     pub ops_per_s: f64,
     /// CPUs the job used on average (CPU seconds per second).
     pub cpus_used: f64,
-}
-
-fn median(mut v: Vec<f64>) -> Option<f64> {
-    v.retain(|x| x.is_finite());
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    Some(if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        0.5 * (v[n / 2 - 1] + v[n / 2])
-    })
 }
 
 /// The model's steady-state latency at a point, µs: (client, server side).
