@@ -42,7 +42,12 @@ pub fn fixture_scenario(dir: &Path, app: &str, level: f64, duration_s: u32) -> P
 
 /// `qosd calibrate` of a scenario, quickly (0.5 s steps).
 pub fn calibrate(sc: &Path, out: &Path) {
-    let o = qosd(&[
+    calibrate_with(sc, out, &[]);
+}
+
+/// [`calibrate`] with more of `qosd calibrate`'s flags.
+pub fn calibrate_with(sc: &Path, out: &Path, extra: &[&str]) {
+    let mut args = vec![
         "calibrate",
         sc.to_str().unwrap(),
         "--step-s",
@@ -51,7 +56,9 @@ pub fn calibrate(sc: &Path, out: &Path) {
         "20000",
         "--out",
         out.to_str().unwrap(),
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    let o = qosd(&args);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }
 
