@@ -77,10 +77,12 @@ pub struct ThreadLine {
 const MAX_SAMPLES: usize = 200_000;
 
 /// How long before a clone's due time the thread stops sleeping and
-/// spins: above the p99 of its wake-up latency measured here (77-105 µs
-/// when it slept to the due time), so a wake-up's latency rarely makes a
-/// clone late.
-pub const SPIN_NS: u64 = 200_000;
+/// spins: above the median of its wake-up latency here (~30 µs when it
+/// slept to the due time), so most clones leave within a few µs. Not
+/// longer: the spin is CPU taken at SCHED_FIFO from everything else on
+/// the CPU, and 200 µs (above the wake-up's p99) cost ~2.5x the CPU time
+/// for no better p99 or max (`qosd-hedge-eval`, BENCHMARKS.md).
+pub const SPIN_NS: u64 = 50_000;
 
 /// A packet socket bound to `ifindex` (open it inside the interface's
 /// namespace), receiving every frame but its own.
