@@ -49,3 +49,23 @@ int BPF_PROG(floor_exit, struct task_struct *p)
 {
 	return 0;
 }
+
+/*
+ * The floor of a design scoped to the server: cgroup_skb programs on the
+ * server's cgroup (v2) run only for packets of sockets in that cgroup, so
+ * a client elsewhere (a loopback load generator, other services) pays a
+ * static-key test and no program run. Only attached by the scoped floor
+ * (the skeleton's auto-attach skips cgroup programs). 1: let the packet
+ * through.
+ */
+SEC("cgroup_skb/ingress")
+int floor_ingress(struct __sk_buff *skb)
+{
+	return 1;
+}
+
+SEC("cgroup_skb/egress")
+int floor_egress(struct __sk_buff *skb)
+{
+	return 1;
+}

@@ -9,7 +9,8 @@ use std::process::{Child, Command};
 
 use qosd_sensors::bpfstats::{self, RunStat, StatsOn};
 
-use crate::{med, run_load, start_trace, Setup};
+use crate::rounds::Side;
+use crate::{floor_hooks, med, run_load, start_trace, Setup};
 
 /// BPF statistics off for the A/B rounds: on, they add two clock reads to
 /// every run of every program (~0.4 µs per traced get, server and client,
@@ -46,6 +47,8 @@ enum Variant {
     Idle,
     /// The floor's empty programs.
     Floor,
+    /// The scoped floor's.
+    CgroupFloor,
 }
 
 impl Variant {
@@ -56,6 +59,9 @@ impl Variant {
                 "`qosd trace` on an idle process (every run leaves at its first check)"
             }
             Variant::Floor => "floor (empty programs)",
+            Variant::CgroupFloor => {
+                "scoped floor (empty cgroup_skb on memcached's cgroup + sock_recv_length)"
+            }
         }
     }
 }
@@ -100,10 +106,16 @@ fn cost_run(setup: &mut Setup, v: Variant) -> Result<(Vec<RunStat>, u64), String
             }
             (rows.into_iter().filter(|r| r.runs > 0).collect(), run)
         }
-        Variant::Floor => {
+        Variant::Floor | Variant::CgroupFloor => {
+            let side = if v == Variant::Floor {
+                Side::Floor
+            } else {
+                Side::CgroupFloor
+            };
+            let hooks = floor_hooks(side, setup.cgroup.as_deref());
             let f = setup.floor.as_mut().ok_or("no floor loaded")?;
             let before = bpfstats::run_stats(f.progs());
-            f.attach().map_err(|e| e.to_string())?;
+            f.attach(hooks).map_err(|e| e.to_string())?;
             let run = run_load(&load, secs, None);
             f.detach();
             (minus(bpfstats::run_stats(f.progs()), &before), run)
@@ -116,11 +128,15 @@ fn cost_run(setup: &mut Setup, v: Variant) -> Result<(Vec<RunStat>, u64), String
 }
 
 /// `runs` cost runs of every variant there is, as markdown.
-pub fn bpf_stats(setup: &mut Setup, runs: usize) -> Result<String, String> {
+pub fn bpf_stats(setup: &mut Setup, floors: &[Side], runs: usize) -> Result<String, String> {
     let on = StatsOn::take().map_err(|e| format!("turning BPF statistics on: {e}"))?;
     let mut variants = vec![Variant::Traced, Variant::Idle];
-    if setup.floor.is_some() {
-        variants.push(Variant::Floor);
+    for f in floors {
+        variants.push(if *f == Side::Floor {
+            Variant::Floor
+        } else {
+            Variant::CgroupFloor
+        });
     }
     let mut out = String::new();
     let mut summary = String::from(

@@ -24,11 +24,12 @@ mod rounds;
 use std::io::{BufRead, BufReader, Write};
 use std::mem::MaybeUninit;
 use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use qosd_sensors::bpfstats;
-use qosd_sensors::ebpf::floor::Floor;
+use qosd_sensors::ebpf::floor::{Floor, FloorHooks};
 use qosd_sensors::stats::LogHistogram;
 
 use rounds::{Rounds, Side};
@@ -230,10 +231,19 @@ pub fn start_trace(qosd: &str, pid: u32) -> Child {
     c
 }
 
-/// memcached on loopback, pinned with `pin`.
-fn start_memcached(port: u16, pin: Option<Pin>) -> KillOnDrop {
+/// memcached on loopback, pinned with `pin`, started inside `cgroup` (v2)
+/// if given (its listening socket, and so every socket it accepts, belongs
+/// there).
+fn start_memcached(port: u16, pin: Option<Pin>, cgroup: Option<&Path>) -> KillOnDrop {
     let threads = if pin.is_some() { "1" } else { "2" };
-    let args = [
+    let port_s = port.to_string();
+    let mut argv: Vec<&str> = vec![];
+    let cpu = pin.map(|p| p.server.to_string());
+    if let Some(cpu) = &cpu {
+        argv.extend(["taskset", "-c", cpu]);
+    }
+    argv.extend([
+        "memcached",
         "-u",
         "nobody",
         "-l",
@@ -241,20 +251,61 @@ fn start_memcached(port: u16, pin: Option<Pin>) -> KillOnDrop {
         "-t",
         threads,
         "-p",
-        &port.to_string(),
-    ];
-    let mc = match pin {
-        Some(p) => Command::new("taskset")
-            .args(["-c", &p.server.to_string(), "memcached"])
-            .args(args)
-            .spawn(),
-        None => Command::new("memcached").args(args).spawn(),
+        &port_s,
+    ]);
+    let mut cmd = match cgroup {
+        // The shell joins the group, then becomes memcached.
+        Some(dir) => {
+            let mut c = Command::new("sh");
+            c.arg("-c")
+                .arg("echo $$ > \"$0/cgroup.procs\" && exec \"$@\"")
+                .arg(dir)
+                .args(&argv);
+            c
+        }
+        None => {
+            let mut c = Command::new(argv[0]);
+            c.args(&argv[1..]);
+            c
+        }
     };
-    let mc = KillOnDrop(mc.expect("memcached"));
+    let mc = KillOnDrop(cmd.spawn().expect("memcached"));
     while TcpStream::connect(("127.0.0.1", port)).is_err() {
         std::thread::sleep(Duration::from_millis(20));
     }
     mc
+}
+
+/// A cgroup (v2) of this bench's own, removed on drop (once empty).
+struct Group(PathBuf);
+
+impl Group {
+    /// A new group under the cgroup2 mount (None: no cgroup2 here).
+    fn new() -> Option<Group> {
+        let mounts = std::fs::read_to_string("/proc/mounts").ok()?;
+        let root = mounts
+            .lines()
+            .map(|l| l.split_whitespace().collect::<Vec<_>>())
+            .find(|f| f.get(2) == Some(&"cgroup2"))?[1]
+            .to_string();
+        let dir = Path::new(&root).join(format!("qosd-test-req25f-floor-{}", std::process::id()));
+        std::fs::create_dir(&dir).ok()?;
+        Some(Group(dir))
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// The hooks of a floor side; `cgroup`: memcached's.
+pub fn floor_hooks(side: Side, cgroup: Option<&Path>) -> FloorHooks<'_> {
+    match (side, cgroup) {
+        (Side::CgroupFloor, Some(dir)) => FloorHooks::Cgroup(dir),
+        _ => FloorHooks::Tracepoints,
+    }
 }
 
 /// What the bench measures beside the untraced server.
@@ -262,6 +313,8 @@ pub struct Setup<'f, 'o> {
     qosd: String,
     load: Load,
     floor: Option<&'f mut Floor<'o>>,
+    /// memcached's own cgroup (v2), for the scoped floor.
+    cgroup: Option<PathBuf>,
 }
 
 impl Setup<'_, '_> {
@@ -270,9 +323,10 @@ impl Setup<'_, '_> {
     fn run(&mut self, side: Side) -> (Run, bool) {
         match side {
             Side::Off => (run_load(&self.load, self.load.secs, None), false),
-            Side::Floor => {
-                let f = self.floor.as_mut().expect("FLOOR=1 loaded the floor");
-                f.attach().expect("attaching the floor");
+            Side::Floor | Side::CgroupFloor => {
+                let hooks = floor_hooks(side, self.cgroup.as_deref());
+                let f = self.floor.as_mut().expect("FLOOR loaded the floor");
+                f.attach(hooks).expect("attaching the floor");
                 let r = run_load(&self.load, self.load.secs, None);
                 f.detach();
                 (r, false)
@@ -305,13 +359,24 @@ fn main() {
     let conns: usize = args.get(3).and_then(|a| a.parse().ok()).unwrap_or(8);
     let pin = pin_from_env();
     let port = free_port();
-    let mc = start_memcached(port, pin);
+    // FLOOR: 1 (the tracepoints' floor), cgroup (the scoped one) or both.
+    let floor_env = std::env::var("FLOOR").unwrap_or_default();
+    let floors: Vec<Side> = match floor_env.as_str() {
+        "1" => vec![Side::Floor],
+        "cgroup" => vec![Side::CgroupFloor],
+        "both" => vec![Side::Floor, Side::CgroupFloor],
+        _ => vec![],
+    };
+    let group = floors
+        .contains(&Side::CgroupFloor)
+        .then(|| Group::new().expect("FLOOR=cgroup: no cgroup2 mount, or mkdir failed"));
+    let mc = start_memcached(port, pin, group.as_ref().map(|g| g.0.as_path()));
     if let Some(p) = pin {
         // The main thread (this bench's bookkeeping) stays off the server's CPU.
         pin_thread(p.client);
     }
     let mut storage = MaybeUninit::uninit();
-    let mut floor = env_flag("FLOOR", false)
+    let mut floor = (!floors.is_empty())
         .then(|| Floor::load(&mut storage).expect("loading the floor programs"));
     let mut setup = Setup {
         qosd: std::env::var("QOSD").unwrap_or_else(|_| "target/release/qosd".into()),
@@ -323,6 +388,7 @@ fn main() {
             pin,
         },
         floor: floor.as_mut(),
+        cgroup: group.as_ref().map(|g| g.0.clone()),
     };
     let found_on = cost::stats_off();
     run_load(&setup.load, 1.0, None); // warm-up
@@ -330,9 +396,7 @@ fn main() {
     if env_flag("AA", true) {
         sides.push(Side::Off);
     }
-    if setup.floor.is_some() {
-        sides.push(Side::Floor);
-    }
+    sides.extend(&floors);
     let mut r = Rounds::new(&sides);
     for round in 0..rounds {
         for &side in &sides {
@@ -354,8 +418,9 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(1);
-    let stats = (stats_runs > 0).then(|| cost::bpf_stats(&mut setup, stats_runs));
+    let stats = (stats_runs > 0).then(|| cost::bpf_stats(&mut setup, &floors, stats_runs));
     drop(mc);
+    drop(group);
     if rounds > 0 {
         r.print_table(rounds, secs, conns, pin.map(|p| (p.server, p.client)));
         println!("{}\n", cost::stats_note(found_on, r.timed_rounds));

@@ -13,6 +13,9 @@ pub enum Side {
     Traced,
     /// Empty programs on the tracer's hooks (`bpf/floor.bpf.c`).
     Floor,
+    /// Empty programs on hooks scoped to memcached's cgroup, and on
+    /// `sock_recv_length`.
+    CgroupFloor,
 }
 
 impl Side {
@@ -21,6 +24,9 @@ impl Side {
             Side::Off => "A/A: untraced vs untraced (the bench's resolution)",
             Side::Traced => "`qosd trace` attached",
             Side::Floor => "floor: empty programs on the same hooks",
+            Side::CgroupFloor => {
+                "scoped floor: empty cgroup_skb in/egress on memcached's cgroup + sock_recv_length"
+            }
         }
     }
 }
