@@ -77,6 +77,39 @@ fn steal_jiffies() -> (u64, u64) {
     (f.get(7).copied().unwrap_or(0), f.iter().take(8).sum())
 }
 
+/// Iterations of the speed probe's dependent multiply-add chain (~5 ms).
+const PROBE_ITERS: u64 = 4_000_000;
+
+/// The CPU's speed now, as this thread's CPU time (ns, schedstat) for a
+/// fixed chain of work on `cpu` (None: where it lands). A guest cannot
+/// see the host's frequency or a busy hyperthread sibling, and steal
+/// does not count them; this does, so CPU time per request can be taken
+/// in units of this work.
+fn speed_probe(cpu: Option<usize>) -> f64 {
+    std::thread::spawn(move || {
+        if let Some(c) = cpu {
+            pin_thread(c);
+        }
+        let t0 = thread_cpu_ns();
+        let mut x = 1u64;
+        for _ in 0..PROBE_ITERS {
+            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+        }
+        std::hint::black_box(x);
+        (thread_cpu_ns() - t0) as f64
+    })
+    .join()
+    .expect("speed probe")
+}
+
+/// The mean probe over the server's and the client's CPUs.
+fn speed(pin: Option<Pin>) -> f64 {
+    match pin {
+        Some(p) => (speed_probe(Some(p.server)) + speed_probe(Some(p.client))) / 2.0,
+        None => speed_probe(None),
+    }
+}
+
 /// Where the server and the client run.
 #[derive(Clone, Copy)]
 struct Pin {
@@ -115,6 +148,8 @@ pub struct Run {
     tracer_us: f64,
     /// Share of the node's CPU time the host took (steal).
     steal: f64,
+    /// The speed probe's ns around the run (mean of before and after).
+    probe_ns: f64,
     requests: u64,
 }
 
@@ -169,6 +204,7 @@ pub struct Load {
 pub fn run_load(l: &Load, secs: f64, tracer: Option<u32>) -> Run {
     let server_cpu0 = process_cpu_ns(l.server);
     let tracer_cpu0 = tracer.map_or(0, process_cpu_ns);
+    let probe0 = speed(l.pin);
     let steal0 = steal_jiffies();
     let deadline = Instant::now() + Duration::from_secs_f64(secs);
     let threads: Vec<_> = (0..l.conns)
@@ -185,6 +221,7 @@ pub fn run_load(l: &Load, secs: f64, tracer: Option<u32>) -> Run {
         all.merge(&h);
     }
     let steal1 = steal_jiffies();
+    let probe_ns = (probe0 + speed(l.pin)) / 2.0;
     cpu_ns += process_cpu_ns(l.server).saturating_sub(server_cpu0);
     let tracer_ns = tracer.map_or(0, |t| process_cpu_ns(t).saturating_sub(tracer_cpu0));
     let per_req = |ns: u64| ns as f64 / 1e3 / total.max(1) as f64;
@@ -194,6 +231,7 @@ pub fn run_load(l: &Load, secs: f64, tracer: Option<u32>) -> Run {
         p50_us: all.percentile(50.0).unwrap_or(0) as f64 / 1e3,
         cpu_us: per_req(cpu_ns),
         steal: (steal1.0 - steal0.0) as f64 / (steal1.1 - steal0.1).max(1) as f64,
+        probe_ns,
         requests: total,
     }
 }

@@ -36,6 +36,8 @@ impl Side {
 struct Pairs {
     ratios: Vec<f64>,
     cpu_ratios: Vec<f64>,
+    /// CPU per request in units of the speed probe's work.
+    work_ratios: Vec<f64>,
     p50_deltas: Vec<f64>,
     base_rps: Vec<f64>,
     rps: Vec<f64>,
@@ -85,9 +87,9 @@ impl Rounds {
     /// One pair: `a` untraced, `b` the variant `side`.
     pub fn push(&mut self, round: usize, side: Side, a: &Run, b: &Run, timed: bool) {
         eprintln!(
-            "round {round} {side:?}: off {:.0} rps p50 {:.1} µs cpu {:.2} µs/req | {:.0} rps p50 {:.1} µs cpu {:.2} µs/req, tracer {:.2} µs/req, steal {:.1}/{:.1} %",
+            "round {round} {side:?}: off {:.0} rps p50 {:.1} µs cpu {:.2} µs/req | {:.0} rps p50 {:.1} µs cpu {:.2} µs/req, tracer {:.2} µs/req, steal {:.1}/{:.1} %, probe {:.2}/{:.2} ms",
             a.rps, a.p50_us, a.cpu_us, b.rps, b.p50_us, b.cpu_us, b.tracer_us,
-            a.steal * 100.0, b.steal * 100.0
+            a.steal * 100.0, b.steal * 100.0, a.probe_ns / 1e6, b.probe_ns / 1e6
         );
         self.timed_rounds += usize::from(timed);
         self.max_steal = self.max_steal.max(a.steal).max(b.steal);
@@ -96,6 +98,8 @@ impl Rounds {
         };
         p.ratios.push(b.rps / a.rps);
         p.cpu_ratios.push(b.cpu_us / a.cpu_us);
+        p.work_ratios
+            .push((b.cpu_us / b.probe_ns) / (a.cpu_us / a.probe_ns));
         p.p50_deltas.push(b.p50_us - a.p50_us);
         p.base_rps.push(a.rps);
         p.rps.push(b.rps);
@@ -122,17 +126,20 @@ impl Rounds {
              each a back-to-back pair of {secs} s runs per variant: untraced vs the variant \
              (the order alternates by round). CPU per request is the CPU time (schedstat) of \
              memcached's threads and the client's threads over the run, divided by the \
-             requests: unlike throughput it does not count time lost to other load. Ratios \
-             are median [q1, q3] of the per-pair ratios.\n"
+             requests: unlike throughput it does not count time lost to other load. CPU per \
+             work unit divides that by a speed probe's CPU time for a fixed chain of work \
+             on the same CPUs just before and after the run (the host's frequency and a busy \
+             hyperthread sibling slow both alike; a guest sees neither). Ratios are median \
+             [q1, q3] of the per-pair ratios.\n"
         );
-        println!("| variant | untraced req/s | variant req/s | throughput ratio | CPU per request, µs (untraced / variant) | CPU-per-request ratio | client p50 delta |");
-        println!("|---|---|---|---|---|---|---|");
+        println!("| variant | untraced req/s | variant req/s | throughput ratio | CPU per request, µs (untraced / variant) | CPU-per-request ratio | CPU per work unit ratio | client p50 delta |");
+        println!("|---|---|---|---|---|---|---|---|");
         for (side, p) in &self.sides {
             if p.ratios.is_empty() {
                 continue;
             }
             println!(
-                "| {} | {:.0} | {:.0} | {} | {:.2} / {:.2} | {} | {:+.1} µs |",
+                "| {} | {:.0} | {:.0} | {} | {:.2} / {:.2} | {} | {} | {:+.1} µs |",
                 side.label(),
                 median(&p.base_rps),
                 median(&p.rps),
@@ -140,6 +147,7 @@ impl Rounds {
                 median(&p.base_cpu),
                 median(&p.cpu),
                 spread(&p.cpu_ratios),
+                spread(&p.work_ratios),
                 median(&p.p50_deltas),
             );
         }
@@ -174,7 +182,11 @@ impl Rounds {
             return;
         }
         let half = |v: &[f64]| (quantile(v, 0.75) - quantile(v, 0.25)) / 2.0 * 100.0;
-        let (t, c) = (half(&aa.ratios), half(&aa.cpu_ratios));
+        let (t, c, w) = (
+            half(&aa.ratios),
+            half(&aa.cpu_ratios),
+            half(&aa.work_ratios),
+        );
         let verdict = |h: f64| {
             if h > 1.0 {
                 "wider than ±1 %: a 1 % goal on this figure cannot be resolved here"
@@ -184,9 +196,10 @@ impl Rounds {
         };
         println!(
             "A/A spread (half the q1–q3 width of untraced-vs-untraced pairs): throughput \
-             ±{t:.1} % ({}), CPU per request ±{c:.1} % ({}).",
+             ±{t:.1} % ({}), CPU per request ±{c:.1} % ({}), CPU per work unit ±{w:.1} % ({}).",
             verdict(t),
-            verdict(c)
+            verdict(c),
+            verdict(w)
         );
     }
 }
