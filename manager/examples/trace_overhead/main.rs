@@ -19,6 +19,7 @@
 //! Usage: trace_overhead [ROUNDS] [SECS_PER_RUN] [CONNECTIONS]
 
 mod cost;
+mod dispatch;
 mod rounds;
 
 use std::io::{BufRead, BufReader, Write};
@@ -55,7 +56,7 @@ fn process_cpu_ns(pid: u32) -> u64 {
 }
 
 /// CPU time of the calling thread so far (ns).
-fn thread_cpu_ns() -> u64 {
+pub fn thread_cpu_ns() -> u64 {
     std::fs::read_to_string("/proc/thread-self/schedstat")
         .ok()
         .and_then(|s| s.split_whitespace().next()?.parse().ok())
@@ -131,7 +132,7 @@ fn pin_from_env() -> Option<Pin> {
 }
 
 /// Pins the calling thread to `cpu`.
-fn pin_thread(cpu: usize) {
+pub fn pin_thread(cpu: usize) {
     let mut set = nix::sched::CpuSet::new();
     set.set(cpu).expect("PIN: CPU number out of range");
     nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)
@@ -456,12 +457,29 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(1);
+    // The floor's dispatch alone, on the client's CPU (DISPATCH pairs,
+    // default 10; 0: none).
+    let dispatch_pairs: usize = std::env::var("DISPATCH")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10);
+    let dispatch = match setup.floor.as_mut() {
+        Some(f) if dispatch_pairs > 0 => {
+            Some(dispatch::measure(f, dispatch_pairs, pin.map(|p| p.client)))
+        }
+        _ => None,
+    };
     let stats = (stats_runs > 0).then(|| cost::bpf_stats(&mut setup, &floors, stats_runs));
     drop(mc);
     drop(group);
     if rounds > 0 {
         r.print_table(rounds, secs, conns, pin.map(|p| (p.server, p.client)));
         println!("{}\n", cost::stats_note(found_on, r.timed_rounds));
+    }
+    match dispatch {
+        Some(Ok(text)) => println!("{text}"),
+        Some(Err(e)) => println!("Dispatch of the socket hooks not measured: {e}\n"),
+        None => {}
     }
     match stats {
         Some(Ok(text)) => println!("{text}"),
