@@ -290,7 +290,8 @@ fn delay_line(
         Err(e) => {
             crate::delay::netem_missing(&e).map_err(other)?;
             tracing::info!(
-                "hedge for {app}: the kernel has no netem: the delay line is a qosd thread"
+                "hedge for {app}: the kernel has no netem (`tc qdisc add ... netem`: qdisc kind \
+                 is unknown): the delay line is a qosd thread, whose lateness adds to T_hedge"
             );
             Ok(false)
         }

@@ -46,6 +46,8 @@ pub struct RunArgs {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Sample {
     pub id: u64,
+    /// When it was sent (CLOCK_REALTIME ns), to lay it beside stalls.
+    pub sent_ns: u64,
     /// Send to answer, µs; `None`: no answer within the timeout.
     pub latency_us: Option<f64>,
     /// Answers with this id received while waiting for it and for the next
@@ -92,6 +94,7 @@ fn stream(args: &RunArgs, k: u64, streams: u64) -> Result<Vec<Sample>> {
     while id < args.first_id + args.nr_requests {
         buf[..8].copy_from_slice(&id.to_be_bytes());
         let sent = Instant::now();
+        let sent_ns = crate::wait::realtime_ns();
         let send = |to: SocketAddr| -> Result<()> {
             match args.mode {
                 Mode::Plain => sock.send(&buf).map(drop),
@@ -107,6 +110,7 @@ fn stream(args: &RunArgs, k: u64, streams: u64) -> Result<Vec<Sample>> {
         let deadline = sent + args.timeout;
         let mut sample = Sample {
             id,
+            sent_ns,
             latency_us: None,
             answers: 0,
         };
@@ -151,6 +155,7 @@ fn stream(args: &RunArgs, k: u64, streams: u64) -> Result<Vec<Sample>> {
     let end = Instant::now() + args.drain;
     let mut spare = Sample {
         id: u64::MAX,
+        sent_ns: 0,
         latency_us: None,
         answers: 0,
     };

@@ -10,6 +10,11 @@
 //!   receive timestamp writes them back into the veth, where the kernel
 //!   program decides, on the scoreboard as it is *then*, whether to hedge.
 //!   Only the timer is in user space; its lateness is measured and shown.
+//!   The thread sleeps (ppoll, an hrtimer; no timer slack) until
+//!   [`SPIN_NS`] before the next due time and spins the rest, so the
+//!   wake-up's own latency (tens of µs on this VM) is not in the lateness;
+//!   what is left is the time the vCPU did not run at all (see
+//!   [`crate::stall`]). The spinning's CPU time is measured and shown.
 //!   A clone of an offloading veth carries a partial UDP checksum (the
 //!   pseudo-header sum only); a packet socket hands it over as is, so the
 //!   thread completes it (counted) before the kernel rewrites addresses.
@@ -42,6 +47,11 @@ pub struct DelayStats {
     pub send_max_us: f64,
     /// True when the thread runs SCHED_FIFO (else the normal class).
     pub realtime: bool,
+    /// When the latest clone left (CLOCK_REALTIME ns), to lay it beside
+    /// the stalls [`crate::stall`] saw.
+    pub late_max_at_ns: u64,
+    /// CPU time the thread used, ms (its sleeps, spins and sends).
+    pub cpu_ms: f64,
 }
 
 #[derive(Default)]
@@ -51,6 +61,9 @@ struct Shared {
     late_us: Mutex<Vec<u32>>,
     send_max_ns: AtomicU64,
     realtime: AtomicBool,
+    /// (lateness ns, when) of the latest clone.
+    late_max: Mutex<(u64, u64)>,
+    cpu_ns: AtomicU64,
 }
 
 /// A running thread delay line; stops when dropped.
@@ -62,6 +75,14 @@ pub struct ThreadLine {
 
 /// Lateness samples kept for the percentiles.
 const MAX_SAMPLES: usize = 200_000;
+
+/// How long before a clone's due time the thread stops sleeping and
+/// spins: above the median of its wake-up latency here (~30 µs when it
+/// slept to the due time), so most clones leave within a few µs. Not
+/// longer: the spin is CPU taken at SCHED_FIFO from everything else on
+/// the CPU, and 200 µs (above the wake-up's p99) cost ~2.5x the CPU time
+/// for no better p99 or max (`qosd-hedge-eval`, BENCHMARKS.md).
+pub const SPIN_NS: u64 = 50_000;
 
 /// A packet socket bound to `ifindex` (open it inside the interface's
 /// namespace), receiving every frame but its own.
@@ -199,6 +220,8 @@ impl ThreadLine {
             late_max_us: late.last().copied().map_or(0.0, f64::from),
             send_max_us: self.shared.send_max_ns.load(Ordering::Relaxed) as f64 / 1000.0,
             realtime: self.shared.realtime.load(Ordering::Relaxed),
+            late_max_at_ns: self.shared.late_max.lock().map_or(0, |m| m.1),
+            cpu_ms: self.shared.cpu_ns.load(Ordering::Relaxed) as f64 / 1e6,
         }
     }
 }
@@ -212,56 +235,107 @@ impl Drop for ThreadLine {
     }
 }
 
-/// Asks for SCHED_FIFO (priority 10) for the calling thread.
+/// Asks for SCHED_FIFO (priority 10) for the calling thread, and the
+/// least timer slack (the default 50 µs would add to every sleep of a
+/// normal-class thread; SCHED_FIFO threads have none).
 fn realtime() -> bool {
+    // SAFETY: prctl with integer arguments on the calling thread.
+    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1u64, 0u64, 0u64, 0u64) };
     let p = libc::sched_param { sched_priority: 10 };
     // SAFETY: sets the calling thread's policy; p lives across the call.
     unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &p) == 0 }
+}
+
+/// CPU time of the calling thread, ns.
+fn thread_cpu_ns() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID)
+        .map(|t| t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64)
+        .unwrap_or(0)
+}
+
+/// Sends the clones that are due, recording how late each left.
+fn send_due(sock: &OwnedFd, held: &mut VecDeque<(u64, Vec<u8>)>, sh: &Shared) {
+    while held
+        .front()
+        .is_some_and(|(due, _)| *due <= crate::wait::realtime_ns())
+    {
+        let Some((due, frame)) = held.pop_front() else {
+            break;
+        };
+        let woke = crate::wait::realtime_ns();
+        // SAFETY: sending a live buffer on our bound packet socket.
+        unsafe { libc::send(sock.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
+        let sent = crate::wait::realtime_ns();
+        sh.send_max_ns
+            .fetch_max(sent.saturating_sub(woke), Ordering::Relaxed);
+        let late_ns = sent.saturating_sub(due);
+        sh.held.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut m) = sh.late_max.lock() {
+            if late_ns > m.0 {
+                *m = (late_ns, sent);
+            }
+        }
+        if let Ok(mut v) = sh.late_us.lock() {
+            if v.len() < MAX_SAMPLES {
+                v.push((late_ns / 1000).min(u64::from(u32::MAX)) as u32);
+            }
+        }
+    }
+}
+
+/// Holds every clone waiting in the socket, due `delay_ns` after the
+/// kernel received it.
+fn receive_all(
+    sock: &OwnedFd,
+    held: &mut VecDeque<(u64, Vec<u8>)>,
+    buf: &mut [u8],
+    delay_ns: u64,
+    sh: &Shared,
+) {
+    while let Ok((n, _, stamp)) = crate::wait::recv_stamped(sock.as_fd(), buf) {
+        let mut frame = buf[..n].to_vec();
+        if complete_udp_csum(&mut frame) {
+            sh.csum_completed.fetch_add(1, Ordering::Relaxed);
+        }
+        held.push_back((stamp + delay_ns, frame));
+    }
 }
 
 fn run(sock: OwnedFd, delay: Duration, stop: &AtomicBool, sh: &Shared) {
     sh.realtime.store(realtime(), Ordering::Relaxed);
     let delay_ns = delay.as_nanos() as u64;
     // Every clone waits the same time, so due times arrive in order.
-    let mut held: VecDeque<(u64, Vec<u8>)> = VecDeque::new();
+    let mut held: VecDeque<(u64, Vec<u8>)> = VecDeque::with_capacity(4096);
     let mut buf = vec![0u8; 65536];
     while !stop.load(Ordering::Relaxed) {
+        send_due(&sock, &mut held, sh);
         let now = crate::wait::realtime_ns();
-        while held.front().is_some_and(|(due, _)| *due <= now) {
-            if let Some((due, frame)) = held.pop_front() {
-                let woke = crate::wait::realtime_ns();
-                // SAFETY: sending a live buffer on our bound packet socket.
-                unsafe { libc::send(sock.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
-                let sent = crate::wait::realtime_ns();
-                sh.send_max_ns
-                    .fetch_max(sent.saturating_sub(woke), Ordering::Relaxed);
-                let late = sent.saturating_sub(due) / 1000;
-                sh.held.fetch_add(1, Ordering::Relaxed);
-                if let Ok(mut v) = sh.late_us.lock() {
-                    if v.len() < MAX_SAMPLES {
-                        v.push(late.min(u64::from(u32::MAX)) as u32);
-                    }
+        if let Some(&(due, _)) = held.front() {
+            if due.saturating_sub(now) <= SPIN_NS {
+                // Close enough: take in what arrived (so a dense stream of
+                // due times cannot leave clones unread) and spin to the due
+                // time.
+                receive_all(&sock, &mut held, &mut buf, delay_ns, sh);
+                while crate::wait::realtime_ns() < due {
+                    std::hint::spin_loop();
                 }
+                continue;
             }
         }
         let wait = held
             .front()
             .map_or(Duration::from_millis(50), |(due, _)| {
-                Duration::from_nanos(due.saturating_sub(crate::wait::realtime_ns()))
+                Duration::from_nanos(due.saturating_sub(now + SPIN_NS))
             })
             .min(Duration::from_millis(50));
         match crate::wait::readable(sock.as_fd(), Some(wait)) {
             Ok(true) => {}
             _ => continue,
         }
-        while let Ok((n, _, stamp)) = crate::wait::recv_stamped(sock.as_fd(), &mut buf) {
-            let mut frame = buf[..n].to_vec();
-            if complete_udp_csum(&mut frame) {
-                sh.csum_completed.fetch_add(1, Ordering::Relaxed);
-            }
-            held.push_back((stamp + delay_ns, frame));
-        }
+        receive_all(&sock, &mut held, &mut buf, delay_ns, sh);
+        sh.cpu_ns.store(thread_cpu_ns(), Ordering::Relaxed);
     }
+    sh.cpu_ns.store(thread_cpu_ns(), Ordering::Relaxed);
 }
 
 /// Fails unless `argv` failed because the kernel lacks the qdisc.

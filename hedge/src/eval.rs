@@ -23,6 +23,7 @@ use crate::client::{self, Mode, RunArgs, Sample, Summary};
 use crate::delay::DelayStats;
 use crate::flow;
 use crate::route::in_netns;
+use crate::stall::{self, Stall, StallWatch};
 use crate::topo::Topo;
 use crate::{HedgeSpec, IdRule};
 
@@ -53,6 +54,38 @@ pub struct Row {
     /// The slowest answered request: its id and whether the chaos server
     /// made it slow (a hedged request) or not (a fast one held up).
     pub slowest: Option<(u64, bool)>,
+    /// The slowest request's send time (CLOCK_REALTIME ns) and latency, µs.
+    pub slowest_at: Option<(u64, f64)>,
+    /// The largest stall of each CPU ([`crate::stall`]) during the slowest
+    /// request: (cpu, µs).
+    pub slowest_stalls: Vec<(u32, f64)>,
+    /// Stalls over [`STALL_MIN`] during the contender's run, its largest
+    /// (µs), and the steal time the kernel counted meanwhile (ms).
+    pub nr_stalls: usize,
+    pub stall_max_us: f64,
+    pub steal_ms: Option<u64>,
+}
+
+/// Wake-ups of the stall watch later than this count as stalls.
+pub const STALL_MIN: Duration = Duration::from_micros(500);
+
+/// One contender's samples and what the stall watch saw meanwhile.
+struct Watched {
+    samples: Vec<Sample>,
+    stalls: Vec<Stall>,
+    steal_ms: Option<u64>,
+}
+
+/// Runs one contender under a stall watch.
+fn watched(topo: &Topo, args: &RunArgs) -> Result<Watched> {
+    let w = StallWatch::start(STALL_MIN);
+    let samples = run_client(topo, args);
+    let (stalls, steal_ms) = w.stop();
+    Ok(Watched {
+        samples: samples?,
+        stalls,
+        steal_ms,
+    })
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -64,6 +97,9 @@ pub struct Report {
     pub no_fault_p99_ms: f64,
     /// The thread delay line's figures (absent with netem).
     pub delay: Option<DelayStats>,
+    /// The largest stall of each CPU while the delay line's latest clone
+    /// was late: (cpu, µs).
+    pub delay_stalls: Vec<(u32, f64)>,
     /// Unrelated flow, requests/s, per round: (without, with) the hedger.
     pub flow_rps: Vec<(f64, f64)>,
     /// The programs' cost on the unrelated flow (kernel bpf_stats):
@@ -102,17 +138,25 @@ fn run_client(topo: &Topo, args: &RunArgs) -> Result<Vec<Sample>> {
     in_netns(&topo.client()?, || client::run(args))
 }
 
-fn row(name: &str, s: &[Sample], a: &EvalArgs) -> Row {
-    let slowest = s
+fn row(name: &str, w: &Watched, a: &EvalArgs) -> Row {
+    let s = &w.samples;
+    let top = s
         .iter()
-        .filter_map(|x| Some((x.latency_us?, x.id)))
-        .max_by(|x, y| x.0.total_cmp(&y.0))
-        .map(|(_, id)| (id, crate::chaos::is_slow(a.seed, a.slow_permille, id)));
+        .filter_map(|x| Some((x.latency_us?, x)))
+        .max_by(|x, y| x.0.total_cmp(&y.0));
+    let slowest_at = top.map(|(lat, x)| (x.sent_ns, lat));
     Row {
         contender: name.into(),
         summary: client::summarize(s),
         duplicates: s.iter().filter(|x| x.answers > 1).count(),
-        slowest,
+        slowest: top.map(|(_, x)| (x.id, crate::chaos::is_slow(a.seed, a.slow_permille, x.id))),
+        slowest_at,
+        slowest_stalls: slowest_at.map_or_else(Vec::new, |(at, lat)| {
+            stall::during(&w.stalls, at, at + (lat * 1000.0) as u64)
+        }),
+        nr_stalls: w.stalls.len(),
+        stall_max_us: w.stalls.iter().map(|x| x.late_us).fold(0.0, f64::max),
+        steal_ms: w.steal_ms,
     }
 }
 
@@ -157,7 +201,7 @@ pub fn run(a: &EvalArgs, state: &Path) -> Result<Report> {
     let mut rows = Vec::new();
     let mut cdf = Vec::new();
     // Every contender meets the same ids, hence the same slow requests.
-    let baseline = run_client(&topo, &base)?;
+    let baseline = watched(&topo, &base)?;
     let app_args = RunArgs {
         mode: Mode::AppHedged {
             replica: Topo::replica(PORT).into(),
@@ -165,12 +209,13 @@ pub fn run(a: &EvalArgs, state: &Path) -> Result<Report> {
         },
         ..base.clone()
     };
-    let app_hedged = run_client(&topo, &app_args)?;
+    let app_hedged = watched(&topo, &app_args)?;
     hedges.enable(&mut ctx, &app, &spec)?;
-    let kernel = run_client(&topo, &base);
+    let kernel = watched(&topo, &base);
     let counters = hedges.counters(&app.name).unwrap_or_default();
     // The no-fault p99: the baseline's requests that were not slow.
     let fast: Vec<Sample> = baseline
+        .samples
         .iter()
         .filter(|s| !crate::chaos::is_slow(a.seed, a.slow_permille, s.id))
         .copied()
@@ -179,6 +224,12 @@ pub fn run(a: &EvalArgs, state: &Path) -> Result<Report> {
     let delay = hedges.delay_stats(&app.name);
     let (_, errs) = hedges.disable(&mut ctx, &app.name);
     let kernel = kernel?;
+    let delay_stalls = delay.as_ref().map_or_else(Vec::new, |d| {
+        let from = d
+            .late_max_at_ns
+            .saturating_sub((d.late_max_us * 1000.0) as u64);
+        stall::during(&kernel.stalls, from, d.late_max_at_ns)
+    });
     if let Some(e) = errs.into_iter().next() {
         return Err(e).context("turning the hedger off");
     }
@@ -188,7 +239,7 @@ pub fn run(a: &EvalArgs, state: &Path) -> Result<Report> {
         ("kernel-hedged", &kernel),
     ] {
         rows.push(row(name, s, a));
-        cdf.push((name.to_owned(), client::sorted_ms(s)));
+        cdf.push((name.to_owned(), client::sorted_ms(&s.samples)));
     }
     let (flow_rps, flow_bpf) = flow::rounds(
         a.flow_rounds,
@@ -205,6 +256,7 @@ pub fn run(a: &EvalArgs, state: &Path) -> Result<Report> {
         kernel_counters: counters,
         no_fault_p99_ms,
         delay,
+        delay_stalls,
         flow_rps,
         flow_bpf,
         cdf,
@@ -237,6 +289,7 @@ impl Report {
                 }
             );
         }
+        s += &self.stall_lines();
         let c = &self.kernel_counters;
         s += &format!(
             "\nkernel hedger: {}\n",
@@ -248,17 +301,25 @@ impl Report {
         );
         s +=
             &match &self.delay {
-                Some(d) => format!(
-                "delay line: qosd thread ({}), {} clones held, {} partial checksums completed, \
-                 late p50 {:.0} µs, p99 {:.0} µs, max {:.0} µs (longest send {:.0} µs)\n",
+                Some(d) => {
+                    format!(
+                "delay line: qosd thread ({}, sleeps to {} µs before a due time, then spins; \
+                 {:.0} ms of CPU), {} clones held, {} partial checksums completed, \
+                 late p50 {:.0} µs, p99 {:.0} µs, max {:.0} µs at {} (longest send {:.0} µs; \
+                 stalls of the whole CPU meanwhile: {})\n",
                 if d.realtime { "SCHED_FIFO" } else { "normal class" },
+                crate::delay::SPIN_NS / 1000,
+                d.cpu_ms,
                 d.held,
                 d.csum_completed,
                 d.late_p50_us,
                 d.late_p99_us,
                 d.late_max_us,
-                d.send_max_us
-            ),
+                clock_of(d.late_max_at_ns),
+                d.send_max_us,
+                stall::describe(&self.delay_stalls),
+            )
+                }
                 None => "delay line: netem\n".to_owned(),
             };
         let extra = 100.0 * c.hedges_sent as f64 / c.requests.max(1) as f64;
@@ -275,6 +336,32 @@ impl Report {
             );
         }
         s + "\n" + &self.goals()
+    }
+
+    /// Per contender: when its slowest request was sent and which stalls
+    /// of a whole CPU ([`crate::stall`]) it met, and its run's stalls and
+    /// steal time.
+    fn stall_lines(&self) -> String {
+        let mut s = format!(
+            "\nstalls (a SCHED_FIFO watch thread per CPU woke > {} µs late: the CPU ran nothing else \
+             it could preempt for) and steal time (/proc/stat):\n",
+            STALL_MIN.as_micros()
+        );
+        for r in &self.rows {
+            let at = r.slowest_at.map_or("-".into(), |(t, lat)| {
+                format!("sent {}, {:.2} ms", clock_of(t), lat / 1000.0)
+            });
+            s += &format!(
+                "- {}: slowest request {at}; stalls during it: {}; in the run: {} stalls, largest \
+                 {:.2} ms, steal {}\n",
+                r.contender,
+                stall::describe(&r.slowest_stalls),
+                r.nr_stalls,
+                r.stall_max_us / 1000.0,
+                r.steal_ms.map_or("unknown".into(), |m| format!("{m} ms")),
+            );
+        }
+        s
     }
 
     /// The issue's goals, each with the figures it compares.
@@ -327,6 +414,13 @@ impl Report {
         )?;
         Ok(())
     }
+}
+
+/// A CLOCK_REALTIME stamp as UTC time of day, to the µs.
+fn clock_of(ns: u64) -> String {
+    let day_us = (ns / 1000) % 86_400_000_000;
+    let (h, m) = (day_us / 3_600_000_000, day_us / 60_000_000 % 60);
+    format!("{h:02}:{m:02}:{:09.6}", (day_us % 60_000_000) as f64 / 1e6)
 }
 
 fn draw<DB: DrawingBackend>(

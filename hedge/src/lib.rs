@@ -19,6 +19,7 @@ pub mod eval;
 pub mod flow;
 pub mod knob;
 pub mod route;
+pub mod stall;
 pub mod topo;
 pub mod wait;
 
