@@ -42,6 +42,8 @@
 
 /* Set before load. */
 const volatile __u64 bin_ns = 1000000;
+/* NS_PER_WINDOW / bin_ns: bin_ns divides 1 s (userspace checks). */
+const volatile __u64 bins_per_window = 1000;
 const volatile __u32 over_packets = 100;
 
 /* Globals of the contract's types, so the skeleton carries them. */
@@ -65,19 +67,37 @@ struct {
 
 QOSD_COUNTERS(QN_NR_COUNTERS)
 
-/* Adds `segs` packets of `bytes` to one CPU's value at time `now`. */
-static __always_inline void add(struct qn_val *v, __u64 now, __u32 segs, __u64 bytes)
-{
-	__u64 w = now / NS_PER_WINDOW;
-	__u64 b = now / bin_ns;
+/* The packet's clock: one read, and its bin and window worked out only
+ * when a value's open bin has ended (`known`), at most once per packet. */
+struct clock {
+	__u64 now;
+	__u64 bin;    /* now / bin_ns */
+	__u64 window; /* now / NS_PER_WINDOW */
+	bool known;
+};
 
-	if (v->cur.window != w) {
-		v->prev = v->cur;
-		__builtin_memset(&v->cur, 0, sizeof(v->cur));
-		v->cur.window = w;
-	}
-	if (v->bin != b) {
-		v->bin = b;
+/* Adds `segs` packets of `bytes` to one CPU's value at `c->now`. The bin
+ * is the same floor(now / bin_ns) as a division per packet would give:
+ * a packet still inside the open bin (bin * bin_ns <= now < (bin + 1) *
+ * bin_ns, one multiply and one compare; unsigned, so a clock behind the
+ * bin also falls through) needs no division; otherwise the bin is
+ * divided out and its window is bin / bins_per_window, exact because
+ * bin_ns divides 1 s (floor(floor(n / a) / b) = floor(n / (a b))), which
+ * also means a new window always starts a new bin. */
+static __always_inline void add(struct qn_val *v, struct clock *c, __u32 segs, __u64 bytes)
+{
+	if (c->now - v->bin * bin_ns >= bin_ns) {
+		if (!c->known) {
+			c->bin = c->now / bin_ns;
+			c->window = c->bin / bins_per_window;
+			c->known = true;
+		}
+		if (v->cur.window != c->window) {
+			v->prev = v->cur;
+			__builtin_memset(&v->cur, 0, sizeof(v->cur));
+			v->cur.window = c->window;
+		}
+		v->bin = c->bin;
 		v->bin_packets = 0;
 		v->bin_bytes = 0;
 	}
@@ -94,10 +114,11 @@ static __always_inline void add(struct qn_val *v, __u64 now, __u32 segs, __u64 b
 		v->cur.bins_over += 1;
 }
 
-/* Finds or makes `key`'s entry in `map` and adds to it; a new entry is
- * counted in `inserts` only when this CPU made it (NOEXIST). */
-static __always_inline void bump(void *map, void *key, __u32 inserts, __u64 now, __u32 segs,
-				 __u64 bytes)
+/* Finds or makes `key`'s entry in `map` and adds to it: one lookup for a
+ * known key; a new entry is counted in `inserts` only when this CPU made
+ * it (NOEXIST). */
+static __always_inline void bump(void *map, void *key, __u32 inserts, struct clock *c,
+				 __u32 segs, __u64 bytes)
 {
 	struct qn_val *v = bpf_map_lookup_elem(map, key);
 	if (!v) {
@@ -115,7 +136,40 @@ static __always_inline void bump(void *map, void *key, __u32 inserts, __u64 now,
 			return;
 		}
 	}
-	add(v, now, segs, bytes);
+	add(v, c, segs, bytes);
+}
+
+/* skb->data and skb->data_end, each one load from the context: written
+ * as asm because clang may otherwise keep &skb->data in a register across
+ * a bpf_skb_pull_data and load through it, which the verifier refuses
+ * ("dereference of modified ctx ptr"). */
+static __always_inline void *pkt_data(struct __sk_buff *skb)
+{
+	void *p;
+	asm volatile("%0 = *(u32 *)(%1 + %2)"
+		     : "=r"(p)
+		     : "r"(skb), "i"(__builtin_offsetof(struct __sk_buff, data)));
+	return p;
+}
+
+static __always_inline void *pkt_end(struct __sk_buff *skb)
+{
+	void *p;
+	asm volatile("%0 = *(u32 *)(%1 + %2)"
+		     : "=r"(p)
+		     : "r"(skb), "i"(__builtin_offsetof(struct __sk_buff, data_end)));
+	return p;
+}
+
+/* True when the first `len` bytes of the packet are in its linear part,
+ * pulling them in when they are not (headers in page fragments: rare,
+ * e.g. after some tunnels or drivers). False when the packet is shorter.
+ * A pull invalidates every packet pointer: callers reload data/data_end. */
+static __always_inline bool linear(struct __sk_buff *skb, __u32 len)
+{
+	if (pkt_data(skb) + len <= pkt_end(skb))
+		return true;
+	return len <= skb->len && bpf_skb_pull_data(skb, len) == 0;
 }
 
 struct l4 {
@@ -125,27 +179,37 @@ struct l4 {
 	__u32 hlen; /* all headers of one segment, L2 to L4 */
 };
 
-/* Ports and header length of a TCP or UDP packet at `l4->off`. */
+/* Ports and header length of a TCP or UDP packet at `l->off` (< 128). */
 static __always_inline void ports_of(struct __sk_buff *skb, struct l4 *l)
 {
-	l->hlen = l->off;
+	__u32 off = l->off & 127; /* bounded for the verifier; always < 128 */
+
+	l->hlen = off;
 	if (l->proto == IPPROTO_TCP) {
-		struct tcphdr t;
-		if (bpf_skb_load_bytes(skb, l->off, &t, sizeof(t)))
+		if (!linear(skb, off + sizeof(struct tcphdr)))
 			return;
-		l->sport = bpf_ntohs(t.source);
-		l->dport = bpf_ntohs(t.dest);
-		l->hlen = l->off + t.doff * 4;
+		void *data = pkt_data(skb), *end = pkt_end(skb);
+		struct tcphdr *t = data + off;
+		if ((void *)(t + 1) > end)
+			return;
+		l->sport = bpf_ntohs(t->source);
+		l->dport = bpf_ntohs(t->dest);
+		l->hlen = off + t->doff * 4;
 	} else if (l->proto == IPPROTO_UDP) {
-		struct udphdr u;
-		if (bpf_skb_load_bytes(skb, l->off, &u, sizeof(u)))
+		if (!linear(skb, off + sizeof(struct udphdr)))
 			return;
-		l->sport = bpf_ntohs(u.source);
-		l->dport = bpf_ntohs(u.dest);
-		l->hlen = l->off + sizeof(u);
+		void *data = pkt_data(skb), *end = pkt_end(skb);
+		struct udphdr *u = data + off;
+		if ((void *)(u + 1) > end)
+			return;
+		l->sport = bpf_ntohs(u->source);
+		l->dport = bpf_ntohs(u->dest);
+		l->hlen = off + sizeof(*u);
 	}
 }
 
+/* Headers are read in place (direct packet access), not copied out with
+ * bpf_skb_load_bytes. */
 static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 {
 	struct qn_key key = {};
@@ -154,29 +218,35 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 
 	key.dir = dir;
 	if (proto == ETH_P_IP) {
-		struct iphdr ip;
-		if (bpf_skb_load_bytes(skb, ETH_HLEN_, &ip, sizeof(ip)))
+		if (!linear(skb, ETH_HLEN_ + sizeof(struct iphdr)))
 			return TC_ACT_OK;
-		__u32 peer = dir == QN_INGRESS ? ip.saddr : ip.daddr;
+		void *data = pkt_data(skb), *end = pkt_end(skb);
+		struct iphdr *ip = data + ETH_HLEN_;
+		if ((void *)(ip + 1) > end)
+			return TC_ACT_OK;
+		__u32 peer = dir == QN_INGRESS ? ip->saddr : ip->daddr;
 		__builtin_memcpy(key.addr, &peer, 4);
 		key.family = 4;
-		l.proto = ip.protocol;
-		l.off = ETH_HLEN_ + ip.ihl * 4;
+		l.proto = ip->protocol;
+		l.off = ETH_HLEN_ + ip->ihl * 4;
 		/* Only a first fragment carries the ports. */
-		if (!(ip.frag_off & bpf_htons(IP_OFFSET)))
+		if (!(ip->frag_off & bpf_htons(IP_OFFSET)))
 			ports_of(skb, &l);
 	} else if (proto == ETH_P_IPV6) {
-		struct ipv6hdr ip6;
-		if (bpf_skb_load_bytes(skb, ETH_HLEN_, &ip6, sizeof(ip6)))
+		if (!linear(skb, ETH_HLEN_ + sizeof(struct ipv6hdr)))
+			return TC_ACT_OK;
+		void *data = pkt_data(skb), *end = pkt_end(skb);
+		struct ipv6hdr *ip6 = data + ETH_HLEN_;
+		if ((void *)(ip6 + 1) > end)
 			return TC_ACT_OK;
 		if (dir == QN_INGRESS)
-			__builtin_memcpy(key.addr, &ip6.saddr, 16);
+			__builtin_memcpy(key.addr, &ip6->saddr, 16);
 		else
-			__builtin_memcpy(key.addr, &ip6.daddr, 16);
+			__builtin_memcpy(key.addr, &ip6->daddr, 16);
 		key.family = 6;
 		/* The first next-header; extension headers are not walked. */
-		l.proto = ip6.nexthdr;
-		l.off = ETH_HLEN_ + sizeof(ip6);
+		l.proto = ip6->nexthdr;
+		l.off = ETH_HLEN_ + sizeof(*ip6);
 		ports_of(skb, &l);
 	} else {
 		count(QN_NOT_IP);
@@ -188,16 +258,16 @@ static __always_inline int handle(struct __sk_buff *skb, __u8 dir)
 	__u64 bytes = skb->len;
 	if (segs > 1 && l.hlen)
 		bytes += (__u64)(segs - 1) * l.hlen;
-	__u64 now = bpf_ktime_get_ns();
+	struct clock c = { .now = bpf_ktime_get_ns() };
 
-	bump(&peers, &key, QN_PEER_INSERTS, now, segs, bytes);
+	bump(&peers, &key, QN_PEER_INSERTS, &c, segs, bytes);
 	if (l.sport || l.dport) {
 		struct qn_port_key pk = {
 			.port = dir == QN_INGRESS ? l.dport : l.sport,
 			.proto = l.proto,
 			.dir = dir,
 		};
-		bump(&ports, &pk, QN_PORT_INSERTS, now, segs, bytes);
+		bump(&ports, &pk, QN_PORT_INSERTS, &c, segs, bytes);
 	}
 	return TC_ACT_OK;
 }

@@ -22,6 +22,10 @@ ROUNDS=${ROUNDS:-10}
 # FLOOR=1: also UDP runs with a no-op TC program on the same two hooks (the
 # cost of the TC hook itself, which bpf_stats does not see), compiled here.
 FLOOR=${FLOOR:-0}
+# QOSD_OLD=path: also UDP runs with another qosd binary (e.g. main's before
+# a change to the programs) in every round, and its own cost run: a
+# before/after pair measured in the same conditions.
+QOSD_OLD=${QOSD_OLD:-}
 SECS=${SECS:-3}
 A=qosd-bench-net26-a B=qosd-bench-net26-b VA=qb26a VB=qb26b
 PORT=5226
@@ -76,12 +80,15 @@ run() {
       ip netns exec "$A" tc filter add dev "$VA" "$d" bpf da obj "$tmp/noop.o" sec tc
     done
   fi
-  if [ "$mode" = on ]; then
+  if [ "$mode" = on ] || [ "$mode" = old ]; then
+    local bin=$QOSD
+    [ "$mode" = old ] && bin=$QOSD_OLD
     # A log of its own per run: a shared one could still show the last
     # run's "counting on" before the shell truncates it for this one.
-    local log="$tmp/q-$proto-$r.log"
-    ip netns exec "$A" "$QOSD" net --iface "$VA" --json --top 5 --state-file "$tmp/state.json" \
-      >"$tmp/q-$proto-$r.json" 2>"$log" &
+    local log="$tmp/q-$proto-$mode-$r.log" out="$tmp/q-$proto-$r.json"
+    [ "$mode" = old ] && out="$tmp/q-$proto-old-$r.json"
+    ip netns exec "$A" "$bin" net --iface "$VA" --json --top 5 --state-file "$tmp/state.json" \
+      >"$out" 2>"$log" &
     qpid=$!
     for _ in $(seq 50); do grep -qs "counting on" "$log" && break; sleep 0.1; done
     grep -q "counting on" "$log" || { echo "qosd net did not start:" >&2; cat "$log" >&2; exit 1; }
@@ -90,11 +97,14 @@ run() {
     >"$tmp/i-$proto-$mode-$r.json"
   if [ -n "$qpid" ]; then
     sleep 1.1 # the last window completes
-    [ "$r" = cost ] && bpftool -j prog show >"$tmp/p-$proto-$r.json"
+    [ "$r" = cost ] && bpftool -j prog show >"$tmp/p-$proto-$mode-$r.json"
     kill -TERM "$qpid"
     wait "$qpid"
   fi
-  [ "$mode" = noop ] && ip netns exec "$A" tc qdisc del dev "$VA" clsact
+  if [ "$mode" = noop ]; then
+    [ "$r" = cost ] && bpftool -j prog show >"$tmp/p-$proto-$mode-$r.json"
+    ip netns exec "$A" tc qdisc del dev "$VA" clsact
+  fi
   echo $(($(tx_bytes) - before)) >"$tmp/tx-$proto-$mode-$r"
 }
 
@@ -104,20 +114,26 @@ for r in $(seq "$ROUNDS"); do
   done
   # The floor's runs beside the round's UDP pair, before or after it by turns.
   [ "$FLOOR" = 1 ] && run udp noop "$r"
+  [ -n "$QOSD_OLD" ] && run udp old "$r"
 done
 bpf_stats_on
 for proto in tcp udp; do run "$proto" on cost; done
+[ -n "$QOSD_OLD" ] && run udp old cost
+# What bpf_stats reads for a program that does nothing: its own clock
+# reads and the call, the part of every figure above that is not ours.
+[ "$FLOOR" = 1 ] && run udp noop cost
 bpf_stats_off
 if ip netns exec "$A" tc filter show dev "$VA" egress | grep -q net_; then
   echo "qosd net left a filter behind" >&2
   exit 1
 fi
 
-python3 - "$tmp" "$ROUNDS" "$SECS" "$CPU_C,$CPU_S" "$load0" "$(cut -d' ' -f1-3 /proc/loadavg)" "$FLOOR" <<'PY'
+python3 - "$tmp" "$ROUNDS" "$SECS" "$CPU_C,$CPU_S" "$load0" "$(cut -d' ' -f1-3 /proc/loadavg)" "$FLOOR" "$QOSD_OLD" <<'PY'
 import json, statistics, sys
 tmp, rounds, secs = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 pin, load0, load1 = sys.argv[4].split(","), sys.argv[5], sys.argv[6]
 floor = sys.argv[7] == "1"
+old = sys.argv[8]
 
 def gbps(proto, mode, r):
     j = json.load(open(f"{tmp}/i-{proto}-{mode}-{r}.json"))
@@ -149,15 +165,26 @@ for proto, label in [("tcp", "TCP"), ("udp", "UDP, 1400-byte payload, -b 0")]:
     print(f"| {label} | {statistics.median(off):.2f} | {statistics.median(on):.2f} | "
           f"{med:.3f}× | {lo:.3f}× | {hi:.3f}× |")
     each[label] = " ".join(f"{x:.3f}" for x in ratio)
+extra = []
 if floor:
+    extra.append(("noop", "UDP, a no-op TC program on both hooks instead (the hook's floor)"))
+if old:
+    extra.append(("old", f"UDP, the other binary's programs ({old})"))
+for mode, label in extra:
     off = [gbps("udp", "off", r) for r in range(1, rounds + 1)]
-    noop = [gbps("udp", "noop", r) for r in range(1, rounds + 1)]
-    ratio = [b / a for a, b in zip(off, noop)]
+    other = [gbps("udp", mode, r) for r in range(1, rounds + 1)]
+    ratio = [b / a for a, b in zip(off, other)]
     lo, med, hi = q(ratio)
-    label = "UDP, a no-op TC program on both hooks instead (the hook's floor)"
-    print(f"| {label} | {statistics.median(off):.2f} | {statistics.median(noop):.2f} | "
+    print(f"| {label} | {statistics.median(off):.2f} | {statistics.median(other):.2f} | "
           f"{med:.3f}× | {lo:.3f}× | {hi:.3f}× |")
     each[label] = " ".join(f"{x:.3f}" for x in ratio)
+if floor:
+    # What is left above the hook's floor is the programs' own: per round,
+    # (with qosd net) / (with the no-op program).
+    r_on = [gbps("udp", "on", r) / gbps("udp", "noop", r) for r in range(1, rounds + 1)]
+    lo, med, hi = q(r_on)
+    print(f"\nUDP with `qosd net` / with the no-op program, same round: median {med:.3f}× "
+          f"[{lo:.3f}, {hi:.3f}] (the programs' own cost above the TC hook's).")
 print()
 for label, e in each.items():
     print(f"Per round, {label}: {e}.")
@@ -192,13 +219,16 @@ print()
 print(f"BPF cost (bpf_stats, one {secs} s on-run per protocol after the rounds; the stats are off "
       "in the rounds): ", end="")
 cost = []
-for proto in ["tcp", "udp"]:
-    for name in ["net_ingress", "net_egress"]:
+runs = [("tcp", "on"), ("udp", "on")] + ([("udp", "old")] if old else [])
+runs += [("udp", "noop")] if floor else []
+for proto, mode in runs:
+    for name in ["net_ingress", "net_egress"] if mode != "noop" else ["noop"]:
         t = n = 0
-        for p in json.load(open(f"{tmp}/p-{proto}-cost.json")):
+        for p in json.load(open(f"{tmp}/p-{proto}-{mode}-cost.json")):
             if p.get("name") == name:
                 t += p.get("run_time_ns", 0); n += p.get("run_cnt", 0)
-        cost.append(f"{proto.upper()} {name} {t / n:.0f} ns per run over {n} runs" if n else
-                    f"{proto.upper()} {name}: no runs")
+        tag = proto.upper() + {"old": " (other binary)", "noop": " no-op program, both hooks"}.get(mode, "")
+        cost.append(f"{tag} {name} {t / n:.0f} ns per run over {n} runs" if n else
+                    f"{tag} {name}: no runs")
 print("; ".join(cost) + ". A run is one skb: a TCP GSO skb carries many segments.")
 PY

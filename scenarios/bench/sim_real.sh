@@ -7,7 +7,9 @@
 # Usage: scenarios/bench/sim_real.sh [SCENARIO] [QOSD]
 #   SCENARIO default: scenarios/demo.yaml, then scenarios/share-spike.yaml
 #   (two shared-CPU scenarios of different load shapes); env SIM_REAL_DURATION (s, default
-#   the scenario's), SIM_REAL_STEP_S (fit's load steps, default 1).
+#   the scenario's), SIM_REAL_STEP_S (fit's load steps, default 1), SIM_REAL_OUT (where the
+#   fit's log, model and calibration and both runs are kept, default
+#   target/sim_real/<scenario>-<UTC time>: a mismatch can be examined afterwards).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 # No scenario given (`make bench`): both shared-CPU scenarios, one section each.
@@ -20,8 +22,9 @@ fi
 SC=$1
 QOSD=${2:-target/release/qosd}
 STEP=${SIM_REAL_STEP_S:-1}
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+tmp=${SIM_REAL_OUT:-target/sim_real/$(basename "$SC" .yaml)-$(date -u +%Y%m%dT%H%M%S)}
+mkdir -p "$tmp"
+echo "sim_real: keeping the fit, the model and both runs in $tmp" >&2
 dur=()
 [[ -n ${SIM_REAL_DURATION:-} ]] && dur=(--duration "$SIM_REAL_DURATION")
 # The knobs the scenario's real replay turns (`resources: [..]`) are the
@@ -90,6 +93,8 @@ print()
 print("Goal (violations within 5 pp, allocation-seconds within 10 %):", "**met**" if ok else "**not met**")
 PY
 
+# The same runs by load band (what `make demo` reports).
+"$QOSD" compare "$tmp/real" "$tmp/sim" --out "$tmp/compare" >"$tmp/compare.md" 2>&1 || true
 fitline=$(grep -c '' "$tmp/model.yaml" || true)
 cat <<MD
 ## Simulator vs real runs (\`qosd calibrate --model\`, \`qosd replay --sim --model\`)
@@ -104,6 +109,14 @@ and its CPU quota over the run. Machine: $(nproc) CPUs, $(uname -r), load averag
 $(cut -d" " -f1-3 /proc/loadavg) (other work on this machine lands in the real run's latency, not in the sim's).
 
 $(cat "$tmp/table.md")
+
+By load band (\`qosd compare REAL SIM\`, first run real, second sim):
+
+\`\`\`
+$(sed -n '/viol\. ≤80%/,/^(viol/p' "$tmp/compare.md" | sed '$d')
+\`\`\`
+
+Kept in \`$tmp\` (fit.log, model.yaml, real/, sim/, compare/).
 
 Fitted model (${fitline} lines):
 

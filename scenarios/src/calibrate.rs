@@ -329,6 +329,17 @@ pub fn sim(sc: &Scenario) -> Calibration {
     }
 }
 
+/// The load the network term follows (see [`network_queue_ms`]): `rps`
+/// over what the app serves holding the whole node. The fit (at whatever
+/// allocation a step ran), the simulated node and the oracle (whatever
+/// capacity a real calibration measured, on fewer CPUs) all take it so,
+/// so a fitted `network_ms` means the same thing in each: with the
+/// calibrated capacity instead, a calibration on 1 of 2 CPUs doubled the
+/// sim's network queue at the demo's peak against the fit's.
+pub fn network_load(m: &SimModel, rps: f64, node: &crate::scenario::SimNode) -> f64 {
+    rps / m.capacity_rps(&whole_node(node), node).max(1e-9)
+}
+
 /// Steady-state network queueing delay at `load` (fraction of capacity),
 /// ms: an M/M/1-like term that grows as the load nears the network's
 /// capacity (`network_capacity_x` × the app's).

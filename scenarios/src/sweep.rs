@@ -4,7 +4,9 @@
 //! knee is made repeatable: every step holds enough requests for its
 //! percentile, the base latency pools the light steps, the knee load is
 //! interpolated, and the knee latency pools repeated steps at that load
-//! (their spread goes into the calibration).
+//! (their spread goes into the calibration). A step the server fell
+//! behind in is followed by a pause while it serves its backlog
+//! ([`settle_time`]), so the next step measures only its own requests.
 
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
@@ -136,6 +138,7 @@ fn measure_hist(
     }
     .unwrap_or(f64::INFINITY);
     let err_frac = r.errors.total() as f64 / r.scheduled.max(1) as f64;
+    std::thread::sleep(settle_time(r.offered_rps, r.achieved_rps, r.duration_s));
     Ok((
         Point {
             offered_rps: r.offered_rps,
@@ -145,6 +148,23 @@ fn measure_hist(
         err_frac,
         hist,
     ))
+}
+
+/// The longest a step waits for the server to work off its backlog, s.
+const MAX_SETTLE_S: f64 = 5.0;
+
+/// How long the server needs, after a step it fell behind in, to serve
+/// what it still holds: the requests the client gave up on (sent but not
+/// answered by the end of the drain) at the rate it answered them. Left
+/// unserved, they are answered during the next step, and a server-side
+/// (eBPF) percentile of that step counts their queueing (765 ms read at
+/// the knee where the client saw 11 ms). A step that kept up waits 0.
+pub fn settle_time(offered_rps: f64, achieved_rps: f64, secs: f64) -> Duration {
+    let left = (offered_rps - achieved_rps).max(0.0) * secs;
+    if left < 1.0 || achieved_rps <= 0.0 {
+        return Duration::ZERO;
+    }
+    Duration::from_secs_f64((left / achieved_rps).min(MAX_SETTLE_S))
 }
 
 /// Sweeps one app's server at `addr`; `progress` sees each point.
@@ -276,4 +296,23 @@ fn repeat_knee(
     c.knee_latency_us = spread.median_us;
     c.knee_spread = Some(spread);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_step_that_fell_behind_waits_for_its_backlog() {
+        // Kept up (achieved within one request): no pause.
+        assert_eq!(settle_time(500.0, 500.0, 2.0), Duration::ZERO);
+        assert_eq!(settle_time(500.0, 499.8, 2.0), Duration::ZERO);
+        // The fit's saturated step on 2 CPUs (recorded): 590 requests left
+        // at 2032 rps.
+        let t = settle_time(2622.0, 2032.0, 1.0).as_secs_f64();
+        assert!((t - 590.0 / 2032.0).abs() < 1e-9, "{t}");
+        // A stalled server: bounded.
+        assert_eq!(settle_time(1000.0, 10.0, 4.0), Duration::from_secs(5));
+        assert_eq!(settle_time(1000.0, 0.0, 4.0), Duration::ZERO);
+    }
 }

@@ -4,13 +4,70 @@
 //! unconnected entries of `/proc/PID/net/udp{,6}`, read in the first
 //! process's network namespace (an app's processes share one; a socket of
 //! another namespace is not found there and does not count).
+//!
+//! The one reader of `/proc` socket tables and fd links: the request
+//! tracer (`qosd_sensors::ebpf::seed`) finds its targets' listening ports
+//! and already-accepted connections with these too.
 
 use std::collections::BTreeSet;
+use std::io::BufRead;
 
 use super::{Root, SysError};
 
-/// `st` of a listening TCP socket in `/proc/net/tcp`.
-const TCP_LISTEN: &str = "0A";
+/// TCP states (`st`) in `/proc/net/tcp`.
+pub const TCP_ESTABLISHED: u8 = 0x01;
+pub const TCP_LISTEN: u8 = 0x0A;
+
+/// One row of `/proc/PID/net/tcp{,6}`: local port, state, socket inode.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TcpRow {
+    pub local_port: u16,
+    pub state: u8,
+    pub inode: u64,
+}
+
+/// Every row of a `/proc/net/tcp{,6}` table.
+pub fn parse_tcp_table(text: &str) -> Vec<TcpRow> {
+    text.lines().skip(1).filter_map(parse_tcp_row).collect()
+}
+
+fn parse_tcp_row(line: &str) -> Option<TcpRow> {
+    let f: Vec<&str> = line.split_whitespace().collect();
+    // sl local_address rem_address st tx:rx tr:tm retrnsmt uid timeout inode
+    let port = u16::from_str_radix(f.get(1)?.rsplit_once(':')?.1, 16).ok()?;
+    Some(TcpRow {
+        local_port: port,
+        state: u8::from_str_radix(f.get(3)?, 16).ok()?,
+        inode: f.get(9)?.parse().ok()?,
+    })
+}
+
+/// The LISTEN rows at the head of a `/proc/net/tcp{,6}` table, read no
+/// further: the kernel prints its listening hash first, then the
+/// established one, and reading the rest means thousands of rows beside
+/// a server that closes a connection per request.
+pub fn leading_listeners(r: impl BufRead) -> Vec<TcpRow> {
+    let mut rows = Vec::new();
+    for line in r.lines().skip(1).map_while(Result::ok) {
+        match parse_tcp_row(&line) {
+            Some(row) if row.state == TCP_LISTEN => rows.push(row),
+            _ => break,
+        }
+    }
+    rows
+}
+
+/// The listening rows of `/proc/PID/net/tcp` and `tcp6` (the process's
+/// network namespace; a missing table, e.g. no IPv6, adds none).
+pub fn tcp_listeners(root: &Root, pid: i32) -> Vec<TcpRow> {
+    let mut rows = Vec::new();
+    for table in ["tcp", "tcp6"] {
+        if let Ok(f) = std::fs::File::open(root.path(format!("/proc/{pid}/net/{table}"))) {
+            rows.extend(leading_listeners(std::io::BufReader::new(f)));
+        }
+    }
+    rows
+}
 
 /// The local ports `pids` listen on (TCP LISTEN, or UDP bound with no
 /// peer), sorted; empty without processes or sockets.
@@ -18,17 +75,20 @@ pub fn listening_ports(root: &Root, pids: &[i32]) -> Result<Vec<u16>, SysError> 
     let Some(&first) = pids.first() else {
         return Ok(Vec::new());
     };
-    let inodes: BTreeSet<u64> = pids.iter().flat_map(|&p| socket_inodes(root, p)).collect();
+    let inodes: BTreeSet<u64> = pids
+        .iter()
+        .flat_map(|&p| socket_inodes(root, p).unwrap_or_default())
+        .map(|(_, inode)| inode)
+        .collect();
     if inodes.is_empty() {
         return Ok(Vec::new());
     }
-    let mut ports = BTreeSet::new();
-    for (file, tcp) in [
-        ("tcp", true),
-        ("tcp6", true),
-        ("udp", false),
-        ("udp6", false),
-    ] {
+    let mut ports: BTreeSet<u16> = tcp_listeners(root, first)
+        .into_iter()
+        .filter(|r| inodes.contains(&r.inode))
+        .map(|r| r.local_port)
+        .collect();
+    for file in ["udp", "udp6"] {
         let text = match root.read(format!("/proc/{first}/net/{file}")) {
             Ok(t) => t,
             // No IPv6 in that namespace, or the process is gone.
@@ -38,7 +98,7 @@ pub fn listening_ports(root: &Root, pids: &[i32]) -> Result<Vec<u16>, SysError> 
         ports.extend(
             text.lines()
                 .skip(1)
-                .filter_map(|l| listening(l, tcp))
+                .filter_map(udp_bound)
                 .filter(|(_, inode)| inodes.contains(inode))
                 .map(|(port, _)| port),
         );
@@ -46,31 +106,34 @@ pub fn listening_ports(root: &Root, pids: &[i32]) -> Result<Vec<u16>, SysError> 
     Ok(ports.into_iter().collect())
 }
 
-/// The socket inodes among `pid`'s open files (none if it is gone).
-fn socket_inodes(root: &Root, pid: i32) -> Vec<u64> {
-    let Ok(rd) = std::fs::read_dir(root.path(format!("/proc/{pid}/fd"))) else {
-        return Vec::new();
-    };
-    rd.filter_map(|e| {
-        let link = std::fs::read_link(e.ok()?.path()).ok()?;
-        let s = link.to_str()?;
-        s.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
-    })
-    .collect()
+/// (fd, socket inode) of every socket among `pid`'s open files; the error
+/// when they cannot be listed (gone, or another user's without
+/// CAP_SYS_PTRACE).
+pub fn socket_inodes(root: &Root, pid: i32) -> std::io::Result<Vec<(u32, u64)>> {
+    let rd = std::fs::read_dir(root.path(format!("/proc/{pid}/fd")))?;
+    Ok(rd
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let fd = e.file_name().to_str()?.parse().ok()?;
+            let link = std::fs::read_link(e.path()).ok()?;
+            let s = link.to_str()?;
+            let inode = s
+                .strip_prefix("socket:[")?
+                .strip_suffix(']')?
+                .parse()
+                .ok()?;
+            Some((fd, inode))
+        })
+        .collect())
 }
 
-/// (local port, inode) of a `/proc/net/{tcp,udp}*` line that listens.
-fn listening(line: &str, tcp: bool) -> Option<(u16, u64)> {
+/// (local port, inode) of a `/proc/net/udp*` line bound with no peer.
+fn udp_bound(line: &str) -> Option<(u16, u64)> {
     let f: Vec<&str> = line.split_whitespace().collect();
-    let (local, remote, st, inode) = (f.get(1)?, f.get(2)?, f.get(3)?, f.get(9)?);
+    let (local, remote, inode) = (f.get(1)?, f.get(2)?, f.get(9)?);
     let port = u16::from_str_radix(local.rsplit_once(':')?.1, 16).ok()?;
     let remote_port = u16::from_str_radix(remote.rsplit_once(':')?.1, 16).ok()?;
-    let listens = if tcp {
-        *st == TCP_LISTEN
-    } else {
-        remote_port == 0
-    };
-    (listens && port != 0).then_some((port, inode.parse().ok()?))
+    (remote_port == 0 && port != 0).then_some((port, inode.parse().ok()?))
 }
 
 #[cfg(test)]
@@ -122,5 +185,42 @@ mod tests {
         let me = std::process::id() as i32;
         let got = listening_ports(&Root::default(), &[me]).unwrap();
         assert!(got.contains(&port), "{port} not in {got:?}");
+    }
+
+    #[test]
+    fn parses_proc_net_tcp() {
+        let text = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
+   0: 0100007F:2BCB 00000000:0000 0A 00000000:00000000 00:00000000 00000000   100        0 31337 1 0000000000000000 100 0 0 10 0\n\
+   1: 0100007F:2BCB 0100007F:D2F0 01 00000000:00000000 00:00000000 00000000   100        0 41414 1 0000000000000000 20 4 30 10 -1\n";
+        let rows = parse_tcp_table(text);
+        assert_eq!(
+            rows,
+            vec![
+                TcpRow {
+                    local_port: 11211,
+                    state: TCP_LISTEN,
+                    inode: 31337
+                },
+                TcpRow {
+                    local_port: 11211,
+                    state: TCP_ESTABLISHED,
+                    inode: 41414
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn listeners_are_read_up_to_the_first_other_row() {
+        let text = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
+   0: 0100007F:2BCB 00000000:0000 0A 00000000:00000000 00:00000000 00000000   100        0 31337 1 0000000000000000 100 0 0 10 0\n\
+   1: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000   100        0 31338 1 0000000000000000 100 0 0 10 0\n\
+   2: 0100007F:2BCB 0100007F:D2F0 06 00000000:00000000 03:00000D0D 00000000     0        0 0 3 0000000000000000\n\
+   3: 0100007F:0050 00000000:0000 0A 00000000:00000000 00:00000000 00000000   100        0 31339 1 0000000000000000 100 0 0 10 0\n";
+        let ports: Vec<u16> = leading_listeners(text.as_bytes())
+            .iter()
+            .map(|r| r.local_port)
+            .collect();
+        assert_eq!(ports, vec![11211, 8080]);
     }
 }

@@ -10,10 +10,17 @@
 //!   over the busier unsaturated steps: at light load wake-ups inflate it);
 //! - `parallelism`: the threads that did work in the saturated steps
 //!   (threads that used at least [`BUSY_THREAD_SHARE`] of a CPU);
-//! - `service_cv` and `network_ms`: the grid point whose steady-state
-//!   queue (the sim's own, [`super::model::Queue`]) best matches the
-//!   measured client and server-side percentiles of the unsaturated steps
-//!   (least squares on log latency).
+//! - `network_ms`: the client/server gap (client − eBPF percentile) of the
+//!   unsaturated steps, each divided by the model's load growth of the
+//!   network term at that step, median: measured, not traded against the
+//!   service time's spread. A step whose eBPF figure is above the client's
+//!   is left out (a request cannot take longer on the server than at the
+//!   client that waited for it: such a figure counts another step's
+//!   backlog, or is a sensor fault);
+//! - `service_cv`: with that network term, the grid point whose
+//!   steady-state queue (the sim's own, [`super::model::Queue`]) best
+//!   matches the measured client and (kept) server-side percentiles of the
+//!   unsaturated steps (least squares on log latency).
 //!
 //! How capacity scales with cores and quota is the model's rule
 //! (`min(CPUs, parallelism, quota)` over the service time); the fit checks
@@ -26,7 +33,7 @@ use qosd_core::Share;
 
 use super::fitted::FitCheck;
 use super::model::{percentile, Shifts, SimModel};
-use crate::calibrate::network_queue_ms;
+use crate::calibrate::{network_load, network_queue_ms};
 use crate::scenario::{SimModelSpec, SimNode};
 
 /// A thread counts towards parallelism when it used this share of a CPU
@@ -84,7 +91,7 @@ fn predict(m: &SimModel, p: &ServerPoint, pct: f64, node: &SimNode) -> (f64, f64
     let lambda = p.achieved_rps.min(cap);
     let at = Shifts {
         shift_us: m.fixed_us,
-        network_us: (m.network_ms + network_queue_ms(m, lambda / cap)) * 1000.0,
+        network_us: (m.network_ms + network_queue_ms(m, network_load(m, lambda, node))) * 1000.0,
         noise: 1.0,
         weight: 1.0,
     };
@@ -118,7 +125,8 @@ pub fn fit_server(
         noise: 0.0,
         ..base.clone()
     };
-    (m.service_cv, m.network_ms) = fit_cv_and_network(&mut m, &ok, pct, node);
+    m.network_ms = fit_network_ms(&m, &ok, node).unwrap_or(base.network_ms);
+    m.service_cv = fit_cv(&mut m, &ok, pct, node);
     let checks = capacity_checks(points, &m, node);
     Some((
         SimModelSpec {
@@ -193,37 +201,62 @@ fn parallelism(points: &[ServerPoint], base: &SimModel) -> u32 {
     }
 }
 
-/// The service time's coefficient of variation and the network delay
-/// (ms) that fit the steps' client (and eBPF) latencies best: least
+/// A server-side figure above the client's by more than this share is not
+/// the same requests' (see the module's header) and is not fitted.
+const EBPF_OVER_CLIENT: f64 = 1.1;
+
+/// The step's eBPF percentile, if it can be the same requests' as the
+/// client's.
+fn kept_ebpf(p: &ServerPoint) -> Option<f64> {
+    p.ebpf_us
+        .filter(|e| *e > 0.0 && *e <= EBPF_OVER_CLIENT * p.client_us)
+}
+
+/// The network term (ms) from the steps' client/server gaps: at each step
+/// the model's gap is `network_ms · (1 + its queue factor at that load)`,
+/// so each step gives one estimate; their median stands (a step the
+/// machine stalled in moves a mean, not a median). A gap at or under zero
+/// (the two percentiles within their noise) counts as zero. `None`
+/// without a step with both figures.
+fn fit_network_ms(m: &SimModel, ok: &[&ServerPoint], node: &SimNode) -> Option<f64> {
+    let unit = SimModel {
+        network_ms: 1.0,
+        ..m.clone()
+    };
+    let est: Vec<f64> = ok
+        .iter()
+        .filter_map(|p| {
+            let e = kept_ebpf(p)?;
+            let grow = 1.0 + network_queue_ms(&unit, network_load(m, p.achieved_rps, node));
+            Some(((p.client_us - e) / 1000.0).max(0.0) / grow)
+        })
+        .collect();
+    // The grid's floor (2 µs): a zero term is a model without a network.
+    median(est).map(|v| v.max(0.002))
+}
+
+/// The service time's coefficient of variation that fits the steps'
+/// client (and kept eBPF) latencies best, the network term fixed: least
 /// squares on log latency over a grid. `m` is left at the last point of
 /// the grid tried.
-fn fit_cv_and_network(
-    m: &mut SimModel,
-    ok: &[&ServerPoint],
-    pct: f64,
-    node: &SimNode,
-) -> (f64, f64) {
-    let mut best = (f64::INFINITY, m.service_cv, m.network_ms);
+fn fit_cv(m: &mut SimModel, ok: &[&ServerPoint], pct: f64, node: &SimNode) -> f64 {
+    let mut best = (f64::INFINITY, m.service_cv);
     for i in 1..=20 {
         let cv = i as f64 * 0.05;
-        for j in 0..=48 {
-            let net_ms = 0.002 * 10f64.powf(j as f64 / 12.0); // 2 µs .. 20 ms
-            m.service_cv = cv;
-            m.network_ms = net_ms;
-            let mut err = 0.0;
-            for p in ok {
-                let (client, server) = predict(m, p, pct, node);
-                err += (client / p.client_us).ln().powi(2);
-                if let Some(e) = p.ebpf_us {
-                    err += (server / e).ln().powi(2);
-                }
-            }
-            if err < best.0 {
-                best = (err, cv, net_ms);
+        m.service_cv = cv;
+        let mut err = 0.0;
+        for p in ok {
+            let (client, server) = predict(m, p, pct, node);
+            err += (client / p.client_us).ln().powi(2);
+            if let Some(e) = kept_ebpf(p) {
+                err += (server / e).ln().powi(2);
             }
         }
+        if err < best.0 {
+            best = (err, cv);
+        }
     }
-    (best.1, best.2)
+    best.1
 }
 
 /// The model's capacity against the best rate measured, per allocation.
@@ -319,164 +352,5 @@ fn round3(x: f64) -> f64 {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn node() -> SimNode {
-        SimNode {
-            nr_cores: 2,
-            freq_min_mhz: 3000,
-            freq_max_mhz: 3000,
-            nr_ways: 0,
-            quota_step_milli: 100,
-            ..SimNode::default()
-        }
-    }
-
-    /// Points a server with a known model would give: its steady-state
-    /// percentiles, CPU time and busy threads, at three allocations.
-    fn synthetic(truth: &SimModel, n: &SimNode) -> Vec<ServerPoint> {
-        let mut pts = Vec::new();
-        for (cores, quota) in [(1, 0), (2, 0), (1, 500)] {
-            let probe = ServerPoint {
-                nr_cores: cores,
-                quota_milli: quota,
-                offered_rps: 0.0,
-                achieved_rps: 0.0,
-                client_us: 0.0,
-                ebpf_us: None,
-                cpu_s: 0.0,
-                wall_s: 2.0,
-                busy_threads: 0,
-            };
-            let cap = truth.capacity_rps(&probe.share(), n);
-            let cpus = truth.effective_cpus(&probe.share(), n);
-            for x in [0.2f64, 0.4, 0.6, 0.75, 1.5] {
-                let achieved = cap * x.min(1.0);
-                let mut p = ServerPoint {
-                    offered_rps: cap * x,
-                    achieved_rps: achieved,
-                    cpu_s: achieved * probe.wall_s * truth.service_us * 1e-6,
-                    busy_threads: truth.parallelism.min(cores),
-                    ..probe
-                };
-                if x < 1.0 {
-                    let (c, s) = predict(truth, &p, 99.0, n);
-                    (p.client_us, p.ebpf_us) = (c, Some(s));
-                } else {
-                    (p.client_us, p.ebpf_us) = (1e6, Some(1e6));
-                    p.cpu_s = cpus * p.wall_s;
-                }
-                pts.push(p);
-            }
-        }
-        pts
-    }
-
-    #[test]
-    fn a_server_fit_recovers_a_known_model() {
-        let n = node();
-        for (s_us, cv, par, net) in [(800.0, 0.4, 4, 0.3), (12.0, 0.7, 1, 0.05)] {
-            let truth = SimModel {
-                service_us: s_us,
-                service_cv: cv,
-                parallelism: par,
-                network_ms: net,
-                ..SimModel::generic()
-            };
-            let pts = synthetic(&truth, &n);
-            let base = SimModel::generic();
-            let (fit, checks) = fit_server(&pts, 99.0, &base, &n).unwrap();
-            let got = fit.service_us.unwrap();
-            assert!((got - s_us).abs() / s_us < 0.01, "service {got} vs {s_us}");
-            assert_eq!(fit.parallelism, Some(par.min(2)));
-            let got_cv = fit.service_cv.unwrap();
-            assert!((got_cv - cv).abs() <= 0.051, "cv {got_cv} vs {cv}");
-            let got_net = fit.network_ms.unwrap();
-            assert!(
-                (got_net / net).ln().abs() < 0.25,
-                "network {got_net} vs {net}"
-            );
-            assert_eq!(checks.len(), 3);
-            for c in &checks {
-                assert!(
-                    (c.model - c.measured).abs() / c.measured < 0.02,
-                    "{c:?}: the synthetic server runs at its model capacity"
-                );
-            }
-        }
-    }
-
-    /// Without a saturated step the service time is the CPU time per
-    /// request; with one whose rate fell short of the CPU accounting (time
-    /// spent outside the server's threads), capacity wins.
-    #[test]
-    fn service_time_from_capacity_else_from_cpu_time() {
-        let n = node();
-        let truth = SimModel {
-            service_us: 500.0,
-            parallelism: 4,
-            ..SimModel::generic()
-        };
-        let all = synthetic(&truth, &n);
-        let light: Vec<ServerPoint> = all.iter().filter(|p| !p.saturated()).copied().collect();
-        let (fit, _) = fit_server(&light, 99.0, &truth, &n).unwrap();
-        assert_eq!(fit.service_us, Some(500.0));
-        // The saturated steps reach 80 % of the model's rate.
-        let slow: Vec<ServerPoint> = all
-            .iter()
-            .map(|p| {
-                let mut p = *p;
-                if p.saturated() {
-                    p.achieved_rps *= 0.8;
-                }
-                p
-            })
-            .collect();
-        let (fit, _) = fit_server(&slow, 99.0, &truth, &n).unwrap();
-        assert_eq!(fit.service_us, Some(625.0));
-    }
-
-    #[test]
-    fn no_unsaturated_step_no_fit() {
-        let n = node();
-        let truth = SimModel::generic();
-        let pts: Vec<ServerPoint> = synthetic(&truth, &n)
-            .into_iter()
-            .filter(|p| p.saturated())
-            .collect();
-        assert!(fit_server(&pts, 99.0, &truth, &n).is_none());
-    }
-
-    #[test]
-    fn a_job_fit_recovers_ops_per_cpu() {
-        let n = node();
-        let pts: Vec<JobPoint> = [(1, 0, 1.0), (1, 500, 0.5), (2, 0, 2.0), (2, 300, 0.3)]
-            .iter()
-            .map(|&(c, q, cpus)| JobPoint {
-                nr_cores: c,
-                quota_milli: q,
-                ops_per_s: 27_000.0 * cpus,
-                cpus_used: cpus,
-            })
-            .collect();
-        let (fit, checks) = fit_job(&pts, 2, &n).unwrap();
-        assert_eq!(fit.ops_per_cpu_s, Some(27_000.0));
-        assert_eq!(fit.parallelism, Some(2));
-        for c in checks {
-            assert!((c.model - c.measured).abs() < 1e-6, "{c:?}");
-        }
-        // One thread: two cores buy nothing, as the model has it.
-        let (fit1, checks) = fit_job(&pts[..1], 1, &n).unwrap();
-        assert_eq!(fit1.parallelism, Some(1));
-        assert!((checks[0].model - 27_000.0).abs() < 1e-6);
-        assert!(fit_job(&[], 1, &n).is_none());
-    }
-
-    #[test]
-    fn three_significant_digits() {
-        assert_eq!(round3(1234.5), 1230.0);
-        assert_eq!(round3(0.012345), 0.0123);
-        assert_eq!(round3(0.0), 0.0);
-    }
-}
+#[path = "fit_tests.rs"]
+mod tests;

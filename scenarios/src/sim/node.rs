@@ -18,7 +18,7 @@ use rand_chacha::ChaCha8Rng;
 use super::model::{Sample, Shifts, SimModel};
 use super::sampling::{normal, sampled_percentiles};
 use super::{node_caps, MAX_BACKLOG_S};
-use crate::calibrate::{network_queue_ms, Calibration};
+use crate::calibrate::{network_load, network_queue_ms, Calibration};
 use crate::scenario::{AppSpec, Scenario, SimNode};
 
 struct AppSim {
@@ -163,7 +163,7 @@ impl SimulatedNode {
             // server's queue, and the excess is lost, not served late.
             st.backlog = (st.backlog + lambda * dt - served).min(cap * MAX_BACKLOG_S);
             let wait_us = 0.5 * (before + st.backlog) / cap * 1e6;
-            let target_net = network_queue_ms(&st.model, lambda / st.capacity_rps);
+            let target_net = network_queue_ms(&st.model, network_load(&st.model, lambda, node));
             let tau = st.model.network_tau_s.max(1e-6);
             st.net_q_ms += (target_net - st.net_q_ms) * (1.0 - (-dt / tau).exp());
             let sigma = st.model.noise;

@@ -21,7 +21,7 @@ use qosd_core::Share;
 
 use super::model::{percentile, Queue, Sample, SimModel};
 use super::MAX_BACKLOG_S;
-use crate::calibrate::{network_queue_ms, Calibration};
+use crate::calibrate::{network_load, network_queue_ms, Calibration};
 use crate::scenario::{AppSpec, Scenario, SimNode};
 
 /// What the oracle needed over a run (`summary.json`'s `oracle`).
@@ -89,6 +89,7 @@ pub fn least_allocations(
             backlog: 0.0,
         })
         .collect();
+    let node = &sc.node;
     let dt = clock.monitor_ms as f64 / 1000.0;
     let per = clock.ticks_per_interval.max(1);
     let mut out = Vec::with_capacity(clock.nr_intervals as usize);
@@ -103,12 +104,10 @@ pub fn least_allocations(
                         let now_s = ((iv * per + k) * clock.monitor_ms) as f64 / 1000.0;
                         let level = a.spec.load.level_at((now_s - dt / 2.0) * clock.scale);
                         let tau = a.model.network_tau_s.max(1e-6);
-                        let target = network_queue_ms(&a.model, level);
+                        let rps = level * a.capacity_rps;
+                        let target = network_queue_ms(&a.model, network_load(&a.model, rps, node));
                         a.net_q_ms += (target - a.net_q_ms) * (1.0 - (-dt / tau).exp());
-                        (
-                            level * a.capacity_rps,
-                            (a.model.network_ms + a.net_q_ms) * 1000.0,
-                        )
+                        (rps, (a.model.network_ms + a.net_q_ms) * 1000.0)
                     })
                     .collect()
             })

@@ -5,35 +5,8 @@
 use std::collections::{HashMap, HashSet};
 use std::fs;
 
-/// TCP states in /proc/net/tcp.
-const TCP_ESTABLISHED: u8 = 0x01;
-const TCP_LISTEN: u8 = 0x0A;
-
-/// One row of /proc/PID/net/tcp{,6}: local port, state, socket inode.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) struct TcpRow {
-    pub local_port: u16,
-    pub state: u8,
-    pub inode: u64,
-}
-
-pub(crate) fn parse_tcp_table(text: &str) -> Vec<TcpRow> {
-    text.lines().skip(1).filter_map(parse_tcp_row).collect()
-}
-
-fn parse_tcp_row(line: &str) -> Option<TcpRow> {
-    let f: Vec<&str> = line.split_whitespace().collect();
-    // sl local_address rem_address st tx:rx tr:tm retrnsmt uid timeout inode
-    let local = f.get(1)?;
-    let port = u16::from_str_radix(local.rsplit(':').next()?, 16).ok()?;
-    let state = u8::from_str_radix(f.get(3)?, 16).ok()?;
-    let inode = f.get(9)?.parse().ok()?;
-    Some(TcpRow {
-        local_port: port,
-        state,
-        inode,
-    })
-}
+use qosd_core::sys::sockets::{self, TCP_ESTABLISHED, TCP_LISTEN};
+use qosd_core::sys::Root;
 
 /// The TCP ports `pid` listens on: the listening rows of its tables whose
 /// socket is one of `inodes` (its fds').
@@ -49,7 +22,7 @@ fn ports_among(pid: u32, inodes: &[u64]) -> Vec<u16> {
     if inodes.is_empty() {
         return Vec::new();
     }
-    let mut ports: Vec<u16> = listening_rows(pid)
+    let mut ports: Vec<u16> = sockets::tcp_listeners(&Root::default(), pid as i32)
         .iter()
         .filter(|r| r.state == TCP_LISTEN && inodes.contains(&r.inode))
         .map(|r| r.local_port)
@@ -119,46 +92,7 @@ impl ListenCache {
 /// (fd, socket inode) of every socket among `pid`'s fds (empty if they
 /// cannot be listed).
 pub(crate) fn socket_inodes(pid: u32) -> Vec<(u32, u64)> {
-    let Ok(dir) = fs::read_dir(format!("/proc/{pid}/fd")) else {
-        return Vec::new();
-    };
-    dir.flatten()
-        .filter_map(|entry| {
-            let fd = entry.file_name().to_string_lossy().parse::<u32>().ok()?;
-            let link = fs::read_link(entry.path()).ok()?;
-            let inode = link
-                .to_string_lossy()
-                .strip_prefix("socket:[")
-                .and_then(|s| s.strip_suffix(']'))
-                .and_then(|s| s.parse::<u64>().ok())?;
-            Some((fd, inode))
-        })
-        .collect()
-}
-
-/// The listening rows of /proc/PID/net/tcp and tcp6 (the process's
-/// network namespace): each table is read up to its first row in another
-/// state.
-fn listening_rows(pid: u32) -> Vec<TcpRow> {
-    let mut rows = Vec::new();
-    for table in ["tcp", "tcp6"] {
-        if let Ok(f) = fs::File::open(format!("/proc/{pid}/net/{table}")) {
-            rows.extend(leading_listeners(std::io::BufReader::new(f)));
-        }
-    }
-    rows
-}
-
-/// The LISTEN rows at the head of a /proc/net/tcp table, read no further.
-fn leading_listeners(r: impl std::io::BufRead) -> Vec<TcpRow> {
-    let mut rows = Vec::new();
-    for line in r.lines().skip(1).map_while(Result::ok) {
-        match parse_tcp_row(&line) {
-            Some(row) if row.state == TCP_LISTEN => rows.push(row),
-            _ => break,
-        }
-    }
-    rows
+    sockets::socket_inodes(&Root::default(), pid as i32).unwrap_or_default()
 }
 
 /// (fd, local port) of every established TCP connection of `pid` whose
@@ -167,7 +101,7 @@ pub(crate) fn accepted_connections(pid: u32) -> Vec<(u32, u16)> {
     let mut rows = Vec::new();
     for table in ["tcp", "tcp6"] {
         if let Ok(text) = fs::read_to_string(format!("/proc/{pid}/net/{table}")) {
-            rows.extend(parse_tcp_table(&text));
+            rows.extend(sockets::parse_tcp_table(&text));
         }
     }
     let listening: HashSet<u16> = rows
@@ -180,8 +114,8 @@ pub(crate) fn accepted_connections(pid: u32) -> Vec<(u32, u16)> {
         .filter(|r| r.state == TCP_ESTABLISHED && listening.contains(&r.local_port))
         .map(|r| (r.inode, r.local_port))
         .collect();
-    let dir = match fs::read_dir(format!("/proc/{pid}/fd")) {
-        Ok(d) => d,
+    let fds = match sockets::socket_inodes(&Root::default(), pid as i32) {
+        Ok(fds) => fds,
         Err(e) => {
             // Without CAP_SYS_PTRACE another user's fds cannot be listed:
             // connections it accepted before tracing began stay unseen.
@@ -196,69 +130,14 @@ pub(crate) fn accepted_connections(pid: u32) -> Vec<(u32, u16)> {
             return Vec::new();
         }
     };
-    let mut out = Vec::new();
-    for entry in dir.flatten() {
-        let Ok(fd) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(link) = fs::read_link(entry.path()) else {
-            continue;
-        };
-        let link = link.to_string_lossy();
-        let Some(inode) = link
-            .strip_prefix("socket:[")
-            .and_then(|s| s.strip_suffix(']'))
-            .and_then(|s| s.parse::<u64>().ok())
-        else {
-            continue;
-        };
-        if let Some(&port) = accepted.get(&inode) {
-            out.push((fd, port));
-        }
-    }
-    out
+    fds.into_iter()
+        .filter_map(|(fd, inode)| Some((fd, *accepted.get(&inode)?)))
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn parses_proc_net_tcp() {
-        let text = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
-   0: 0100007F:2BCB 00000000:0000 0A 00000000:00000000 00:00000000 00000000   100        0 31337 1 0000000000000000 100 0 0 10 0\n\
-   1: 0100007F:2BCB 0100007F:D2F0 01 00000000:00000000 00:00000000 00000000   100        0 41414 1 0000000000000000 20 4 30 10 -1\n";
-        let rows = parse_tcp_table(text);
-        assert_eq!(
-            rows,
-            vec![
-                TcpRow {
-                    local_port: 11211,
-                    state: TCP_LISTEN,
-                    inode: 31337
-                },
-                TcpRow {
-                    local_port: 11211,
-                    state: TCP_ESTABLISHED,
-                    inode: 41414
-                },
-            ]
-        );
-    }
-
-    #[test]
-    fn listeners_are_read_up_to_the_first_other_row() {
-        let text = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
-   0: 0100007F:2BCB 00000000:0000 0A 00000000:00000000 00:00000000 00000000   100        0 31337 1 0000000000000000 100 0 0 10 0\n\
-   1: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000   100        0 31338 1 0000000000000000 100 0 0 10 0\n\
-   2: 0100007F:2BCB 0100007F:D2F0 06 00000000:00000000 03:00000D0D 00000000     0        0 0 3 0000000000000000\n\
-   3: 0100007F:0050 00000000:0000 0A 00000000:00000000 00:00000000 00000000   100        0 31339 1 0000000000000000 100 0 0 10 0\n";
-        let ports: Vec<u16> = leading_listeners(text.as_bytes())
-            .iter()
-            .map(|r| r.local_port)
-            .collect();
-        assert_eq!(ports, vec![11211, 8080]);
-    }
 
     #[test]
     fn finds_children_and_listening_ports() {

@@ -101,6 +101,9 @@ impl Programs {
             .as_deref_mut()
             .ok_or_else(|| NetError::Bpf("the net BPF object has no rodata".into()))?;
         ro.bin_ns = u64::from(o.bin_ms) * 1_000_000;
+        // validate() made sure bin_ms divides 1000: the kernel's window of
+        // a bin is then an exact division of the bin.
+        ro.bins_per_window = u64::from(1000 / o.bin_ms.max(1));
         ro.over_packets = o.over_packets;
         open.maps
             .peers
