@@ -3,8 +3,6 @@
 //! eBPF request sensor measuring the server side of every step beside the
 //! client's, so the knee gets both figures and the client/server gap.
 
-use std::time::{Duration, Instant};
-
 use qosd_core::slo::GapPoint;
 use qosd_scenarios::calibrate::{AppCalibration, Calibration, CurveFit, Point};
 use qosd_scenarios::scenario::AppSpec;
@@ -105,14 +103,6 @@ fn calibrate_app(
             let (h, _) = from_tracer(t, &tree, fig);
             (h.percentile(pct).map(|v| v as f64 / 1e3), h.len())
         });
-        // What the server still works off once the client gave up (a
-        // saturated step's backlog) belongs to no step: left to run into
-        // the next, its requests read 765 ms on the eBPF side of a step
-        // whose client saw 11 ms, and took that step's CPU.
-        settle(&tree);
-        if let Some(t) = tracer {
-            let _ = from_tracer(t, &tree, fig);
-        }
         ebpf.push((*p, e, n));
         eprintln!(
             "  offered {:>9.0} rps  achieved {:>9.0} rps  p99 {:>9.3} ms  eBPF p99 {}",
@@ -139,36 +129,6 @@ fn calibrate_app(
         gap,
         ..c
     })
-}
-
-/// How often a server is looked at while it settles, and the most it is
-/// waited for.
-const SETTLE_PROBE: Duration = Duration::from_millis(200);
-const SETTLE_MAX: Duration = Duration::from_secs(10);
-/// CPU a settled server may use in one probe: one clock tick (10 ms at
-/// the usual 100 Hz), under 5 % of a CPU.
-const SETTLE_IDLE_S: f64 = 0.011;
-
-/// Waits (at most [`SETTLE_MAX`]) until the server's processes used under
-/// [`SETTLE_IDLE_S`] of CPU over one [`SETTLE_PROBE`].
-fn settle(pids: &[i32]) {
-    let procfs = qosd_sensors::procfs::Procfs::new("/");
-    let cpu_s = || -> f64 {
-        pids.iter()
-            .filter_map(|&p| procfs.process_cpu_s(p).ok().flatten())
-            .sum()
-    };
-    let deadline = Instant::now() + SETTLE_MAX;
-    let mut last = cpu_s();
-    while Instant::now() < deadline {
-        std::thread::sleep(SETTLE_PROBE);
-        let now = cpu_s();
-        if now - last < SETTLE_IDLE_S {
-            return;
-        }
-        last = now;
-    }
-    eprintln!("  (the server was still busy {SETTLE_MAX:?} after the step)");
 }
 
 /// The sweep's capacity and knee, and how far the knee's repeated steps
