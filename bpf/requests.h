@@ -139,8 +139,14 @@ struct sock_state {
 	__u8 state;  /* QOSD_ST_* */
 	__u8 emit;   /* QOSD_EMIT_* bits, copied from the target at claim */
 	__u16 nreq;  /* requests the turn in flight carries (its record's) */
-	__u8 pad[2];
+	__u16 nlater; /* of them, completed by a later read than the turn's
+		       * first (read ahead while the turn's replies were
+		       * pending): timed from their own reads' arrivals */
 	struct req_parse parse;
+	__u64 read_arrive_ns;   /* first data_ready since the last read; 0: none */
+	__u64 later_arrive_sum; /* the nlater requests: sum of (arrival -
+				 * req_arrive_ns), ns */
+	__u64 later_read_sum;   /* and of (their read - req_start_ns), ns */
 };
 
 /* Words of the traced-local-port bitmap: one bit per TCP port. */
@@ -156,7 +162,7 @@ struct port_key {
 _Static_assert(sizeof(struct req_record) == 48, "req_record layout");
 _Static_assert(__builtin_offsetof(struct req_record, arrive_ns) == 40, "req_record layout");
 _Static_assert(sizeof(struct req_parse) == 16, "req_parse layout");
-_Static_assert(sizeof(struct sock_state) == 88, "sock_state layout");
+_Static_assert(sizeof(struct sock_state) == 112, "sock_state layout");
 _Static_assert(__builtin_offsetof(struct sock_state, nreq) == 68, "sock_state layout");
 _Static_assert(__builtin_offsetof(struct req_record, nreq) == 38, "req_record layout");
 _Static_assert(sizeof(struct conn_key) == 8, "conn_key layout");

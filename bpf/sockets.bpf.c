@@ -107,9 +107,16 @@ static __always_inline void emit(struct sock_state *ss, __u8 kind,
 
 /*
  * The TURN record of the turn in flight: as many requests as its inbound
- * bytes completed (count.h), each timed from the turn's arrival to its
- * last reply bytes. A TLS connection's clock (its CONN record) starts at
- * its first request, not at the handshake.
+ * bytes completed (count.h), ending at its last reply bytes. Those its
+ * first read completed are timed from the turn's arrival; those later
+ * reads completed (a server that reads ahead while replies are pending,
+ * with a client that pipelines: they arrived after the turn began) go in
+ * a second record, timed from the mean arrival and mean read of their
+ * own reads, with turns == 0 (a continuation, not a turn: it opens no
+ * connection). Timed from the turn's arrival, each of them was charged
+ * the first one's wait, and the eBPF p99 of a busy fixture read above
+ * the client's (docs/requests.md, "Timing"). A TLS connection's clock
+ * (its CONN record) starts at its first request, not at the handshake.
  */
 static __always_inline void emit_turn(struct sock_state *ss)
 {
@@ -117,10 +124,23 @@ static __always_inline void emit_turn(struct sock_state *ss)
 		ss->accept_ns = ss->req_arrive_ns;
 		ss->first_read_ns = ss->req_start_ns;
 	}
-	if (ss->emit & QOSD_EMIT_TURN)
+	if (!(ss->emit & QOSD_EMIT_TURN))
+		return;
+	__u16 nlater = ss->nlater < ss->nreq ? ss->nlater : ss->nreq;
+	/* A turn whose requests all came in later reads still needs its
+	 * first record if it opened the connection (auto mode counts them). */
+	if (nlater < ss->nreq || ss->turns == 1 || !nlater)
 		emit_record_n(QOSD_REC_TURN, ss->tgid, 0, ss->conn_id,
-			      ss->turns, ss->nreq, ss->req_arrive_ns,
+			      ss->turns, ss->nreq - nlater, ss->req_arrive_ns,
 			      ss->req_start_ns, ss->last_out_ns, wakeup_bytes);
+	if (!nlater)
+		return;
+	__u64 start = ss->req_start_ns + ss->later_read_sum / nlater;
+	__u64 arrive = ss->req_arrive_ns + ss->later_arrive_sum / nlater;
+	start = start < ss->last_out_ns ? start : ss->last_out_ns;
+	arrive = arrive < start ? arrive : start;
+	emit_record_n(QOSD_REC_TURN, ss->tgid, 0, ss->conn_id, 0, nlater,
+		      arrive, start, ss->last_out_ns, wakeup_bytes);
 }
 
 /* The entry of sk (NULL: none). The helper takes sockets as void *. */
@@ -295,8 +315,17 @@ int BPF_PROG(qosd_data_ready, const struct sock *sk)
 		return 0;
 	struct sock_state *ss = entry_of(sk);
 	if (ss) {
-		if (!ss->arrive_ns)
-			ss->arrive_ns = arrival_ns(sk, ss);
+		/* Two arrivals: the turn's (first bytes since the server last
+		 * wrote) and the next read's (first bytes since it last read;
+		 * a read-ahead server's later requests). Usually both are
+		 * unset at once: one stamp. */
+		if (!ss->arrive_ns || !ss->read_arrive_ns) {
+			__u64 t = arrival_ns(sk, ss);
+			if (!ss->arrive_ns)
+				ss->arrive_ns = t;
+			if (!ss->read_arrive_ns)
+				ss->read_arrive_ns = t;
+		}
 		return 0;
 	}
 	/* A connection open before tracing began (a listening socket's
@@ -381,6 +410,11 @@ int BPF_PROG(qosd_recv, struct sock *sk, int ret, int flags)
 		emit_turn(ss);
 		ss->state = QOSD_ST_IDLE;
 	}
+	/* This read's bytes arrived at the first data_ready since the
+	 * last read (none: no later than the read). */
+	__u64 read_arrive = ss->read_arrive_ns;
+	ss->read_arrive_ns = 0;
+	bool later = true;
 	if (ss->state == QOSD_ST_IDLE) {
 		if (ss->turns == 0)
 			ss->first_read_ns = now;
@@ -393,6 +427,10 @@ int BPF_PROG(qosd_recv, struct sock *sk, int ret, int flags)
 		ss->req_arrive_ns = arrive && arrive <= now ? arrive : now;
 		ss->state = QOSD_ST_IN_REQ;
 		ss->nreq = 0;
+		ss->nlater = 0;
+		ss->later_arrive_sum = 0;
+		ss->later_read_sum = 0;
+		later = false;
 	}
 	/* Only TURN records carry counts; connection mode needs no more
 	 * than the protocol and, for TLS, where the handshake ends. */
@@ -403,7 +441,24 @@ int BPF_PROG(qosd_recv, struct sock *sk, int ret, int flags)
 		long n = count_skipped(&ss->parse, ret);
 		done = n >= 0 ? n : count_in(&ss->parse, ret, read_buffer(ret));
 	}
-	ss->nreq = turn_requests(&ss->parse, ss->nreq, done);
+	__u16 before = ss->nreq;
+	ss->nreq = turn_requests(&ss->parse, before, done);
+	/* Requests completed by a later read of a turn that already holds
+	 * a whole request: their own arrival and read, as offsets from the
+	 * turn's (emit_turn). A request whose bytes came over several reads
+	 * (before == 0) is still the turn's first, timed from its first
+	 * bytes. */
+	if (later && before && ss->nreq > before &&
+	    now >= ss->req_start_ns) {
+		__u16 k = ss->nreq - before;
+		__u64 a = read_arrive && read_arrive <= now &&
+				  read_arrive >= ss->req_arrive_ns ?
+			  read_arrive :
+			  now;
+		ss->nlater += k;
+		ss->later_arrive_sum += (__u64)k * (a - ss->req_arrive_ns);
+		ss->later_read_sum += (__u64)k * (now - ss->req_start_ns);
+	}
 	return 0;
 }
 

@@ -457,18 +457,7 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(1);
-    // The floor's dispatch alone, on the client's CPU (DISPATCH pairs,
-    // default 10; 0: none).
-    let dispatch_pairs: usize = std::env::var("DISPATCH")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(10);
-    let dispatch = match setup.floor.as_mut() {
-        Some(f) if dispatch_pairs > 0 => {
-            Some(dispatch::measure(f, dispatch_pairs, pin.map(|p| p.client)))
-        }
-        _ => None,
-    };
+    let dispatch = dispatch::all(&mut setup, &floors, pin.map(|p| p.client));
     let stats = (stats_runs > 0).then(|| cost::bpf_stats(&mut setup, &floors, stats_runs));
     drop(mc);
     drop(group);
@@ -476,10 +465,11 @@ fn main() {
         r.print_table(rounds, secs, conns, pin.map(|p| (p.server, p.client)));
         println!("{}\n", cost::stats_note(found_on, r.timed_rounds));
     }
-    match dispatch {
-        Some(Ok(text)) => println!("{text}"),
-        Some(Err(e)) => println!("Dispatch of the socket hooks not measured: {e}\n"),
-        None => {}
+    for d in dispatch {
+        match d {
+            Ok(text) => println!("{text}"),
+            Err(e) => println!("Dispatch not measured: {e}\n"),
+        }
     }
     match stats {
         Some(Ok(text)) => println!("{text}"),

@@ -102,7 +102,8 @@ pub struct SenseApp {
 }
 
 /// How far back a low-rate app's windows reach for enough requests: the
-/// policy's and the gap's, in decision intervals. Eight intervals (4 s at
+/// policy's, in decision intervals (the gap takes one interval at a time,
+/// `gaps.rs`). Eight intervals (4 s at
 /// 500 ms) hold a p99's 1000 requests from 250 requests/s up, and stay
 /// short beside the 30 s cool-downs and the load changes a controller must
 /// follow.

@@ -40,7 +40,9 @@ const _: () = {
     assert!(offset_of!(req_record, kind) == 36);
     assert!(offset_of!(req_record, nreq) == 38);
     assert!(offset_of!(req_record, arrive_ns) == 40);
-    assert!(size_of::<sock_state>() == 88);
+    assert!(size_of::<sock_state>() == 112);
+    assert!(offset_of!(sock_state, nlater) == 70);
+    assert!(offset_of!(sock_state, read_arrive_ns) == 88);
     assert!(offset_of!(sock_state, nreq) == 68);
     assert!(offset_of!(sock_state, tgid) == 56);
     assert!(offset_of!(sock_state, state) == 66);

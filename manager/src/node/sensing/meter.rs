@@ -12,7 +12,6 @@ use qosd_sensors::filed::Ended;
 use qosd_sensors::sensor::AppReading;
 use qosd_sensors::stats::LogHistogram;
 
-use super::gaps::GapWindows;
 use super::{Holdings, SenseApp, WIDEST_INTERVALS};
 use crate::node::latency::Recent;
 
@@ -43,9 +42,6 @@ pub(super) struct Meter {
     filed_client: Ended,
     filed_server: Ended,
     pub(super) iv_completed: u64,
-    /// The last decision intervals' client and server latencies, for the
-    /// client/server gap.
-    pub(super) gap: GapWindows,
     pub(super) offered_rps: Option<f64>,
     /// Seconds since its CPU time was last read.
     pub(super) cpu_span_s: f64,
@@ -74,7 +70,6 @@ impl Meter {
             filed_client: Ended::default(),
             filed_server: Ended::default(),
             iv_completed: 0,
-            gap: GapWindows::new(enough),
             offered_rps: None,
             cpu_span_s: 0.0,
             cpu_util: 0.0,

@@ -198,7 +198,7 @@ fn ebpf_target_after(n: u64, ticks: u64) -> (f64, TargetFrom) {
 }
 
 #[test]
-fn client_samples_set_the_gap_over_as_many_intervals_as_the_percentile_needs() {
+fn client_samples_set_the_gap_one_interval_at_a_time() {
     // Without client samples: the target as written.
     assert_eq!(ebpf_target_after(0, 50), (1000.0, TargetFrom::Client));
     // 1000 requests an interval: the first decision measures the gap.
@@ -206,13 +206,44 @@ fn client_samples_set_the_gap_over_as_many_intervals_as_the_percentile_needs() {
     let (t, from) = ebpf_target_after(200, 5);
     assert_eq!(from, TargetFrom::RefreshedGap);
     assert!((t - 500.0).abs() < 10.0, "{t}");
-    // 150 an interval: 7 intervals hold a p99's 1000 requests.
-    assert_eq!(ebpf_target_after(30, 30).1, TargetFrom::Client);
-    let (t, from) = ebpf_target_after(30, 35);
+    // 100 an interval put one request beyond a p99: enough, at once.
+    let (t, from) = ebpf_target_after(20, 5);
     assert_eq!(from, TargetFrom::RefreshedGap);
     assert!((t - 500.0).abs() < 10.0, "{t}");
-    // 100 an interval: 8 intervals (the bound) hold 800, never enough.
-    assert_eq!(ebpf_target_after(20, 100).1, TargetFrom::Client);
+    // 95 an interval: that p99 is each interval's maximum; never read.
+    assert_eq!(ebpf_target_after(19, 100).1, TargetFrom::Client);
+}
+
+/// A stall (one interval whose client p99 is 50 ms above the server's)
+/// gives one residual, however many requests each interval holds: windows
+/// widened to a p99's 1000 requests carried it into the next 7 too.
+#[test]
+fn one_stall_gives_one_residual() {
+    let hist = |ns: u64, n: u64| {
+        let mut h = LogHistogram::new();
+        (0..n).for_each(|_| h.record(ns));
+        h
+    };
+    let mut slo = SloSide::new(100_000.0, None);
+    let mut gaps = Vec::new();
+    for k in 0..20 {
+        // 150 requests an interval (300 rps at 500 ms): 300 µs of gap,
+        // 50 ms in interval 3.
+        let client = hist(if k == 3 { 51_000_000 } else { 1_300_000 }, 150);
+        let server = hist(1_000_000, 150);
+        let (rps, c, e) = gaps::interval_gap(&client, &server, 0.5, 99.0).expect("enough");
+        assert!((rps - 300.0).abs() < 1e-9);
+        gaps.push(c - e);
+        slo.refresh(qosd_core::slo::Load::rps(rps), c, e);
+    }
+    assert_eq!(gaps.iter().filter(|&&g| g > 1000.0).count(), 1, "{gaps:?}");
+    let gap = slo.gap_us(qosd_core::slo::Load::rps(300.0));
+    assert!((gap - 300.0).abs() < 20.0, "{gap}");
+    // Fewer requests than a p99 needs on either side: no residual.
+    assert!(gaps::interval_gap(&hist(1, 99), &hist(1, 150), 0.5, 99.0).is_none());
+    assert!(gaps::interval_gap(&hist(1, 150), &hist(1, 99), 0.5, 99.0).is_none());
+    assert_eq!(gaps::min_interval_requests(99.0), 100);
+    assert_eq!(gaps::min_interval_requests(90.0), 10);
 }
 
 /// The two sides tell of the same requests at different ticks (the eBPF
