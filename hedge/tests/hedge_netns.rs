@@ -98,13 +98,16 @@ fn assert_clean(topo: &Topo) {
 #[test]
 fn one_answer_per_id_and_hedges_only_past_t_hedge() {
     let topo = Topo::new("t1").unwrap();
-    let svc = topo.serve(false, chaos(100, 60_000)).unwrap();
+    // T_hedge far above this VM's whole-CPU stalls (up to ~13 ms seen
+    // under load): a fast id answered late by a stall is hedged, and at
+    // 15 ms one such run hedged six. Slow ids wait 200 ms, far past it.
+    let svc = topo.serve(false, chaos(100, 200_000)).unwrap();
     let rep = topo.serve(true, chaos(0, 0)).unwrap();
     let state = tempfile::tempdir().unwrap();
     let mut ctx = context(&state.path().join("state.json")).unwrap();
     let mut h = Hedges::default();
     let app = topo.app("t1");
-    let t_hedge = Duration::from_millis(15);
+    let t_hedge = Duration::from_millis(40);
     h.enable(&mut ctx, &app, &spec(t_hedge.as_micros() as u64, 1000))
         .unwrap();
     let samples = clients(&topo, 300, 64, 300);
@@ -140,9 +143,10 @@ fn one_answer_per_id_and_hedges_only_past_t_hedge() {
             s.id
         );
     }
-    // Slow answers came from the replica, within a bound far below 60 ms.
+    // Slow answers came from the replica, within a bound far below the
+    // service's 200 ms.
     for s in samples.iter().filter(|s| slow.contains(&s.id)) {
-        assert!(s.latency_us.unwrap() < 50_000.0, "{s:?}");
+        assert!(s.latency_us.unwrap() < 150_000.0, "{s:?}");
     }
 }
 
