@@ -18,11 +18,16 @@ echo "Goals: >= 20 M records/s ingested on one core; <= 1 µs for any percentile
 echo
 # The saturated-memcached A/B and bpf_stats, on each kernel path (the
 # socket tracepoints, the default; the syscall fallback, the "before").
+# Each with an A/A control (untraced pairs: the bench's resolution); the
+# socket path also with its floors (FLOOR=both: empty programs on its hooks,
+# and on hooks scoped to memcached's cgroup).
 for hooks in sockets syscalls; do
   echo "### Saturated memcached, \`--hooks $hooks\`"
   echo
+  floor=0
+  [ "$hooks" = sockets ] && floor=both
   # BPF_STATS=5: per-program medians over 5 traced runs (one run is noisy).
-  QOSD_HOOKS=$hooks BPF_STATS=${BPF_STATS:-5} cargo run -q --release -p qosd-manager --example trace_overhead -- 10 3 8
+  QOSD_HOOKS=$hooks FLOOR=$floor BPF_STATS=${BPF_STATS:-5} cargo run -q --release -p qosd-manager --example trace_overhead -- 20 3 8
 done
 
 # eBPF p99 (arrival, service) against the client's at 50/80/95 % of

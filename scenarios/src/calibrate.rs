@@ -15,8 +15,10 @@ use serde::{Deserialize, Serialize};
 use crate::scenario::{AppSpec, Scenario};
 use crate::sim::model::{percentile, Queue, Sample, SimModel};
 
+mod capacity;
 mod floor;
 mod knee;
+pub use capacity::{BusyRates, CapacityFit};
 pub use floor::{PeakFloor, FLOOR_WARN_SHARE};
 pub use knee::{CurveFit, KneeSpread};
 
@@ -32,7 +34,9 @@ pub struct Point {
 /// What calibration found for one app.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AppCalibration {
-    /// Highest throughput sustained, requests/s (load level 1.0).
+    /// Highest throughput sustained, requests/s (load level 1.0): on a
+    /// real sweep the server's completion rate while it had a backlog
+    /// (`capacity_fit`), else the best rate of a step it kept up with.
     pub capacity_rps: f64,
     /// Load at the knee, requests/s.
     pub knee_rps: f64,
@@ -62,6 +66,11 @@ pub struct AppCalibration {
     /// sim, `--knee steps`, or a curve that does not fit).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub knee_fit: Option<CurveFit>,
+    /// How capacity was measured on a real sweep: the server's completion
+    /// rate in the intervals it had a backlog (median, quartiles); absent
+    /// for the sim, or where capacity was read off the steps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity_fit: Option<CapacityFit>,
     /// CPUs the server was confined to while calibrated on a real node (the
     /// most it can hold beside the other apps); absent for the sim.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -185,6 +194,7 @@ pub fn from_points(points: Vec<Point>, percentile: f64) -> Option<AppCalibration
         percentile,
         knee_spread: None,
         knee_fit: None,
+        capacity_fit: None,
         nr_cpus: None,
         points,
     })

@@ -14,8 +14,8 @@ use std::time::Duration;
 use qosd_sensors::stats::LogHistogram;
 
 use crate::calibrate::{
-    from_points, knee_load, AppCalibration, KneeSpread, Point, BASE_LOAD, KNEE_FLAT_FACTOR,
-    SATURATED_FACTOR,
+    from_points, knee_load, AppCalibration, BusyRates, CapacityFit, KneeSpread, Point, BASE_LOAD,
+    KNEE_FLAT_FACTOR, SATURATED_FACTOR,
 };
 use crate::load::{self, LoadSpec, Rate};
 use crate::scenario::AppSpec;
@@ -109,23 +109,34 @@ pub fn measure(
     o: &SweepOptions,
     pct: f64,
 ) -> Result<(Point, f64), load::LoadError> {
-    measure_hist(app, addr, rps, o, pct).map(|(p, e, _)| (p, e))
+    measure_hist(app, addr, rps, o, pct).map(|(p, e, _, _)| (p, e))
 }
 
-/// [`measure`], with every latency of the step (ns).
+/// One step's figures: its point, the share of failed requests, every
+/// latency (ns) and the completion rates of its busy intervals.
+type Step = (Point, f64, LogHistogram, BusyRates);
+
+/// [`measure`], with every latency of the step and its busy intervals.
 fn measure_hist(
     app: &AppSpec,
     addr: &str,
     rps: f64,
     o: &SweepOptions,
     pct: f64,
-) -> Result<(Point, f64, LogHistogram), load::LoadError> {
+) -> Result<Step, load::LoadError> {
     let secs = (o.min_samples as f64 / rps.max(1e-9)).clamp(o.step_s, MAX_STEP_STRETCH * o.step_s);
     let mut spec = spec_for(app, addr, rps, secs, o.seed)?;
     spec.drain = Duration::from_secs_f64(o.drain_s);
     let mut hist = LogHistogram::new();
+    let mut busy = BusyRates::default();
     let r = load::run(&spec, &AtomicBool::new(false), &mut |iv| {
-        hist.merge(&iv.histogram)
+        hist.merge(&iv.histogram);
+        busy.interval(
+            iv.scheduled,
+            iv.completed + iv.errors,
+            iv.completed,
+            iv.interval_s,
+        );
     })?;
     // The percentile of the whole step, from the per-interval summaries'
     // p99 when asked for p99 (the common case), else the run's own figures.
@@ -147,6 +158,7 @@ fn measure_hist(
         },
         err_frac,
         hist,
+        busy,
     ))
 }
 
@@ -179,16 +191,19 @@ pub fn sweep(
         p.achieved_rps < 0.9 * p.offered_rps || err > 0.01 || p.latency_us > SATURATED_FACTOR * base
     };
     let mut steps: Vec<(Point, LogHistogram)> = Vec::new();
+    let mut busy: Vec<f64> = Vec::new();
     let mut rps = o.start_rps;
     let mut base = f64::INFINITY;
     while rps <= o.max_rps {
-        let (mut p, mut err, mut h) = measure_hist(app, addr, rps, o, pct)?;
+        let (mut p, mut err, mut h, b) = measure_hist(app, addr, rps, o, pct)?;
+        busy.extend(b.rates);
         progress(&p);
         if saturated(&p, err, base.min(p.latency_us)) {
             // One stall of a busy machine must not end the sweep (and set
             // capacity) early: a step that looks saturated is measured
             // again, and the better of the two stands.
-            let (p2, err2, h2) = measure_hist(app, addr, rps, o, pct)?;
+            let (p2, err2, h2, b2) = measure_hist(app, addr, rps, o, pct)?;
+            busy.extend(b2.rates);
             progress(&p2);
             if !saturated(&p2, err2, base.min(p2.latency_us)) || p2.latency_us < p.latency_us {
                 (p, err, h) = (p2, err2, h2);
@@ -209,7 +224,8 @@ pub fn sweep(
         let hi = steps[steps.len() - 1].0.offered_rps;
         for k in 1..=o.refine_steps {
             let r = lo + (hi - lo) * k as f64 / (o.refine_steps + 1) as f64;
-            let (p, _, h) = measure_hist(app, addr, r, o, pct)?;
+            let (p, _, h, b) = measure_hist(app, addr, r, o, pct)?;
+            busy.extend(b.rates);
             progress(&p);
             steps.push((p, h));
         }
@@ -218,6 +234,10 @@ pub fn sweep(
     let points = steps.iter().map(|(p, _)| *p).collect();
     let mut c = from_points(points, pct)
         .ok_or_else(|| load::LoadError::BadSpec(format!("{}: no calibration point", app.name)))?;
+    if let Some(cf) = CapacityFit::of(&busy) {
+        c.capacity_rps = cf.rps;
+        c.capacity_fit = Some(cf);
+    }
     if o.fit_knee {
         let counted: Vec<(Point, u64)> = steps.iter().map(|(p, h)| (*p, h.len())).collect();
         c.fit_knee(&counted);
@@ -283,7 +303,7 @@ fn repeat_knee(
             seed: o.seed.wrapping_add(1 + i as u64),
             ..o.clone()
         };
-        let (p, _, h) = measure_hist(app, addr, knee_rps, &oi, pct)?;
+        let (p, _, h, _) = measure_hist(app, addr, knee_rps, &oi, pct)?;
         progress(&p);
         each.push(p.latency_us);
         samples += h.len();

@@ -140,6 +140,13 @@ fn print_knee(c: &AppCalibration) {
         c.knee_rps,
         c.knee_latency_us / 1000.0
     );
+    if let Some(f) = &c.capacity_fit {
+        eprintln!(
+            "  -> capacity: completion rate over {} intervals with a backlog, median {:.0} rps \
+             (quartiles {:.0}-{:.0})",
+            f.nr_intervals, f.rps, f.q1_rps, f.q3_rps
+        );
+    }
     if let Some(f) = &c.knee_fit {
         eprintln!(
             "  -> knee where rps / p99 peaks on the curve fitted over {} steps ({} requests): \

@@ -19,6 +19,7 @@ pub(crate) use abi::read_pod;
 mod agg;
 mod auto;
 mod bpf;
+pub mod floor;
 mod grpc;
 pub mod hooks;
 mod probe;
