@@ -17,19 +17,11 @@
 //! Usage: trace_accuracy [SECS_PER_RUN] [HOOKS: sockets|syscalls]
 
 use std::io::{BufRead, BufReader, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use qosd_sensors::stats::LogHistogram;
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// Children go away with the benchmark, even when it panics.
 struct KillOnDrop(Child);
@@ -48,7 +40,7 @@ fn pin_self(cpu: usize) {
 }
 
 fn memcached(cpu: &str) -> (KillOnDrop, u16) {
-    let port = free_port();
+    let port = qosd_scenarios::servers::free_port().expect("a free loopback port");
     let c = Command::new("taskset")
         .args([
             "-c",

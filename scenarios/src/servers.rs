@@ -37,7 +37,9 @@ impl Drop for Running {
     }
 }
 
-fn free_port() -> anyhow::Result<u16> {
+/// A loopback TCP port free at the time of asking (the kernel's pick;
+/// another process may take it before it is bound again).
+pub fn free_port() -> anyhow::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 

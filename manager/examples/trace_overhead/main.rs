@@ -24,7 +24,7 @@ mod rounds;
 
 use std::io::{BufRead, BufReader, Write};
 use std::mem::MaybeUninit;
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -34,14 +34,6 @@ use qosd_sensors::ebpf::floor::{Floor, FloorHooks};
 use qosd_sensors::stats::LogHistogram;
 
 use rounds::{Rounds, Side};
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// CPU time of every thread of `pid` so far (ns), from schedstat (exact,
 /// unlike the tick-rounded utime/stime).
@@ -397,7 +389,7 @@ fn main() {
     let secs: f64 = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(4.0);
     let conns: usize = args.get(3).and_then(|a| a.parse().ok()).unwrap_or(8);
     let pin = pin_from_env();
-    let port = free_port();
+    let port = qosd_scenarios::servers::free_port().expect("a free loopback port");
     // FLOOR: 1 (the tracepoints' floor), cgroup (the scoped one) or both.
     let floor_env = std::env::var("FLOOR").unwrap_or_default();
     let floors: Vec<Side> = match floor_env.as_str() {

@@ -51,7 +51,7 @@ pub use trace::*;
 
 use std::ffi::OsStr;
 use std::io::{BufRead, BufReader};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -91,11 +91,7 @@ pub fn text(b: &[u8]) -> String {
 }
 
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    qosd_scenarios::servers::free_port().expect("a free loopback port")
 }
 
 /// Polls `f` every 50 ms for at most `limit`.
