@@ -60,18 +60,22 @@ pub fn samples_for_percentile(pct: f64) -> u64 {
 
 /// The median of the finite values in `v` (the mean of the middle two for
 /// an even count); `None` when there are none.
-pub fn median(mut v: Vec<f64>) -> Option<f64> {
-    v.retain(|x| x.is_finite());
-    if v.is_empty() {
+pub fn median(v: Vec<f64>) -> Option<f64> {
+    quantile(&v, 0.5)
+}
+
+/// The `p`-quantile (0..=1) of the finite values in `v`, linear between
+/// ranks (Python's `statistics.quantiles(..., method="inclusive")`, the
+/// benches' method); `None` when there are none.
+pub fn quantile(v: &[f64], p: f64) -> Option<f64> {
+    let mut s: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
+    if s.is_empty() {
         return None;
     }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    Some(if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        0.5 * (v[n / 2 - 1] + v[n / 2])
-    })
+    s.sort_by(f64::total_cmp);
+    let x = p.clamp(0.0, 1.0) * (s.len() - 1) as f64;
+    let (i, f) = (x.floor() as usize, x.fract());
+    Some(s[i] + (s[(i + 1).min(s.len() - 1)] - s[i]) * f)
 }
 
 #[cfg(test)]
@@ -81,5 +85,16 @@ mod tests {
         assert_eq!(super::samples_for_percentile(99.0), 1000);
         assert_eq!(super::samples_for_percentile(90.0), 100);
         assert_eq!(super::samples_for_percentile(100.0), 100_000);
+    }
+
+    #[test]
+    fn quantiles_interpolate_between_ranks() {
+        use super::{median, quantile};
+        let q = |v: &[f64]| [0.25, 0.5, 0.75].map(|p| quantile(v, p).unwrap());
+        assert_eq!(q(&[4.0, 1.0, 3.0, 2.0, 5.0]), [2.0, 3.0, 4.0]);
+        assert_eq!(q(&[1.0, 2.0, 3.0, 4.0]), [1.75, 2.5, 3.25]);
+        assert_eq!(q(&[7.0, f64::NAN]), [7.0, 7.0, 7.0]);
+        assert_eq!(median(vec![3.0, 1.0, 2.0, 10.0]), Some(2.5));
+        assert_eq!(quantile(&[f64::INFINITY], 0.5), None);
     }
 }

@@ -136,17 +136,7 @@ pub fn rounds(
 /// ranks, as Python's `statistics.quantiles(..., method="inclusive")`, the
 /// other benches' method); NaN when empty.
 pub fn quartiles(v: &[f64]) -> [f64; 3] {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    let at = |p: f64| -> f64 {
-        if s.is_empty() {
-            return f64::NAN;
-        }
-        let x = p * (s.len() - 1) as f64;
-        let (i, f) = (x.floor() as usize, x.fract());
-        s[i] + (s[(i + 1).min(s.len() - 1)] - s[i]) * f
-    };
-    [at(0.25), at(0.5), at(0.75)]
+    [0.25, 0.5, 0.75].map(|p| qosd_core::measure::quantile(v, p).unwrap_or(f64::NAN))
 }
 
 /// The on/off ratio of each round.

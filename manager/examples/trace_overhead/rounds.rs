@@ -56,13 +56,9 @@ pub struct Rounds {
     max_steal: f64,
 }
 
-/// The p-quantile of v (linear interpolation).
+/// The p-quantile of v (linear interpolation; NaN when empty).
 fn quantile(v: &[f64], p: f64) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(|a, b| a.total_cmp(b));
-    let x = p * (v.len() - 1) as f64;
-    let (i, f) = (x.floor() as usize, x - x.floor());
-    v[i] + f * (v.get(i + 1).unwrap_or(&v[i]) - v[i])
+    qosd_core::measure::quantile(v, p).unwrap_or(f64::NAN)
 }
 
 /// "median [q1, q3]" of v.

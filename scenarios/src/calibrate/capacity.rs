@@ -58,21 +58,16 @@ pub struct CapacityFit {
 impl CapacityFit {
     /// `None` with fewer than [`MIN_BUSY_INTERVALS`] rates.
     pub fn of(rates: &[f64]) -> Option<CapacityFit> {
-        let mut v: Vec<f64> = rates.iter().copied().filter(|r| r.is_finite()).collect();
-        if v.len() < MIN_BUSY_INTERVALS {
+        let n = rates.iter().filter(|r| r.is_finite()).count();
+        if n < MIN_BUSY_INTERVALS {
             return None;
         }
-        v.sort_by(f64::total_cmp);
-        let q = |f: f64| {
-            let x = f * (v.len() - 1) as f64;
-            let (i, t) = (x.floor() as usize, x.fract());
-            v[i] + t * (v[(i + 1).min(v.len() - 1)] - v[i])
-        };
+        let q = |p: f64| qosd_core::measure::quantile(rates, p).unwrap_or(f64::NAN);
         Some(CapacityFit {
             rps: q(0.5),
             q1_rps: q(0.25),
             q3_rps: q(0.75),
-            nr_intervals: v.len(),
+            nr_intervals: n,
         })
     }
 }
