@@ -20,7 +20,7 @@ mod floor;
 mod knee;
 pub use capacity::{BusyRates, CapacityFit};
 pub use floor::{PeakFloor, FLOOR_WARN_SHARE};
-pub use knee::{CurveFit, KneeSpread};
+pub use knee::{CurveFit, KneeSpread, PassFit, Passes};
 
 /// One point of a load–latency curve.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]

@@ -14,8 +14,8 @@ use std::time::Duration;
 use qosd_sensors::stats::LogHistogram;
 
 use crate::calibrate::{
-    from_points, knee_load, AppCalibration, BusyRates, CapacityFit, KneeSpread, Point, BASE_LOAD,
-    KNEE_FLAT_FACTOR, SATURATED_FACTOR,
+    from_points, knee_load, AppCalibration, BusyRates, CapacityFit, CurveFit, KneeSpread, Passes,
+    Point, BASE_LOAD, KNEE_FLAT_FACTOR, SATURATED_FACTOR,
 };
 use crate::load::{self, LoadSpec, Rate};
 use crate::scenario::AppSpec;
@@ -50,10 +50,22 @@ pub struct SweepOptions {
     /// ([`crate::calibrate::CurveFit`]) rather than reading it off the
     /// steps (false: `--knee steps`, the method before).
     pub fit_knee: bool,
+    /// With `fit_knee`: how many times the steps the fit rests on are
+    /// measured ([`knee_passes`]); their requests are pooled per load, and
+    /// each pass's own knee goes into `knee_spread`. 1: once, as before.
+    pub knee_passes: usize,
 }
 
 /// The longest a step grows to reach `min_samples`, × `step_s`.
 const MAX_STEP_STRETCH: f64 = 4.0;
+
+/// Passes over the fitted steps by default. Measured on six recorded
+/// calibrations of the demo (near-quiet; `calibrate/passes_s8.txt`): the
+/// knee spread −14 / +17 % around its median with one pass, −12 / +9 %
+/// with two, −6 / +14 % with three; two cost ~14 s (41 s against 27 s),
+/// three ~28 s and bought nothing more there. docs/control.md, "Knee
+/// passes".
+pub const KNEE_PASSES: usize = 2;
 
 impl Default for SweepOptions {
     fn default() -> Self {
@@ -70,6 +82,7 @@ impl Default for SweepOptions {
             min_samples: 0,
             knee_repeats: 0,
             fit_knee: true,
+            knee_passes: KNEE_PASSES,
         }
     }
 }
@@ -187,31 +200,35 @@ pub fn sweep(
     progress: &mut dyn FnMut(&Point),
 ) -> Result<AppCalibration, load::LoadError> {
     let pct = app.target.as_ref().map_or(99.0, |t| t.percentile);
-    let saturated = |p: &Point, err: f64, base: f64| {
-        p.achieved_rps < 0.9 * p.offered_rps || err > 0.01 || p.latency_us > SATURATED_FACTOR * base
+    let saturated = |p: &Point, err: f64, base: f64, busy: &BusyRates| {
+        p.achieved_rps < 0.9 * p.offered_rps
+            || err > 0.01
+            || p.latency_us > SATURATED_FACTOR * base
+            || busy.mostly_busy()
     };
-    let mut steps: Vec<(Point, LogHistogram)> = Vec::new();
+    // Each step: the rate asked for, its point and its latencies.
+    let mut steps: Vec<(f64, Point, LogHistogram)> = Vec::new();
     let mut busy: Vec<f64> = Vec::new();
     let mut rps = o.start_rps;
     let mut base = f64::INFINITY;
     while rps <= o.max_rps {
-        let (mut p, mut err, mut h, b) = measure_hist(app, addr, rps, o, pct)?;
-        busy.extend(b.rates);
+        let (mut p, mut err, mut h, mut b) = measure_hist(app, addr, rps, o, pct)?;
+        busy.extend(b.rates.iter().copied());
         progress(&p);
-        if saturated(&p, err, base.min(p.latency_us)) {
+        if saturated(&p, err, base.min(p.latency_us), &b) {
             // One stall of a busy machine must not end the sweep (and set
             // capacity) early: a step that looks saturated is measured
             // again, and the better of the two stands.
             let (p2, err2, h2, b2) = measure_hist(app, addr, rps, o, pct)?;
-            busy.extend(b2.rates);
+            busy.extend(b2.rates.iter().copied());
             progress(&p2);
-            if !saturated(&p2, err2, base.min(p2.latency_us)) || p2.latency_us < p.latency_us {
-                (p, err, h) = (p2, err2, h2);
+            if !saturated(&p2, err2, base.min(p2.latency_us), &b2) || p2.latency_us < p.latency_us {
+                (p, err, h, b) = (p2, err2, h2, b2);
             }
         }
         base = base.min(p.latency_us);
-        let stop = saturated(&p, err, base);
-        steps.push((p, h));
+        let stop = saturated(&p, err, base, &b);
+        steps.push((rps, p, h));
         if stop {
             break;
         }
@@ -220,32 +237,73 @@ pub fn sweep(
     // Fill in between the last good rate and the first saturated one,
     // where the knee is.
     if steps.len() >= 2 {
-        let lo = steps[steps.len() - 2].0.offered_rps;
-        let hi = steps[steps.len() - 1].0.offered_rps;
+        let lo = steps[steps.len() - 2].1.offered_rps;
+        let hi = steps[steps.len() - 1].1.offered_rps;
         for k in 1..=o.refine_steps {
             let r = lo + (hi - lo) * k as f64 / (o.refine_steps + 1) as f64;
             let (p, _, h, b) = measure_hist(app, addr, r, o, pct)?;
             busy.extend(b.rates);
             progress(&p);
-            steps.push((p, h));
+            steps.push((r, p, h));
         }
     }
-    steps.sort_by(|a, b| a.0.offered_rps.total_cmp(&b.0.offered_rps));
-    let points = steps.iter().map(|(p, _)| *p).collect();
+    steps.sort_by(|a, b| a.1.offered_rps.total_cmp(&b.1.offered_rps));
+    let points = steps.iter().map(|(_, p, _)| *p).collect();
     let mut c = from_points(points, pct)
         .ok_or_else(|| load::LoadError::BadSpec(format!("{}: no calibration point", app.name)))?;
     if let Some(cf) = CapacityFit::of(&busy) {
         c.capacity_rps = cf.rps;
         c.capacity_fit = Some(cf);
     }
+    let mut steps: Vec<(f64, Passes)> = steps
+        .into_iter()
+        .map(|(r, p, h)| (r, vec![(p, h)]))
+        .collect();
     if o.fit_knee {
-        let counted: Vec<(Point, u64)> = steps.iter().map(|(p, h)| (*p, h.len())).collect();
-        c.fit_knee(&counted);
+        knee_passes(&mut steps, c.capacity_rps, app, addr, o, progress)?;
+        let passes: Vec<Passes> = steps.iter().map(|(_, s)| s.clone()).collect();
+        c.fit_knee_passes(&passes);
     }
     if o.knee_repeats > 0 {
-        repeat_knee(&mut c, &steps, app, addr, o, progress)?;
+        let first: Vec<(Point, LogHistogram)> = steps.iter().map(|(_, s)| s[0].clone()).collect();
+        repeat_knee(&mut c, &first, app, addr, o, progress)?;
     }
     Ok(c)
+}
+
+/// Measures the steps the knee's curve rests on (those
+/// [`CurveFit::fits`] keeps at the calibrated capacity) again, until each
+/// holds `o.knee_passes` passes. The later passes run after the sweep,
+/// alternately down and up the loads, each with fresh arrivals: a load's
+/// passes lie apart in time, so one slow spell of the machine falls into
+/// one pass of a few loads, not into every pass of one. A p99 over 2 s of
+/// light load rests on 2 requests; pooled over the passes, on 2 per pass.
+fn knee_passes(
+    steps: &mut [(f64, Passes)],
+    capacity_rps: f64,
+    app: &AppSpec,
+    addr: &str,
+    o: &SweepOptions,
+    progress: &mut dyn FnMut(&Point),
+) -> Result<(), load::LoadError> {
+    let pct = app.target.as_ref().map_or(99.0, |t| t.percentile);
+    let fitted: Vec<usize> = (0..steps.len())
+        .filter(|&i| CurveFit::fits(&steps[i].1[0].0, capacity_rps))
+        .collect();
+    for pass in 1..o.knee_passes {
+        let oi = SweepOptions {
+            seed: o.seed.wrapping_add(1000 * pass as u64),
+            ..o.clone()
+        };
+        let down = pass % 2 == 1;
+        for k in 0..fitted.len() {
+            let i = fitted[if down { fitted.len() - 1 - k } else { k }];
+            let (p, _, h, _) = measure_hist(app, addr, steps[i].0, &oi, pct)?;
+            progress(&p);
+            steps[i].1.push((p, h));
+        }
+    }
+    Ok(())
 }
 
 /// Makes the knee repeatable: the base latency from the light steps'

@@ -85,6 +85,15 @@ fn errors_name_file_line_col_and_key() {
     assert_eq!(e, "bad.yaml:14:7: apps[0].load.to: -1: must be >= 0");
     let e = err(&GOOD.replace("over_s: 5", "over_s: 0"));
     assert!(e.starts_with("bad.yaml:15:7: apps[0].load.over_s:"), "{e}");
+    // A pinned target (ms, for comparisons that must not move with a
+    // calibration) must be a latency.
+    let e = err(&GOOD.replace("      ms: 1\n", "      ms: 0\n"));
+    assert_eq!(e, "bad.yaml:10:7: apps[0].target.ms: 0: must be > 0");
+    let e = err(&GOOD.replace("      ms: 1\n", "      ms: -2.5\n"));
+    assert!(
+        e.starts_with("bad.yaml:10:7: apps[0].target.ms: -2.5"),
+        "{e}"
+    );
     let e = err(&GOOD.replace("      ms: 1\n", "      ms: 1\n      knee_factor: 2\n"));
     assert!(
         e.starts_with("bad.yaml:9:5: apps[0].target: give exactly one"),

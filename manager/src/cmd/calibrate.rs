@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Args as ClapArgs, ValueEnum};
 use qosd_scenarios::calibrate;
-use qosd_scenarios::sweep::SweepOptions;
+use qosd_scenarios::sweep::{self, SweepOptions};
 
 use crate::usage;
 
@@ -24,10 +24,11 @@ use crate::usage;
     A sweep offers rising open-loop load (x1.4 per step) until the server saturates\n\
     (achieved < 90% of offered, >1% errors, or p99 50x the lowest; such a step is measured\n\
     twice, so one stall does not end the sweep), then fills in the last stretch.\n\
-    Capacity = the highest rate the server kept up with. The knee (--knee fitted, the\n\
+    Capacity = the server's completion rate while it had a backlog. The knee (--knee fitted, the\n\
     default) is on the curve base + growth * x / (capacity - x) fitted over every step the\n\
     server kept up with (robust least squares, steps weighted by their requests), where\n\
-    rps / latency peaks; the fit goes into the output (knee_fit). --knee steps reads it off\n\
+    rps / latency peaks; the fit goes into the output (knee_fit). Those steps are measured\n\
+    --knee-passes times (each load's requests pooled; each pass's own knee in knee_spread). --knee steps reads it off\n\
     the steps instead: where the curve bends (Kneedle) or first passes twice the base latency.\n\
     With --knee-repeats N its latency is the median of N steps at the knee load, whose\n\
     spread goes into the output (knee_spread). Targets with knee_factor sit there;\n\
@@ -63,6 +64,13 @@ pub struct Args {
     /// machine): read it off the sweep's curve (one step).
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=50))]
     pub knee_repeats: u32,
+    /// With --knee fitted: how many times the steps the fit rests on are
+    /// measured (the later passes after the sweep, down and up the loads);
+    /// each load's requests are pooled over its passes, and each pass's own
+    /// knee goes into the output (knee_spread). 1: once.
+    #[arg(long, default_value_t = sweep::KNEE_PASSES as u32,
+          value_parser = clap::value_parser!(u32).range(1..=10))]
+    pub knee_passes: u32,
     /// Requests a step holds at least (it grows up to 4 × --step-s); e.g.
     /// 1000 for a p99 that rests on 10 requests. 0: every step --step-s.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
@@ -132,6 +140,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             knee_repeats: args.knee_repeats as usize,
             min_samples: args.min_samples,
             fit_knee: args.knee == Knee::Fitted,
+            knee_passes: args.knee_passes as usize,
             ..Default::default()
         };
         crate::node::sweep::calibrate(&sc, args.app.as_deref(), &o)?
@@ -140,21 +149,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         cal.apps.retain(|k, _| k == n);
     }
     crate::outln!(
-        "{:<12} {:>14} {:>12} {:>14} {:>14} {:>14}",
+        "{:<12} {:>14} {:>12} {:>14} {:>10} {:>14} {:>14}",
         "app",
         "capacity rps",
         "knee rps",
         "knee p99 ms",
+        "spread",
         "knee eBPF ms",
         "base p99 ms"
     )?;
     for (n, c) in &cal.apps {
         crate::outln!(
-            "{:<12} {:>14.0} {:>12.0} {:>14.3} {:>14} {:>14.3}",
+            "{:<12} {:>14.0} {:>12.0} {:>14.3} {:>10} {:>14} {:>14.3}",
             n,
             c.capacity_rps,
             c.knee_rps,
             c.knee_latency_us / 1000.0,
+            c.knee_spread
+                .as_ref()
+                .map_or("-".into(), |k| format!("±{:.0} %", k.spread_pct)),
             c.ebpf_knee_latency_us
                 .map_or("-".into(), |v| format!("{:.3}", v / 1000.0)),
             c.base_latency_us / 1000.0

@@ -116,7 +116,7 @@ fn calibrate_app(
         LoadError::Io(_) => anyhow::Error::new(e),
         e => usage!("{e}"),
     })?;
-    print_knee(&c);
+    print_knee(&c, o.knee_repeats > 0);
     if let Some(t) = tracer {
         for &pid in &tree {
             let _ = t.remove_target(pid as u32);
@@ -131,9 +131,9 @@ fn calibrate_app(
     })
 }
 
-/// The sweep's capacity and knee, and how far the knee's repeated steps
-/// were apart.
-fn print_knee(c: &AppCalibration) {
+/// The sweep's capacity and knee, and how far the knee's repeats (steps at
+/// the knee load with `steps`, else the fit's passes) were apart.
+fn print_knee(c: &AppCalibration, steps: bool) {
     eprintln!(
         "  -> capacity {:.0} rps, knee {:.0} rps at p99 {:.3} ms",
         c.capacity_rps,
@@ -160,20 +160,35 @@ fn print_knee(c: &AppCalibration) {
         );
     }
     if let Some(k) = &c.knee_spread {
-        eprintln!(
-            "  -> knee p99 over {} steps: {:.3}-{:.3} ms (median {:.3}, ±{:.0} %); \
-             {} requests there, base from {}",
-            k.repeats_us.len(),
-            k.min_us / 1000.0,
-            k.max_us / 1000.0,
-            k.median_us / 1000.0,
-            k.spread_pct,
-            k.samples,
-            k.base_samples
-        );
+        if steps {
+            eprintln!(
+                "  -> knee p99 over {} steps: {:.3}-{:.3} ms (median {:.3}, ±{:.0} %); \
+                 {} requests there, base from {}",
+                k.repeats_us.len(),
+                k.min_us / 1000.0,
+                k.max_us / 1000.0,
+                k.median_us / 1000.0,
+                k.spread_pct,
+                k.samples,
+                k.base_samples
+            );
+        } else {
+            let each: Vec<String> = k
+                .repeats_us
+                .iter()
+                .map(|v| format!("{:.3}", v / 1000.0))
+                .collect();
+            eprintln!(
+                "  -> knee p99 of each of {} passes fitted alone: {} ms (±{:.0} % around their \
+                 median); the knee above is the fit over all of them",
+                k.repeats_us.len(),
+                each.join(", "),
+                k.spread_pct
+            );
+        }
         if k.spread_pct > KNEE_SPREAD_WARN_PCT {
             eprintln!(
-                "  warning: the knee latency moved ±{:.0} % between steps at one load (a busy \
+                "  warning: the knee latency moved ±{:.0} % between repeats (a busy \
                  machine?): targets from this calibration will not repeat; a scenario can pin \
                  one with `target: {{ ms: N }}`",
                 k.spread_pct

@@ -6,6 +6,7 @@
 //! server kept up with, and the knee is where the fitted curve's power
 //! `x / latency(x)` peaks. Also: [`KneeSpread`], repeated steps at the knee.
 
+use qosd_sensors::stats::LogHistogram;
 use serde::{Deserialize, Serialize};
 
 use super::{AppCalibration, Point};
@@ -67,6 +68,12 @@ impl CurveFit {
         (self.pole_rps * a / (a + b), self.base_us + a * b)
     }
 
+    /// Whether the fit uses a step: the server kept up with it, and it ran
+    /// at most FIT_MAX_LOAD × `pole_rps`.
+    pub fn fits(p: &Point, pole_rps: f64) -> bool {
+        p.achieved_rps >= KEPT_SHARE * p.offered_rps && p.offered_rps <= FIT_MAX_LOAD * pole_rps
+    }
+
     /// Fits the curve to `steps` (each step's point and how many requests
     /// it measured) up to FIT_MAX_LOAD × `pole_rps`: weighted least squares (a step's
     /// weight is its request count) made robust by Huber's weights.
@@ -75,12 +82,7 @@ impl CurveFit {
     pub fn of(steps: &[(Point, u64)], pole_rps: f64) -> Option<CurveFit> {
         let used: Vec<(f64, f64, f64)> = steps
             .iter()
-            .filter(|(p, n)| {
-                *n > 0
-                    && p.latency_us.is_finite()
-                    && p.achieved_rps >= KEPT_SHARE * p.offered_rps
-                    && p.offered_rps <= FIT_MAX_LOAD * pole_rps
-            })
+            .filter(|(p, n)| *n > 0 && p.latency_us.is_finite() && Self::fits(p, pole_rps))
             .map(|(p, n)| {
                 let g = p.offered_rps / (pole_rps - p.offered_rps);
                 (g, p.latency_us, *n as f64)
@@ -128,6 +130,66 @@ impl CurveFit {
     }
 }
 
+/// One load of a real sweep measured in one or more passes: each pass's
+/// point and the latencies (ns) it measured.
+pub type Passes = Vec<(Point, LogHistogram)>;
+
+/// The fit over steps measured in several passes, and each pass's knee.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PassFit {
+    /// The curve over every pass's requests, each load's pooled.
+    pub fit: CurveFit,
+    /// The knee latency of each pass fitted alone, µs (passes whose steps
+    /// do not fit are left out).
+    pub knees_us: Vec<f64>,
+}
+
+impl PassFit {
+    /// Fits the curve to `steps` (each load with its passes, in order),
+    /// percentile `pct`: a load's requests are pooled over its passes and
+    /// its percentile read off the pool, so a p99 rests on every pass's
+    /// requests (a load measured once keeps its own point); and each pass
+    /// is fitted alone, for the spread. `None` where the pool does not fit.
+    pub fn of(steps: &[Passes], pct: f64, pole_rps: f64) -> Option<PassFit> {
+        let pooled: Vec<(Point, u64)> = steps.iter().filter_map(|s| pool(s, pct)).collect();
+        let fit = CurveFit::of(&pooled, pole_rps)?;
+        let nr_passes = steps.iter().map(Vec::len).max().unwrap_or(0);
+        let knees_us = (0..nr_passes)
+            .filter_map(|i| {
+                let pass: Vec<(Point, u64)> = steps
+                    .iter()
+                    .filter_map(|s| s.get(i).map(|(p, h)| (*p, h.len())))
+                    .collect();
+                Some(CurveFit::of(&pass, pole_rps)?.knee().1)
+            })
+            .collect();
+        Some(PassFit { fit, knees_us })
+    }
+}
+
+/// One load's passes as one step: mean offered and achieved rates, the
+/// percentile of every request of every pass, and their count.
+fn pool(passes: &[(Point, LogHistogram)], pct: f64) -> Option<(Point, u64)> {
+    match passes {
+        [] => None,
+        [(p, h)] => Some((*p, h.len())),
+        _ => {
+            let mut all = LogHistogram::new();
+            for (_, h) in passes {
+                all.merge(h);
+            }
+            let n = passes.len() as f64;
+            let mean = |f: fn(&Point) -> f64| passes.iter().map(|(p, _)| f(p)).sum::<f64>() / n;
+            let p = Point {
+                offered_rps: mean(|p| p.offered_rps),
+                achieved_rps: mean(|p| p.achieved_rps),
+                latency_us: all.percentile(pct)? as f64 / 1e3,
+            };
+            Some((p, all.len()))
+        }
+    }
+}
+
 /// Weighted least-squares line through (x, y, _) with weights `w`:
 /// (intercept, slope); `None` when the x are all alike.
 fn weighted_line(pts: &[(f64, f64, f64)], w: &[f64]) -> Option<(f64, f64)> {
@@ -162,25 +224,44 @@ impl AppCalibration {
             self.knee_fit = Some(f);
         }
     }
+
+    /// Puts the knee on the curve fitted over steps measured in passes
+    /// ([`PassFit`]), and the passes' own knees in `knee_spread` (with more
+    /// than one pass). Leaves the step-read knee where no curve fits.
+    pub fn fit_knee_passes(&mut self, steps: &[Passes]) {
+        let Some(pf) = PassFit::of(steps, self.percentile, self.capacity_rps) else {
+            return;
+        };
+        (self.knee_rps, self.knee_latency_us) = pf.fit.knee();
+        if pf.knees_us.len() > 1 {
+            self.knee_spread = KneeSpread::of(pf.knees_us, pf.fit.samples, pf.fit.samples);
+        }
+        self.knee_fit = Some(pf.fit);
+    }
 }
 
-/// The knee latency's repeatability: `knee_latency_us` is the median of
-/// the percentiles of `repeats_us.len()` steps at the knee load; their
-/// range is its confidence interval (for 5 steps, ~94 % that the true
-/// median lies between the lowest and the highest).
+/// The knee latency's repeatability: with `--knee-repeats`,
+/// `knee_latency_us` is the median of the percentiles of
+/// `repeats_us.len()` steps at the knee load, and their range is its
+/// confidence interval (for 5 steps, ~94 % that the true median lies
+/// between the lowest and the highest); with knee passes, `repeats_us` are
+/// the passes' knees, each fitted alone, and `knee_latency_us` is the fit
+/// over all of them pooled.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct KneeSpread {
-    /// Each repeated step's percentile, µs.
+    /// Each repeated step's percentile, or each pass's knee latency, µs.
     pub repeats_us: Vec<f64>,
     /// Their median, lowest and highest, µs.
     pub median_us: f64,
     pub min_us: f64,
     pub max_us: f64,
-    /// Largest distance of one step from the median, % of the median.
+    /// Largest distance of one repeat from the median, % of the median.
     pub spread_pct: f64,
-    /// Requests measured at the knee, all steps.
+    /// Requests measured at the knee, all steps (passes: every request the
+    /// pooled fit rests on).
     pub samples: u64,
-    /// Requests pooled for `base_latency_us` (the light steps).
+    /// Requests pooled for `base_latency_us` (the light steps; passes: the
+    /// fit's floor rests on every step, so the same as `samples`).
     pub base_samples: u64,
 }
 

@@ -222,3 +222,159 @@ fn a_step_near_the_pole_does_not_decide_the_fit() {
     let (_, lk) = f.knee();
     assert!((lk / 12_830.0 - 1.0).abs() < 0.05, "{lk}");
 }
+
+/// A load's latencies (ms) as one pass of a step.
+fn pass(rps: f64, ms: &[f64]) -> (Point, LogHistogram) {
+    let mut h = LogHistogram::new();
+    for v in ms {
+        h.record((v * 1e6) as u64);
+    }
+    let p = Point {
+        offered_rps: rps,
+        achieved_rps: rps,
+        latency_us: h.percentile(99.0).unwrap() as f64 / 1e3,
+    };
+    (p, h)
+}
+
+/// `n` requests at 1 ms and the slow ones given (ms).
+fn with_tail(n: usize, slow: &[f64]) -> Vec<f64> {
+    let mut v = vec![1.0; n - slow.len()];
+    v.extend_from_slice(slow);
+    v
+}
+
+#[test]
+fn passes_pool_each_loads_requests() {
+    // 200 requests a pass: a pass's p99 is its 3rd slowest. Pass 1 met
+    // three stalls (9, 8, 7 ms), pass 2 two shorter ones: alone 7 and 1
+    // ms; the 400 pooled put the p99 at the 5th slowest, 2.5 ms.
+    let a = pass(100.0, &with_tail(200, &[9.0, 8.0, 7.0]));
+    let b = pass(100.0, &with_tail(200, &[3.0, 2.5]));
+    assert!((a.0.latency_us / 7000.0 - 1.0).abs() < 0.01, "{:?}", a.0);
+    assert!((b.0.latency_us / 1000.0 - 1.0).abs() < 0.01, "{:?}", b.0);
+    let (p, n) = pool(&[a.clone(), b], 99.0).unwrap();
+    assert_eq!(n, 400);
+    assert!((p.latency_us / 2500.0 - 1.0).abs() < 0.01, "{p:?}");
+    // One pass: its own point, untouched.
+    assert_eq!(pool(std::slice::from_ref(&a), 99.0), Some((a.0, 200)));
+    assert_eq!(pool(&[], 99.0), None);
+}
+
+#[test]
+fn the_pass_fit_is_the_fit_of_the_pooled_steps_with_each_pass_knee_beside() {
+    let curve = |r: f64| 2.0 + 1.5 * r / (1000.0 - r);
+    // Two passes of five loads: the second 20 % slower throughout (the
+    // machine got busier), a 900 rps step past 0.8 of the pole once.
+    let steps: Vec<Passes> = [100.0, 250.0, 400.0, 550.0, 700.0]
+        .iter()
+        .map(|&r| {
+            let n = (2.0 * r) as usize;
+            let l = curve(r);
+            vec![
+                pass(r, &with_tail(n, &vec![l; n / 50])),
+                pass(r, &with_tail(n, &vec![1.2 * l; n / 50])),
+            ]
+        })
+        .chain([vec![pass(900.0, &with_tail(1800, &[50.0; 40]))]])
+        .collect();
+    let pf = PassFit::of(&steps, 99.0, 1000.0).unwrap();
+    assert_eq!(pf.knees_us.len(), 2);
+    assert_eq!(pf.fit.nr_steps, 5);
+    let (k0, k1) = (pf.knees_us[0], pf.knees_us[1]);
+    assert!((k1 / k0 - 1.2).abs() < 0.02, "{k0} {k1}");
+    let (_, k) = pf.fit.knee();
+    assert!(k >= 0.999 * k0 && k <= 1.001 * k1, "{k0} {k} {k1}");
+    // With one pass the fit is the fit of its steps as measured.
+    let once: Vec<Passes> = steps.iter().map(|s| vec![s[0].clone()]).collect();
+    let counted: Vec<(Point, u64)> = once.iter().map(|s| (s[0].0, s[0].1.len())).collect();
+    let pf1 = PassFit::of(&once, 99.0, 1000.0).unwrap();
+    assert_eq!(Some(pf1.fit), CurveFit::of(&counted, 1000.0));
+    assert_eq!(pf1.knees_us.len(), 1);
+}
+
+/// Six recorded calibrations with three knee passes each (`passes_s8.txt`):
+/// per run, its pole and each fitted load's passes, rebuilt as histograms
+/// (a pass's 40 slowest requests as recorded, the rest at the 40th: the
+/// pooled p99 of three passes rests on at most the 46 slowest).
+fn recorded_passes() -> Vec<(f64, Vec<Passes>)> {
+    let text = include_str!("passes_s8.txt");
+    let mut runs: Vec<(f64, Vec<(f64, Passes)>)> = Vec::new();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let f: Vec<f64> = line
+            .split_whitespace()
+            .skip(usize::from(line.starts_with("cap")))
+            .map(|v| v.parse().unwrap())
+            .collect();
+        if line.starts_with("cap") {
+            runs.push((f[1], Vec::new()));
+            continue;
+        }
+        let (n, top) = (f[4] as usize, &f[6..]);
+        let mut h = LogHistogram::new();
+        for v in top
+            .iter()
+            .chain(std::iter::repeat_n(&top[top.len() - 1], n - top.len()))
+        {
+            h.record((v * 1e6) as u64);
+        }
+        let p = Point {
+            offered_rps: f[2],
+            achieved_rps: f[3],
+            latency_us: f[5] * 1000.0,
+        };
+        let steps = &mut runs[f[0] as usize].1;
+        match steps.iter_mut().find(|(r, _)| *r == f[1]) {
+            Some((_, s)) => s.push((p, h)),
+            None => steps.push((f[1], vec![(p, h)])),
+        }
+    }
+    runs.into_iter()
+        .map(|(pole, s)| (pole, s.into_iter().map(|(_, p)| p).collect()))
+        .collect()
+}
+
+/// The first `n` passes of each load.
+fn first_passes(steps: &[Passes], n: usize) -> Vec<Passes> {
+    steps.iter().map(|s| s[..n].to_vec()).collect()
+}
+
+/// On the recorded runs, the first pass alone is the calibration before
+/// passes (its steps, as measured, one fit): its knees spread −14 / +17 %
+/// around their median (8.55–11.65 ms). Two passes pooled (the default)
+/// bring them to −12 / +9 %, three to −6 / +14 %: a load's p99 over twice
+/// the requests, and a slow spell of the machine in one pass of a few
+/// loads rather than in one load's only measurement. Each run's
+/// `knees_us` are its passes fitted alone.
+#[test]
+fn pooled_passes_repeat_better_than_one_on_recorded_runs() {
+    let runs = recorded_passes();
+    assert_eq!(runs.len(), 6);
+    let knees = |n: usize| -> Vec<f64> {
+        runs.iter()
+            .map(|(pole, s)| {
+                let pf = PassFit::of(&first_passes(s, n), 99.0, *pole).unwrap();
+                assert_eq!(pf.fit.nr_steps, 7);
+                assert_eq!(pf.knees_us.len(), n);
+                pf.fit.knee().1
+            })
+            .collect()
+    };
+    let (one, two, three) = (knees(1), knees(2), knees(3));
+    // One pass: the old calibration's own figures (each step's p99 as the
+    // load generator measured it, one fit).
+    for ((pole, s), k) in runs.iter().zip(&one) {
+        let counted: Vec<(Point, u64)> = s.iter().map(|p| (p[0].0, p[0].1.len())).collect();
+        assert_eq!(CurveFit::of(&counted, *pole).unwrap().knee().1, *k);
+    }
+    assert!(spread_pct(&one) > 15.0, "{one:?}");
+    assert!(spread_pct(&two) < 12.0, "{two:?}");
+    assert!(spread_pct(&three) < 15.0, "{three:?}");
+    // Run 2's passes drifted (the machine got quieter as it ran): its
+    // passes' knees say so, and the pooled knee sits among them.
+    let pf = PassFit::of(&runs[1].1, 99.0, runs[1].0).unwrap();
+    let k = KneeSpread::of(pf.knees_us.clone(), 0, 0).unwrap();
+    assert!(k.spread_pct > 20.0, "{k:?}");
+    let pooled = pf.fit.knee().1;
+    assert!(pooled > k.min_us && pooled < k.max_us, "{pooled} {k:?}");
+}
