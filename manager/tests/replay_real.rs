@@ -63,6 +63,16 @@ fn real_replay_of_a_reduced_ramp() {
     // is open (docs/control.md, "Why eBPF's per-interval p99 came out
     // above the client's"); the bar still catches a sensor that doubles.
     eprintln!("knee p99: eBPF {ebpf:.0} µs, client {client:.0} µs");
+    // Two knee passes (the default): each pass's own knee goes beside the
+    // knee of their pooled requests.
+    let passes: Vec<f64> = s["knee_spread"]["repeats_us"]
+        .as_array()
+        .expect("knee_spread from the passes")
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    assert_eq!(passes.len(), 2, "{passes:?}");
+    assert!(passes.iter().all(|&k| k > 0.0), "{passes:?}");
     assert!(
         ebpf > 0.0 && ebpf < 1.25 * client,
         "eBPF {ebpf} µs, client {client} µs"
