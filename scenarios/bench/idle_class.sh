@@ -65,7 +65,8 @@ declare -A p99s dec
 # One load run of case $1 (round $2): its JSON in $LOAD_JSON. With DECOMPOSE,
 # the /proc figures of the run's middle (the client's connections and the
 # server's per-connection threads live then) go to dec[$1] as one
-# "delay_fx exec_fx slices_fx delay_cl exec_cl steal% be_cpus mean" row.
+# "delay_fx exec_fx slices_fx delay_cl exec_cl steal% be_cpus mean nice_cpus"
+# row (nice_cpus: CPUs' worth of niced work, others' nice-19 builds).
 run_load() {
   local args=(--target "127.0.0.1:$port" --protocol http --rps "$rps" --arrival poisson
               --connections 8 --keepalive --duration "$SECS" --json)
@@ -91,8 +92,9 @@ run_load() {
       -v n="$(sched_delta "$n0" "$n1")" -v be="$(( b1 - b0 ))" -v q="$reqs" -v t="$(( t1 - t0 ))" \
       -v mean="$(field "$j" latency_us mean)" -v hz="$(getconf CLK_TCK)" 'BEGIN {
         split(fx, a, " "); split(cl, b, " "); split(n, s, " ");
-        printf "%.0f/%.0f/%.2f/%.0f/%.0f/%.2f/%.2f/%.0f ", a[2] / q / 1e3, a[1] / q / 1e3, a[3] / q,
-          b[2] / q / 1e3, b[1] / q / 1e3, 100 * s[1] / s[3], be / hz / (t / 1e9), mean }')
+        printf "%.0f/%.0f/%.2f/%.0f/%.0f/%.2f/%.2f/%.0f/%.2f ", a[2] / q / 1e3, a[1] / q / 1e3, a[3] / q,
+          b[2] / q / 1e3, b[1] / q / 1e3, 100 * s[1] / s[3], be / hz / (t / 1e9), mean,
+          s[4] / hz / (t / 1e9) }')
 }
 
 cases=(alone idle normal)
@@ -138,16 +140,18 @@ MD
 [ "$DECOMPOSE" = 1 ] || exit 0
 # Column k's median over the rounds of case $1 ("a/b/c/..." per round).
 dmed() { tr ' ' '\n' <<<"${dec[$1]}" | grep . | cut -d/ -f"$2" | median; }
-row() { local k out=; for k in 8 1 2 3 4 5 6 7; do out+=" $(dmed "$1" "$k") |"; done; echo "$out"; }
+row() { local k out=; for k in 8 1 2 3 4 5 6 7 9; do out+=" $(dmed "$1" "$k") |"; done; echo "$out"; }
 cat <<MD
 ### Where the time goes (DECOMPOSE=1; medians over rounds, read in each run's middle $(( SECS - 2 )) s)
 
 Server = the fixture's threads, client = \`qosd load\`'s; per request: sums over
 their threads of /proc/TID/schedstat (run_delay, time on CPU, timeslices)
 divided by the requests answered in the window. Steal: % of all node ticks.
+Niced CPUs: CPUs' worth of niced work meanwhile (other sessions' nice-19
+builds): 0 on a quiet machine.
 
-| batch job | mean latency µs | server run-queue wait µs/req | server CPU µs/req | server slices/req | client run-queue wait µs/req | client CPU µs/req | steal % | batch job CPUs |
-| --- | --- | --- | --- | --- | --- | --- | --- | --- |
+| batch job | mean latency µs | server run-queue wait µs/req | server CPU µs/req | server slices/req | client run-queue wait µs/req | client CPU µs/req | steal % | batch job CPUs | niced CPUs |
+| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |
 | stopped (alone) |$(row alone)
 | idle class |$(row idle)
 | normal weight |$(row normal)
@@ -185,5 +189,15 @@ for c in alone idle normal; do
   cat "$OUT/$c"-*.txt | awk -v c="$c" '
     /^@placement\[1, / { gsub(/@placement\[|\]:|,/, " "); all += $4; if ($2 == 2 && $3 != 2) bad += $4 }
     END { printf "Placement, %s: %d of %d server wake-ups (%.1f %%) onto a busy CPU while the other was idle or ran background work.\n", c, bad, all, all ? 100 * bad / all : 0 }'
+done
+echo
+echo "Server wake-ups by what their CPU ran at wake-up: waits, mean wait µs."
+echo
+for c in alone idle normal; do
+  cat "$OUT/$c"-*.txt | awk -v c="$c" '
+    /^@woken_wait_by_target_ns\[1, / { gsub(/@[a-z_]*\[|\]:|,|count|average|total/, " ");
+      n[$2] += $3; t[$2] += $5 }
+    END { split("idle batch other nice-19", k, " "); printf "- %s:", c;
+      for (i = 0; i < 4; i++) if (n[i]) printf " %s %d, %.0f µs;", k[i + 1], n[i], t[i] / n[i] / 1e3; print "" }'
 done
 echo

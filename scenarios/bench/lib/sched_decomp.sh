@@ -15,9 +15,10 @@ sched_snap() {
     awk '{e += $1; d += $2; s += $3} END {printf "%.0f %.0f %.0f\n", e, d, s}'
 }
 
-# "steal idle total" ticks (USER_HZ) of the node, from the `cpu` line.
+# "steal idle total nice" ticks (USER_HZ) of the node, from the `cpu` line
+# (nice: CPU time of niced tasks, e.g. other sessions' nice-19 builds).
 node_ticks() {
-  awk '/^cpu / {t = 0; for (i = 2; i <= NF; i++) t += $i; print $9, $5 + $6, t; exit}' /proc/stat
+  awk '/^cpu / {t = 0; for (i = 2; i <= NF; i++) t += $i; print $9, $5 + $6, t, $3; exit}' /proc/stat
 }
 
 # utime + stime ticks of a whole process (exited threads included).
