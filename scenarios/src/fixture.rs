@@ -153,7 +153,7 @@ fn request_id(head: &str) -> Option<u64> {
 
 /// Spins until this thread has used `d` of CPU time, so the work takes
 /// longer when the thread shares a core or the core runs slower.
-fn burn_cpu(d: Duration) {
+pub fn burn_cpu(d: Duration) {
     if d.is_zero() {
         return;
     }

@@ -16,7 +16,7 @@ use qosd_core::{Allocations, Resource, Share};
 use qosd_scenarios::batch::BatchJob;
 use qosd_scenarios::scenario::{AppSpec, Scenario, SimNode};
 use qosd_scenarios::servers;
-use qosd_scenarios::sim::fit::{self, JobPoint, ServerPoint, BUSY_THREAD_SHARE};
+use qosd_scenarios::sim::fit::{self, JobPoint, ServerPoint};
 use qosd_scenarios::sim::fitted::ModelFile;
 use qosd_scenarios::sim::model::SimModel;
 use qosd_scenarios::sweep::{self, SweepOptions};
@@ -26,6 +26,7 @@ use qosd_sensors::procfs::Procfs;
 use super::actuate::Actuation;
 use super::latency::from_tracer;
 use super::replay::trace_server;
+use super::step_cpu::{self, cpu};
 
 /// Load steps of a server at each allocation, as fractions of the
 /// capacity expected there (the last one saturates it).
@@ -71,19 +72,6 @@ fn put(act: &mut Actuation, app: &str, pids: &[i32], cores: u32, quota: u32) -> 
         }
     }
     Ok(())
-}
-
-/// CPU seconds of a set of processes, and of each of their threads.
-fn cpu(procfs: &Procfs, pids: &[i32]) -> (f64, BTreeMap<i32, f64>) {
-    let mut total = 0.0;
-    let mut threads = BTreeMap::new();
-    for &p in pids {
-        total += procfs.process_cpu_s(p).ok().flatten().unwrap_or(0.0);
-        for (t, s) in procfs.thread_cpu_s(p) {
-            threads.insert(t, s);
-        }
-    }
-    (total, threads)
 }
 
 /// What the fitted node offers: this machine's CPUs and the knobs it has,
@@ -161,18 +149,16 @@ fn server_points(c: &mut Ctx, app: &AppSpec) -> anyhow::Result<Vec<ServerPoint>>
                 if let Some(t) = c.tracer {
                     let _ = from_tracer(t, &pids, fig); // drop what came before
                 }
-                let (cpu0, th0) = cpu(&c.procfs, &pids);
-                let t0 = Instant::now();
-                let (p, _err) = sweep::measure(app, &srv.addr, rps, &o, pct)
-                    .with_context(|| format!("{}: load step at {rps:.0} rps", app.name))?;
-                let wall = t0.elapsed().as_secs_f64();
-                let (cpu1, th1) = cpu(&c.procfs, &pids);
-                let busy = th1
-                    .iter()
-                    .filter(|(t, s)| {
-                        *s - th0.get(t).copied().unwrap_or(0.0) >= BUSY_THREAD_SHARE * wall
-                    })
-                    .count() as u32;
+                let cpu0 = cpu(&c.procfs, &pids).0;
+                let (p, threads) = step_cpu::during(&c.procfs, &pids, || {
+                    sweep::measure(app, &srv.addr, rps, &o, pct)
+                });
+                let (p, _err) =
+                    p.with_context(|| format!("{}: load step at {rps:.0} rps", app.name))?;
+                let cpu1 = cpu(&c.procfs, &pids).0;
+                // The share of a CPU over the load itself (not the drain
+                // and backlog wait after it).
+                let busy = threads.busy(c.step_s);
                 let ebpf = c.tracer.and_then(|t| {
                     let (h, _) = from_tracer(t, &pids, fig);
                     h.percentile(pct).map(|v| v as f64 / 1e3)

@@ -9,7 +9,8 @@
 //! Runs on this machine are set up here too, so that `cmd/` only reads
 //! arguments: what they start from ([`setup`]), the real replay
 //! ([`real_replay`]), calibrating real servers ([`sweep`]) and fitting the
-//! simulated node to this machine ([`fit`]).
+//! simulated node to this machine ([`fit`], reading the server's CPU over
+//! each load step with [`step_cpu`]).
 
 pub mod actuate;
 pub mod coremap;
@@ -20,4 +21,5 @@ pub mod real_replay;
 pub mod replay;
 pub mod sensing;
 pub mod setup;
+pub mod step_cpu;
 pub mod sweep;
