@@ -248,6 +248,9 @@ fn nginx_sendfile_replies_are_counted() {
     let lines = trace.stop();
     let s = summary(&lines, srv.pid());
     assert_eq!(s["requests"], 400, "{s}");
+    // Bodies sent by sendfile are skipped by their length, unread: every
+    // reply was followed (bpf/replies.h).
+    assert_eq!(s["timed_by_turns"], 0, "{s}");
     assert_server_le_client("nginx sendfile 256 KiB", &s, &lat);
 }
 

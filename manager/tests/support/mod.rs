@@ -9,6 +9,7 @@
 //! (fake /sys and /proc trees, shared with the actuators' tests),
 //! `deploy` (`make install`, the systemd unit), `grpc` (gRPC fixtures),
 //! `hostile` (misbehaving raw-socket clients of the daemon's API),
+//! `loaded` (the fixture near its capacity, traced),
 //! `netns` (network namespaces and `qosd net` for the net tests),
 //! `pipelined` (redis, a pre-fork server, nginx over TLS, pipelining
 //! clients),
@@ -24,6 +25,7 @@ pub mod fake;
 pub mod grpc;
 pub mod hostile;
 pub mod kube;
+pub mod loaded;
 pub mod netns;
 pub mod pipelined;
 pub mod replay;
