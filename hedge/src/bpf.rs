@@ -10,7 +10,7 @@ use std::os::fd::AsFd;
 
 use anyhow::{anyhow, Context, Result};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-use libbpf_rs::{MapCore, MapFlags, OpenObject, TcHookBuilder, TC_EGRESS, TC_INGRESS};
+use libbpf_rs::{OpenObject, TcHookBuilder, TC_EGRESS, TC_INGRESS};
 use serde::Serialize;
 
 use crate::HedgeSpec;
@@ -211,20 +211,10 @@ impl Programs {
 
     /// The counters, summed over CPUs.
     pub fn counters(&self) -> Result<Counters> {
+        let sums = qosd_sensors::percpu::sum_u64_slots(&self.skel.maps.counters, 10)
+            .context("reading the hedge counters")?;
         let mut v = [0u64; 10];
-        for (i, slot) in v.iter_mut().enumerate() {
-            let per_cpu = self
-                .skel
-                .maps
-                .counters
-                .lookup_percpu(&(i as u32).to_ne_bytes(), MapFlags::ANY)
-                .context("reading the hedge counters")?
-                .unwrap_or_default();
-            *slot = per_cpu
-                .iter()
-                .filter_map(|b| b.as_slice().try_into().ok().map(u64::from_ne_bytes))
-                .sum();
-        }
+        v.copy_from_slice(&sums);
         Ok(Counters::from_slice(&v))
     }
 }

@@ -6,12 +6,14 @@
 //! from a `sched_switch` BPF program. [`net`] counts packets and bytes per
 //! peer and local port in millisecond bins from TC programs (`qosd net`).
 //! [`sensor`] is the plugin interface every node samples them through;
-//! [`bpfstats`] reads any program's run count and time.
+//! [`bpfstats`] reads any program's run count and time; [`percpu`] sums
+//! the per-CPU counters programs keep.
 
 pub mod bpfstats;
 pub mod ebpf;
 pub mod filed;
 pub mod net;
+pub mod percpu;
 pub mod power;
 pub mod procfs;
 pub mod sensor;

@@ -181,20 +181,8 @@ impl Programs {
 
     /// The counters, summed over CPUs.
     pub(crate) fn counters(&self) -> Result<Counters, NetError> {
-        let mut v = [0u64; COUNTERS.len()];
-        for (i, slot) in v.iter_mut().enumerate() {
-            let per_cpu = self
-                .skel
-                .maps
-                .counters
-                .lookup_percpu(&(i as u32).to_ne_bytes(), MapFlags::ANY)
-                .map_err(bpf_err("reading the net counters"))?
-                .unwrap_or_default();
-            *slot = per_cpu
-                .iter()
-                .filter_map(|b| b.as_slice().try_into().ok().map(u64::from_ne_bytes))
-                .sum();
-        }
+        let v = crate::percpu::sum_u64_slots(&self.skel.maps.counters, COUNTERS.len())
+            .map_err(bpf_err("reading the net counters"))?;
         Ok(Counters {
             peer_inserts: v[0],
             port_inserts: v[1],
