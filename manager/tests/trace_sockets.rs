@@ -93,6 +93,15 @@ fn cpu_hog_wait_is_in_the_arrival_latency() {
     assert_server_le_client("memcached beside a CPU hog", &s, &lat);
 }
 
+/// nginx (master and 4 workers, 512-byte page), once its workers run.
+fn nginx_4_workers() -> Server {
+    let srv = nginx_master(4, 512, false);
+    assert!(wait_for(Duration::from_secs(5), || children_of(srv.pid())
+        .len()
+        == 4));
+    srv
+}
+
 /// SIGKILLs one of nginx's 4 workers and waits until the master has
 /// started another in its place.
 fn kill_a_worker(srv: &Server) {
@@ -116,10 +125,7 @@ fn kill_a_worker(srv: &Server) {
 /// mid-trace is respawned by the master and followed.
 #[test]
 fn nginx_workers_are_traced_through_the_master() {
-    let srv = nginx_master(4, 512, false);
-    assert!(wait_for(Duration::from_secs(5), || children_of(srv.pid())
-        .len()
-        == 4));
+    let srv = nginx_4_workers();
     let trace = Trace::start(&[srv.pid()], &["--mode", "turn"]);
     http_load(srv.port, 2000, 8, true);
     kill_a_worker(&srv);
@@ -166,10 +172,7 @@ fn prefork_close_per_request_is_exact_every_time() {
 /// keep-alive and close, a respawned worker followed.
 #[test]
 fn syscall_fallback_follows_nginx_workers() {
-    let srv = nginx_master(4, 512, false);
-    assert!(wait_for(Duration::from_secs(5), || children_of(srv.pid())
-        .len()
-        == 4));
+    let srv = nginx_4_workers();
     let trace = Trace::start(&[srv.pid()], &["--mode", "turn", "--hooks", "syscalls"]);
     assert_eq!(trace.banner["hooks"], "syscalls", "{}", trace.banner);
     http_load(srv.port, 1000, 8, true);
