@@ -8,12 +8,12 @@
 # (`qosd set priority --class idle`: its group's cpu.idle, the knob's real
 # path, undone by `qosd restore`), and the job at normal weight. Medians
 # over rounds. Prints a markdown section on stdout.
-# DECOMPOSE=1 adds where the time goes, per case (lib/sched_decomp.sh, read
-# inside each run): the server's and the client's run-queue wait and CPU
-# time per request, timeslices, steal and the batch job's CPUs. TRACE=1
-# (implies DECOMPOSE) also runs lib/wake_wait.bt (bpftrace) in each run:
-# waits by kind and the part of them spent while the other CPU ran the
-# batch job; raw outputs are kept in $OUT (default target/idle_class).
+# It also prints where the time goes, per case (lib/sched_decomp.sh, read
+# inside each run; DECOMPOSE=0 skips it): the server's and the client's
+# run-queue wait and CPU time per request, timeslices, steal, the batch
+# job's CPUs and others' niced CPUs. TRACE=1 also runs lib/wake_wait.bt
+# (bpftrace) in each run: waits by kind, what the other CPU ran while they
+# lasted, wake-up placement; raw outputs in $OUT (default target/idle_class).
 # Usage: scenarios/bench/idle_class.sh [QOSD]   (root; ROUNDS=3 SECS=8 by default)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -22,7 +22,8 @@ FIXTURE=${FIXTURE:-target/release/qosd-fixture}
 ROUNDS=${ROUNDS:-3}
 SECS=${SECS:-8}
 TRACE=${TRACE:-0}
-DECOMPOSE=${DECOMPOSE:-$TRACE}
+DECOMPOSE=${DECOMPOSE:-1}
+[ "$TRACE" = 1 ] && DECOMPOSE=1
 OUT=${OUT:-target/idle_class}
 . scenarios/bench/lib/sched_decomp.sh
 [ "$(id -u)" = 0 ] || { echo "idle_class: needs root (cgroups)" >&2; exit 1; }
@@ -149,7 +150,7 @@ MD
 dmed() { tr ' ' '\n' <<<"${dec[$1]}" | grep . | cut -d/ -f"$2" | median; }
 row() { local k out=; for k in 8 1 2 3 4 5 6 7 9; do out+=" $(dmed "$1" "$k") |"; done; echo "$out"; }
 cat <<MD
-### Where the time goes (DECOMPOSE=1; medians over rounds, read in each run's middle $(( SECS - 2 )) s)
+### Where the time goes (medians over rounds, read in each run's middle $(( SECS - 2 )) s)
 
 Server = the fixture's threads, client = \`qosd load\`'s; per request: sums over
 their threads of /proc/TID/schedstat (run_delay, time on CPU, timeslices)
