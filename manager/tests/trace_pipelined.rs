@@ -118,6 +118,69 @@ fn a_head_request_times_its_connection_by_turns_counted() {
     assert_eq!(s["timed_by_turns"], 1, "{s}");
 }
 
+/// Reads one reply head, up to its empty line.
+fn read_head(r: &mut BufReader<std::net::TcpStream>) -> String {
+    let (mut head, mut line) = (String::new(), String::new());
+    while line != "\r\n" {
+        line.clear();
+        assert!(r.read_line(&mut line).unwrap() > 0, "closed mid-reply");
+        head.push_str(&line);
+    }
+    head
+}
+
+/// Replies the sensor follows: a 100 Continue before its 200 answers no
+/// request, a 304 has no body whatever its Content-Length; a chunked reply
+/// cannot be followed and times its connection by turns, counted. Counts
+/// stay exact on both connections.
+#[test]
+fn interim_and_bodiless_replies_are_followed_chunked_falls_back() {
+    if socket_hooks_missing() {
+        return;
+    }
+    let srv = replies_server();
+    let trace = Trace::start(&[srv.pid()], &["--hooks", "sockets"]);
+    let ask = |r: &mut BufReader<std::net::TcpStream>, path: &str| {
+        let req = format!("GET {path} HTTP/1.1\r\nHost: qosd\r\n\r\n");
+        r.get_mut().write_all(req.as_bytes()).unwrap();
+        match path {
+            "/continue" => {
+                assert!(read_head(r).contains(" 100 "));
+                read_http_response(r);
+            }
+            "/notmod" => assert!(read_head(r).contains(" 304 ")),
+            "/chunked" => {
+                read_head(r);
+                let mut line = String::new();
+                while line != "0\r\n" {
+                    line.clear();
+                    assert!(r.read_line(&mut line).unwrap() > 0, "closed");
+                }
+                r.read_line(&mut line).unwrap();
+            }
+            _ => read_http_response(r),
+        }
+    };
+    // The server takes one connection at a time.
+    {
+        let mut followed = BufReader::new(connect(srv.port));
+        for _ in 0..10 {
+            for path in ["/", "/continue", "/notmod"] {
+                ask(&mut followed, path);
+            }
+        }
+    }
+    let mut chunked = BufReader::new(connect(srv.port));
+    for path in ["/", "/", "/chunked", "/", "/"] {
+        ask(&mut chunked, path);
+    }
+    drop(chunked);
+    let lines = trace.stop();
+    let s = summary(&lines, srv.pid());
+    assert_eq!(s["requests"], 35, "{s}");
+    assert_eq!(s["timed_by_turns"], 1, "{s}");
+}
+
 /// memcached batches of four commands in one write: a set whose data
 /// block looks like two gets, a multi-key get, a get and a delete.
 #[test]

@@ -67,6 +67,26 @@ pub fn prefork(workers: u32, per_child: u32) -> Server {
     }
 }
 
+/// The HTTP/1.1 server of `support/replies.pl`: replies by path that the
+/// request sensor follows (a 1xx before the reply, a 304 with a
+/// Content-Length) or gives up on (chunked).
+pub fn replies_server() -> Server {
+    let port = free_port();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/replies.pl");
+    let mut child = Command::new("perl")
+        .arg(script)
+        .arg(port.to_string())
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("starting perl");
+    wait_listening(port, &mut child, "replies.pl");
+    Server {
+        child,
+        port,
+        _dir: None,
+    }
+}
+
 use std::os::unix::process::CommandExt;
 
 /// nginx (one process) serving HTTPS on 127.0.0.1 with a self-signed
