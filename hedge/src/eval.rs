@@ -114,23 +114,6 @@ pub struct Report {
 
 const PORT: u16 = 27_027;
 
-fn chaos(port: u16, base_us: u64, slow_permille: u32, slow_us: u64, seed: u64) -> ChaosArgs {
-    ChaosArgs {
-        listen: std::net::SocketAddr::from(([0, 0, 0, 0], port)),
-        base_us,
-        slow_permille,
-        slow_us,
-        seed,
-        // The replica is another server: no anti-replay memory (it would
-        // also make a contender fast on ids the previous one just sent).
-        repeat_fast_ms: 0,
-        id_offset: 0,
-        id_len: 8,
-        log: None,
-        exit_after_s: 3600,
-    }
-}
-
 /// The journal and context of an evaluation or test: a private state file.
 pub fn context(state: &Path) -> Result<Ctx> {
     let j = Journal::open(Root::default(), Some(state.to_owned()), false)?;
@@ -168,14 +151,14 @@ pub fn run(a: &EvalArgs, state: &Path) -> Result<Report> {
     let mut topo = Topo::new("ev")?;
     let svc = topo.serve(
         false,
-        chaos(PORT, a.base_us, a.slow_permille, a.slow_us, a.seed),
+        ChaosArgs::on_port(PORT, a.base_us, a.slow_permille, a.slow_us, a.seed),
     )?;
     topo.keep(svc);
-    let rep = topo.serve(true, chaos(PORT, a.base_us, 0, 0, a.seed))?;
+    let rep = topo.serve(true, ChaosArgs::on_port(PORT, a.base_us, 0, 0, a.seed))?;
     topo.keep(rep);
     // The unrelated flow's server on a CPU of its own (see [`flow`]).
     let flow_srv = flow::on_cpu(flow::flow_cpus().map(|c| c.1), || {
-        topo.serve(false, chaos(flow::PORT, 0, 0, 0, a.seed))
+        topo.serve(false, ChaosArgs::on_port(flow::PORT, 0, 0, 0, a.seed))
     })?;
     topo.keep(flow_srv);
     let t_hedge = Duration::from_secs_f64(a.t_hedge_ms / 1000.0);

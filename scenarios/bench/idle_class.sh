@@ -8,6 +8,12 @@
 # (`qosd set priority --class idle`: its group's cpu.idle, the knob's real
 # path, undone by `qosd restore`), and the job at normal weight. Medians
 # over rounds. Prints a markdown section on stdout.
+# DECOMPOSE=1 adds where the time goes, per case (lib/sched_decomp.sh, read
+# inside each run): the server's and the client's run-queue wait and CPU
+# time per request, timeslices, steal and the batch job's CPUs. TRACE=1
+# (implies DECOMPOSE) also runs lib/wake_wait.bt (bpftrace) in each run:
+# waits by kind and the part of them spent while the other CPU ran the
+# batch job; raw outputs are kept in $OUT (default target/idle_class).
 # Usage: scenarios/bench/idle_class.sh [QOSD]   (root; ROUNDS=3 SECS=8 by default)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -15,6 +21,10 @@ QOSD=${1:-target/release/qosd}
 FIXTURE=${FIXTURE:-target/release/qosd-fixture}
 ROUNDS=${ROUNDS:-3}
 SECS=${SECS:-8}
+TRACE=${TRACE:-0}
+DECOMPOSE=${DECOMPOSE:-$TRACE}
+OUT=${OUT:-target/idle_class}
+. scenarios/bench/lib/sched_decomp.sh
 [ "$(id -u)" = 0 ] || { echo "idle_class: needs root (cgroups)" >&2; exit 1; }
 [ -x "$FIXTURE" ] || { echo "idle_class: $FIXTURE missing (cargo build --release)" >&2; exit 1; }
 ncpu=$(nproc)
@@ -49,7 +59,44 @@ cap=$(top "$j" achieved_rps); cap=${cap%.*}
 rps=$(( cap / 2 ))
 sleep 2
 
-declare -A p99s
+declare -A p99s dec niced
+[ "$TRACE" = 1 ] && { [ "$ncpu" = 2 ] || { echo "idle_class: TRACE=1 needs 2 CPUs" >&2; exit 1; }
+                      mkdir -p "$OUT"; }
+# One load run of case $1 (round $2): its JSON in $LOAD_JSON. With DECOMPOSE,
+# the /proc figures of the run's middle (the client's connections and the
+# server's per-connection threads live then) go to dec[$1] as one
+# "delay_fx exec_fx slices_fx delay_cl exec_cl steal% be_cpus mean nice_cpus"
+# row (nice_cpus: CPUs' worth of niced work, others' nice-19 builds).
+run_load() {
+  local args=(--target "127.0.0.1:$port" --protocol http --rps "$rps" --arrival poisson
+              --connections 8 --keepalive --duration "$SECS" --json)
+  if [ "$DECOMPOSE" != 1 ]; then LOAD_JSON=$("$QOSD" load "${args[@]}"); return; fi
+  local f="$st/load.json" cl bt= start; start=$(date +%s%N)
+  "$QOSD" load "${args[@]}" >"$f" & cl=$!
+  if [ "$TRACE" = 1 ]; then
+    bpftrace "scenarios/bench/lib/wake_wait.bt" "$srv" "$cl" "$job" >"$OUT/$1-$2.txt" 2>&1 & bt=$!
+    for _ in $(seq 100); do grep -q '^ready' "$OUT/$1-$2.txt" && break; sleep 0.1; done
+  fi
+  sleep 1
+  local t0 f0 c0 n0 b0 t1 f1 c1 n1 b1
+  t0=$(date +%s%N) f0=$(sched_snap "$srv") c0=$(sched_snap "$cl") n0=$(node_ticks) b0=$(proc_ticks "$job")
+  sleep "$(awk -v s="$start" -v t="$t0" -v d="$SECS" 'BEGIN {x = (s + (d - 1) * 1e9 - t) / 1e9; print (x > 0.5 ? x : 0.5)}')"
+  t1=$(date +%s%N) f1=$(sched_snap "$srv") c1=$(sched_snap "$cl") n1=$(node_ticks) b1=$(proc_ticks "$job")
+  [ -n "$bt" ] && { kill -INT "$bt"; wait "$bt" || true; }
+  wait "$cl"
+  local j; j=$(cat "$f"); LOAD_JSON=$j
+  local reqs; reqs=$(awk -v r="$(top "$j" achieved_rps)" -v t="$(( t1 - t0 ))" 'BEGIN {print r * t / 1e9}')
+  [ -n "$bt" ] && awk -v r="$(top "$j" achieved_rps)" '/^elapsed_ms/ {print "requests", r * $2 / 1e3}' \
+    "$OUT/$1-$2.txt" >>"$OUT/$1-$2.txt"
+  dec[$1]+=$(awk -v fx="$(sched_delta "$f0" "$f1")" -v cl="$(sched_delta "$c0" "$c1")" \
+      -v n="$(sched_delta "$n0" "$n1")" -v be="$(( b1 - b0 ))" -v q="$reqs" -v t="$(( t1 - t0 ))" \
+      -v mean="$(field "$j" latency_us mean)" -v hz="$(getconf CLK_TCK)" 'BEGIN {
+        split(fx, a, " "); split(cl, b, " "); split(n, s, " ");
+        printf "%.0f/%.0f/%.2f/%.0f/%.0f/%.2f/%.2f/%.0f/%.2f ", a[2] / q / 1e3, a[1] / q / 1e3, a[3] / q,
+          b[2] / q / 1e3, b[1] / q / 1e3, 100 * s[1] / s[3], be / hz / (t / 1e9), mean,
+          s[4] / hz / (t / 1e9) }')
+}
+
 cases=(alone idle normal)
 for r in $(seq 0 $(( ROUNDS - 1 ))); do
   for k in 0 1 2; do
@@ -62,9 +109,13 @@ for r in $(seq 0 $(( ROUNDS - 1 ))); do
               kill -CONT "$job" ;;
     esac
     sleep 0.5
-    j=$("$QOSD" load --target "127.0.0.1:$port" --protocol http --rps "$rps" --arrival poisson \
-        --connections 8 --keepalive --duration "$SECS" --json)
+    t0=$(date +%s%N) n0=$(node_ticks)
+    run_load "$c" "$r"; j=$LOAD_JSON
     p99s[$c]+="$(field "$j" latency_us p99) "
+    # Others' niced work (nice-19 builds) during the run, in CPUs: what
+    # "quiet" means, measured (0 on a quiet machine).
+    niced[$c]+="$(awk -v a="$n0" -v b="$(node_ticks)" -v t="$(( $(date +%s%N) - t0 ))" -v hz="$(getconf CLK_TCK)" \
+      'BEGIN {split(a, x, " "); split(b, y, " "); printf "%.2f", (y[4] - x[4]) / hz / (t / 1e9)}') "
   done
 done
 kill -STOP "$job"
@@ -80,14 +131,83 @@ cat <<MD
 (50 % of the ${cap} rps it completed when offered its nominal capacity, ${nominal} rps on $ncpu CPUs, alone), Poisson arrivals, 8 keep-alive connections, ${SECS} s per
 run, beside \`qosd batch --threads $ncpu\` (a hashing thread per CPU). Cases interleaved in ${ROUNDS}
 rounds; medians over rounds of the client p99. Load average at the end: $(cut -d" " -f1-3 /proc/loadavg)
-(other work on the machine competes with the server in every case).
+(other work on the machine competes with the server in every case; "others' niced CPUs" is the
+CPU time niced tasks, such as other sessions' nice-19 builds, used during each run: 0 when quiet;
+the bench runs at normal priority).
 
-| batch job | client p99 µs (per round) | median | vs alone |
-| --- | --- | --- | --- |
-| stopped (alone) | ${p99s[alone]}| $a | 1.00× |
-| idle class (\`qosd set priority --class idle\`) | ${p99s[idle]}| $i | $(ratio "$i" "$a")× |
-| normal weight | ${p99s[normal]}| $n | $(ratio "$n" "$a")× |
+| batch job | client p99 µs (per round) | median | vs alone | others' niced CPUs (per round) |
+| --- | --- | --- | --- | --- |
+| stopped (alone) | ${p99s[alone]}| $a | 1.00× | ${niced[alone]}|
+| idle class (\`qosd set priority --class idle\`) | ${p99s[idle]}| $i | $(ratio "$i" "$a")× | ${niced[idle]}|
+| normal weight | ${p99s[normal]}| $n | $(ratio "$n" "$a")× | ${niced[normal]}|
 
 Goal (issue 20): idle class within 1.2× of alone.
 
 MD
+[ "$DECOMPOSE" = 1 ] || exit 0
+# Column k's median over the rounds of case $1 ("a/b/c/..." per round).
+dmed() { tr ' ' '\n' <<<"${dec[$1]}" | grep . | cut -d/ -f"$2" | median; }
+row() { local k out=; for k in 8 1 2 3 4 5 6 7 9; do out+=" $(dmed "$1" "$k") |"; done; echo "$out"; }
+cat <<MD
+### Where the time goes (DECOMPOSE=1; medians over rounds, read in each run's middle $(( SECS - 2 )) s)
+
+Server = the fixture's threads, client = \`qosd load\`'s; per request: sums over
+their threads of /proc/TID/schedstat (run_delay, time on CPU, timeslices)
+divided by the requests answered in the window. Steal: % of all node ticks.
+Niced CPUs: CPUs' worth of niced work meanwhile (other sessions' nice-19
+builds): 0 on a quiet machine.
+
+| batch job | mean latency µs | server run-queue wait µs/req | server CPU µs/req | server slices/req | client run-queue wait µs/req | client CPU µs/req | steal % | batch job CPUs | niced CPUs |
+| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |
+| stopped (alone) |$(row alone)
+| idle class |$(row idle)
+| normal weight |$(row normal)
+
+MD
+[ "$TRACE" = 1 ] || exit 0
+# wake_wait.bt's sums over a case's rounds, per request: waits by kind,
+# and what the other CPU ran while they lasted.
+cat <<MD
+### Run-queue waits by kind (TRACE=1, lib/wake_wait.bt; all rounds summed, per request; raw in $OUT)
+
+"Other CPU ..." is the part of the waits during which the other CPU was idle,
+ran the batch job, or ran others' nice-19 work: time a waiting thread could
+have run there. Placement: server wake-ups put on a CPU busy with other work
+while the other CPU was idle or ran only the batch job / nice-19 work.
+
+| batch job | who | wait kind | waits/req | mean µs | wait µs/req | other CPU idle µs/req | other CPU ran batch µs/req | other CPU ran nice 19 µs/req |
+| --- | --- | --- | --- | --- | --- | --- | --- | --- |
+MD
+for c in alone idle normal; do
+  cat "$OUT/$c"-*.txt | awk -v c="$c" '
+    function key() { gsub(/[@a-z_0-9]*\[|\]:|,|count|average|total/, " ") }
+    /^@wait_ns\[/ { key(); n[$1" "$2] += $3; t[$1" "$2] += $5 }
+    /^@other_idle_ns\[/ { key(); oi[$1" "$2] += $3 }
+    /^@other_be_ns\[/ { key(); ob[$1" "$2] += $3 }
+    /^@other_nice19_ns\[/ { key(); on[$1" "$2] += $3 }
+    /^requests/ { q += $2 }
+    END { split("server client", who, " "); split("woken preempted", kind, " ");
+      for (w = 1; w <= 2; w++) for (k = 1; k <= 2; k++) { i = w" "k;
+        if (n[i]) printf "| %s | %s | %s | %.2f | %.0f | %.0f | %.0f | %.0f | %.0f |\n", c, who[w], kind[k],
+          n[i] / q, t[i] / n[i] / 1e3, t[i] / q / 1e3, oi[i] / q / 1e3, ob[i] / q / 1e3, on[i] / q / 1e3 } }'
+done
+echo
+for c in alone idle normal; do
+  cat "$OUT/$c"-*.txt | awk -v c="$c" '
+    /^@placement\[1, / { gsub(/@placement\[|\]:|,/, " "); all += $4; if ($2 == 2 && $3 != 2) bad += $4 }
+    END { printf "Placement, %s: %d of %d server wake-ups (%.1f %%) onto a busy CPU while the other was idle or ran background work.\n", c, bad, all, all ? 100 * bad / all : 0 }'
+done
+echo
+echo "Server wake-ups by what their CPU ran at wake-up: waits, mean wait µs, waits over 1 ms (of which another server/client thread ran on that CPU first)."
+echo
+for c in alone idle normal; do
+  cat "$OUT/$c"-*.txt | awk -v c="$c" '
+    /^@woken_wait_by_target_ns\[1, / { gsub(/@[a-z_]*\[|\]:|,|count|average|total/, " ");
+      n[$2] += $3; t[$2] += $5 }
+    /^@woken_over_1ms_by_target\[1, / { gsub(/@[a-z_0-9]*\[|\]:|,/, " "); s[$2] += $3 }
+    /^@woken_over_1ms_behind_lc\[1, / { gsub(/@[a-z_0-9]*\[|\]:|,/, " "); b[$2] += $3 }
+    END { split("idle batch other nice-19", k, " "); printf "- %s:", c;
+      for (i = 0; i < 4; i++) if (n[i]) printf " %s %d, %.0f µs, %d over 1 ms (%d behind the app'"'"'s own threads);",
+        k[i + 1], n[i], t[i] / n[i] / 1e3, s[i], b[i]; print "" }'
+done
+echo

@@ -282,9 +282,9 @@ pub fn children_of(pid: u32) -> Vec<u32> {
 /// memcached with `threads` worker threads on 127.0.0.1.
 pub fn memcached(threads: u32) -> Server {
     let port = free_port();
-    let mut child = Command::new("memcached")
-        .args(["-u", "nobody", "-l", "127.0.0.1", "-U", "0", "-c", "4096"])
-        .args(["-p", &port.to_string(), "-t", &threads.to_string()])
+    let argv = qosd_scenarios::servers::memcached_argv(port, threads, 64);
+    let mut child = Command::new(&argv[0])
+        .args(&argv[1..])
         .stdin(Stdio::null())
         .spawn()
         .expect("starting memcached (apt-get install memcached)");

@@ -25,6 +25,8 @@ pub(super) const CNT_BY_TURNS: u32 = 3;
 pub(super) const TGID_WORDS: u32 = 65536;
 pub(super) const ST_IDLE: u8 = 0;
 pub(super) const ST_RESPONDING: u8 = 2;
+/// sock_state.by_reply: requests end at their own replies (replies.h).
+pub(super) const BY_REPLY_ON: u8 = 1;
 /// conn_id of connections seeded from /proc (see requests.bpf.c).
 pub(super) const SEEDED_ID_BIT: u64 = 1 << 63;
 

@@ -52,7 +52,11 @@ fn open_conns(maps: &Maps<'_>, root: u32, members: &[u32]) -> OpenConns {
                 if c.tgid != root {
                     return None;
                 }
-                let pending = (c.state == ST_RESPONDING && c.emit & EMIT_TURN != 0).then(|| {
+                // A connection timed by its replies (bpf/replies.h) has
+                // recorded every reply already: nothing is in flight.
+                let by_turns = c.by_reply != BY_REPLY_ON;
+                let responding = c.state == ST_RESPONDING && c.emit & EMIT_TURN != 0;
+                let pending = (responding && by_turns).then(|| {
                     let times = [c.req_arrive_ns, c.req_start_ns, c.last_out_ns];
                     let r = pending_turn(root, 0, c.conn_id, (c.turns, c.nreq), times);
                     let mut idle = c;
