@@ -28,10 +28,21 @@
  * found open when tracing began keep the turn rule (their first bytes may
  * be mid-stream).
  *
+ * Replies are parsed only where they must be. A write phase (the writes
+ * between two reads) that begins with one request waiting, at a reply
+ * boundary, answers that request and no other: the server has read no
+ * other to answer. It is not parsed (reply_fifo.single): the request
+ * becomes the turn in flight and ends at the phase's last bytes, by the
+ * turn rule. So a server that answers each request before it reads the
+ * next (nginx, and the fixture below saturation) pays no reply parse; one
+ * that has read ahead (two or more waiting when it writes) or a pipelining
+ * client's burst is parsed, reply by reply.
+ *
  * Cost: nothing on other protocols past one byte test (sock_state's
  * by_reply); on HTTP, one more socket-storage lookup per read and per
- * write, and the reply's head walked by the request counter's steps (its
- * body is skipped by length, sendfile bodies included, unread).
+ * write, and where replies are parsed, the reply's head walked by the
+ * request counter's steps (its body is skipped by length, sendfile bodies
+ * included, unread).
  */
 #ifndef QOSD_REPLIES_H
 #define QOSD_REPLIES_H
@@ -141,6 +152,9 @@ static __always_inline bool read_by_reply(struct sock *sk,
 	} else {
 		f = bpf_sk_storage_get(&fifos, sk, 0, 0);
 	}
+	/* A write phase taken by the turn rule ended (qosd_recv emitted it). */
+	if (f)
+		f->single = 0;
 	__u64 arrive = read_arrive && read_arrive <= now ? read_arrive : now;
 	if (!f || ss->parse.proto != QOSD_PROTO_HTTP ||
 	    (ss->parse.http & QOSD_HTTP_HEAD) ||
@@ -214,15 +228,37 @@ static __always_inline __u32 count_replies(struct req_parse *p, long ret)
 }
 
 /* A write of `ret` bytes on a connection timed by its replies, whose last
- * byte left at ss->last_out_ns. */
+ * byte left at ss->last_out_ns; `first`: the first write since a read. */
 static __always_inline void sent_by_reply(struct sock *sk,
-					  struct sock_state *ss, long ret)
+					  struct sock_state *ss, long ret,
+					  bool first)
 {
 	struct reply_fifo *f = bpf_sk_storage_get(&fifos, sk, 0, 0);
 	if (!f) {
 		fall_back(ss, f);
 		return;
 	}
+	/* One request waiting, the outbound stream at a reply's start: this
+	 * phase is its reply. It leaves the FIFO for the turn in flight,
+	 * which the turn rule ends (the next read, the close, or the flush of
+	 * open connections when tracing stops); nothing is parsed. */
+	if (first && f->tail - f->head == 1 &&
+	    f->reply.phase == QOSD_PH_START && !f->reply.skip &&
+	    !f->reply.line) {
+		__u32 i = f->head & (QOSD_FIFO - 1);
+		ss->req_arrive_ns = f->arrive[i];
+		ss->req_start_ns = f->arrive[i] + f->start_off[i];
+		ss->nreq = 1;
+		ss->nlater = 0;
+		ss->later_arrive_sum = 0;
+		ss->later_read_sum = 0;
+		f->head += 1;
+		/* The FIFO's later records must not reuse index 1 (opens). */
+		f->replies += 1;
+		f->single = 1;
+	}
+	if (f->single)
+		return;
 	__u32 n = count_replies(&f->reply, ret);
 	__u32 waiting = f->tail - f->head;
 	__u32 k = n < waiting ? n : waiting;

@@ -177,7 +177,7 @@ struct reply_fifo {
 	__u32 head; /* next to answer (free-running; index & (QOSD_FIFO-1)) */
 	__u32 tail; /* next free */
 	__u32 replies; /* replies counted: the records' turns (1 opens) */
-	__u32 pad;
+	__u32 single; /* 1: this write phase answers one request, unparsed */
 };
 
 /* Words of the traced-local-port bitmap: one bit per TCP port. */

@@ -187,7 +187,7 @@ static __always_inline void finish(const struct sock *sk, struct sock_state *ss)
 	__u64 now = bpf_ktime_get_ns();
 	if (ss->tgid) {
 		if (ss->state == QOSD_ST_RESPONDING &&
-		    ss->by_reply != QOSD_BY_REPLY_ON)
+		    (ss->by_reply != QOSD_BY_REPLY_ON || ss->nreq))
 			emit_turn(ss);
 		if ((ss->emit & QOSD_EMIT_CONN) &&
 		    had_request(&ss->parse, ss->turns) && ss->accept_ns)
@@ -418,7 +418,9 @@ int BPF_PROG(qosd_recv, struct sock *sk, int ret, int flags)
 	    ret >= QOSD_H2_PREFACE_LEN && saw_preface())
 		emit(ss, QOSD_REC_H2, now, now, now);
 	if (ss->state == QOSD_ST_RESPONDING) {
-		if (ss->by_reply != QOSD_BY_REPLY_ON)
+		/* By replies, a turn in flight is one taken unparsed
+		 * (replies.h, reply_fifo.single). */
+		if (ss->by_reply != QOSD_BY_REPLY_ON || ss->nreq)
 			emit_turn(ss);
 		ss->state = QOSD_ST_IDLE;
 	}
@@ -490,10 +492,11 @@ int BPF_PROG(qosd_send, struct sock *sk, int ret, int flags)
 	ss->arrive_ns = 0;
 	/* Outbound bytes before any request (a greeting) are not a reply. */
 	if (ss->state != QOSD_ST_IDLE) {
+		bool first = ss->state == QOSD_ST_IN_REQ;
 		ss->state = QOSD_ST_RESPONDING;
 		ss->last_out_ns = sent_ns(sk, ss);
 		if (ss->by_reply == QOSD_BY_REPLY_ON)
-			sent_by_reply(sk, ss, ret);
+			sent_by_reply(sk, ss, ret, first);
 	}
 	return 0;
 }

@@ -53,8 +53,9 @@ fn open_conns(maps: &Maps<'_>, root: u32, members: &[u32]) -> OpenConns {
                     return None;
                 }
                 // A connection timed by its replies (bpf/replies.h) has
-                // recorded every reply already: nothing is in flight.
-                let by_turns = c.by_reply != BY_REPLY_ON;
+                // recorded every parsed reply already: in flight is only
+                // a lone request's reply, taken unparsed as a turn.
+                let by_turns = c.by_reply != BY_REPLY_ON || c.nreq > 0;
                 let responding = c.state == ST_RESPONDING && c.emit & EMIT_TURN != 0;
                 let pending = (responding && by_turns).then(|| {
                     let times = [c.req_arrive_ns, c.req_start_ns, c.last_out_ns];
