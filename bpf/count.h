@@ -146,6 +146,7 @@ static __always_inline bool waits_for_newline(const struct req_parse *p)
 		return false;
 	switch (p->proto) {
 	case QOSD_PROTO_HTTP:
+	case QOSD_PROTO_HTTP_REPLY:
 		return p->match == 0 && p->line > 0;
 	case QOSD_PROTO_MC:
 		return p->match > 0 && (p->elems == 0 || p->match > p->elems);
@@ -230,6 +231,7 @@ static long count_step(__u64 i, void *ctx)
 	s->pos += 1;
 	switch (s->p.proto) {
 	case QOSD_PROTO_HTTP:
+	case QOSD_PROTO_HTTP_REPLY:
 		step_http(s, b);
 		break;
 	case QOSD_PROTO_RESP:
@@ -272,24 +274,33 @@ static __always_inline bool mc_one_line(const struct count_scan *s)
 	return chunk_lf(s->chunk.b, 0, s->clen) == s->len - 1;
 }
 
+/* A known protocol is given up on a connection: counted, as its requests
+ * now count by turns. A reply parse's giving up is its caller's to count
+ * (sockets.bpf.c, QOSD_CNT_BY_TURNS). */
+static __always_inline void gave_up_on(const struct req_parse *p)
+{
+	if (p->proto != QOSD_PROTO_HTTP_REPLY)
+		count(QOSD_CNT_GAVE_UP);
+}
+
 /*
- * Counts the requests completed in `ret` bytes just read at user address
- * `buf` (0: unknown) on a connection whose counter is at *p; advances *p.
- * A connection that cannot be followed becomes opaque (its turns count one
- * each).
+ * Counts the requests (or, on an HTTP reply parse, the replies) completed
+ * in `ret` bytes at user address `buf` (0: unknown) on a connection whose
+ * counter is at *p; advances *p. A stream that cannot be followed becomes
+ * opaque (a connection's turns count one each).
  */
 static __always_inline __u32 count_in(struct req_parse *p, long ret, __u64 buf)
 {
 	if (!buf) {
+		gave_up_on(p);
 		p->proto = QOSD_PROTO_OPAQUE;
-		count(QOSD_CNT_GAVE_UP);
 		return 0;
 	}
 	__u32 zero = 0;
 	struct count_scan *s = bpf_map_lookup_elem(&count_scratch, &zero);
 	if (!s) {
+		gave_up_on(p);
 		p->proto = QOSD_PROTO_OPAQUE;
-		count(QOSD_CNT_GAVE_UP);
 		return 0;
 	}
 	s->p = *p;
@@ -311,7 +322,7 @@ static __always_inline __u32 count_in(struct req_parse *p, long ret, __u64 buf)
 		/* A known protocol given up, or past the steps (not a
 		 * protocol never known). */
 		if (s->gave_up || s->p.proto > QOSD_PROTO_OPAQUE)
-			count(QOSD_CNT_GAVE_UP);
+			gave_up_on(p);
 		s->p.proto = QOSD_PROTO_OPAQUE;
 	}
 	*p = s->p;

@@ -12,7 +12,12 @@
  *   memcached  text command lines; a storage command's data block skipped;
  *   TLS        record headers: a turn with application data is one request,
  *              handshake records none (the TLS 1.3 Finished and small
- *              control records excepted, see step_tls).
+ *              control records excepted, see step_tls);
+ *   HTTP/1.x replies (the outbound stream, QOSD_PROTO_HTTP_REPLY): the same
+ *              steps as requests, and the status code, read from the
+ *              chunk with no step (reply_status): 1xx answers no request,
+ *              204 and 304 have no body; anything but "HTTP/1.x NNN" where
+ *              a reply begins gives up.
  * Payloads are skipped by length (req_parse.skip) and payload_done() says
  * what their end means. count.h drives these steps and skips whole lines
  * where only their end matters.
@@ -39,6 +44,12 @@
 #define QOSD_TLS_APP 4         /* handshake over: app data is requests */
 #define QOSD_TLS_13 8          /* TLS 1.3 */
 #define QOSD_TLS_REQ 16        /* a request seen on the connection */
+
+/* req_parse.http */
+#define QOSD_HTTP_HEAD 1    /* requests: a HEAD was read (its reply has a
+			     * Content-Length and no body) */
+#define QOSD_HTTP_INTERIM 2 /* replies: a 1xx reply (answers no request) */
+#define QOSD_HTTP_NOBODY 4  /* replies: 204 or 304 (no body) */
 
 /* TLS record types (RFC 8446 5.1). */
 #define TLS_CCS 20
@@ -170,12 +181,93 @@ static __always_inline void give_up(struct count_scan *s)
 	s->p.proto = QOSD_PROTO_OPAQUE;
 }
 
+/* count.h */
+static __always_inline bool refill(struct count_scan *s);
+
+/*
+ * A reply begins with the byte just stepped over ('H', at pos - 1): its
+ * status line's first 12 bytes, "HTTP/1.x NNN", read from the chunk (one
+ * copy more if they straddle its end; none if they are past the write:
+ * the reply is given up). Sets the reply's QOSD_HTTP_* flags; false: not
+ * a reply's start (the parse gave up).
+ */
+static __always_inline bool reply_status(struct count_scan *s, __u8 b)
+{
+	__u32 at = s->pos - 1 - s->cstart;
+	if (b != 'H' || s->len - (s->pos - 1) < 12) {
+		give_up(s);
+		return false;
+	}
+	if (at + 12 > s->clen) {
+		s->pos -= 1;
+		if (!refill(s)) {
+			give_up(s);
+			return false;
+		}
+		s->pos += 1;
+		at = 0;
+	}
+	__u8 sp = s->chunk.b[(at + 8) & (QOSD_CHUNK - 1)];
+	__u8 c0 = s->chunk.b[(at + 9) & (QOSD_CHUNK - 1)];
+	__u8 c1 = s->chunk.b[(at + 10) & (QOSD_CHUNK - 1)];
+	__u8 c2 = s->chunk.b[(at + 11) & (QOSD_CHUNK - 1)];
+	__u8 slash = s->chunk.b[(at + 4) & (QOSD_CHUNK - 1)];
+	if (sp != ' ' || slash != '/' || c0 < '1' || c0 > '5') {
+		give_up(s);
+		return false;
+	}
+	if (c0 == '1')
+		s->p.http |= QOSD_HTTP_INTERIM;
+	else if ((c0 == '2' || c0 == '3') && c1 == '0' && c2 == '4')
+		s->p.http |= QOSD_HTTP_NOBODY;
+	return true;
+}
+
+/*
+ * A header line's first byte was just stepped over (at pos - 1): its name
+ * tested eight bytes at a time in the chunk, with no step per byte, when
+ * 16 bytes of it are there. A name that is neither Content-Length nor
+ * Transfer-Encoding leaves the rest of the line to the newline search
+ * (a name is exact: "content-" and not "length:" is another header);
+ * Content-Length's name is passed over whole, to its value. False: not
+ * decided here (the byte steps go on: Transfer-Encoding, or a line too
+ * near the chunk's end).
+ */
+static __always_inline bool header_by_words(struct count_scan *s)
+{
+	__u32 at = s->pos - 1 - s->cstart;
+	if (at > QOSD_CHUNK - 16 || at + 16 > s->clen)
+		return false;
+	__u64 w0 = *(const __u64 *)&s->chunk.b[at];
+	__u64 w1 = *(const __u64 *)&s->chunk.b[at + 8];
+	/* b | 0x20 a byte at a time: lowers letters, keeps '-' and ':'. */
+	__u64 lw0 = w0 | 0x2020202020202020ULL;
+	__u64 lw1 = (w1 | 0x2020202020202020ULL) & 0x00ffffffffffffffULL;
+	if (lw0 == HTTP_CL0 && lw1 == HTTP_CL1) {
+		s->pos += HTTP_CL_LEN - 1;
+		s->p.line = HTTP_CL_LEN;
+		s->p.match = HTTP_M_CL;
+		return true;
+	}
+	if (lw0 == HTTP_TE0)
+		return false;
+	s->p.line = 1;
+	s->p.match = 0;
+	return true;
+}
+
 static __always_inline void step_http(struct count_scan *s, __u8 b)
 {
 	struct req_parse *p = &s->p;
 	if (p->phase == QOSD_PH_START) {
 		if (b == '\r' || b == '\n')
 			return; /* empty lines before a request line */
+		if (p->proto == QOSD_PROTO_HTTP_REPLY) {
+			if (!reply_status(s, b))
+				return;
+		} else if (b == 'H') {
+			p->http |= QOSD_HTTP_HEAD; /* the one method in H */
+		}
 		p->phase = QOSD_PH_LINE;
 		p->line = 1;
 		p->match = 0; /* the request line is no header */
@@ -186,7 +278,13 @@ static __always_inline void step_http(struct count_scan *s, __u8 b)
 		return;
 	if (b == '\n') {
 		if (p->line == 0) { /* the empty line: end of the head */
-			if (p->num) {
+			__u8 f = p->http;
+			p->http &= QOSD_HTTP_HEAD; /* a reply's flags are its own */
+			if (f & QOSD_HTTP_INTERIM) {
+				p->phase = QOSD_PH_START;
+				return;
+			}
+			if (p->num && !(f & QOSD_HTTP_NOBODY)) {
 				p->skip = p->num;
 				p->phase = QOSD_PH_BODY;
 			} else {
@@ -198,6 +296,8 @@ static __always_inline void step_http(struct count_scan *s, __u8 b)
 		p->match = HTTP_M_CL | HTTP_M_TE;
 		return;
 	}
+	if (p->line == 0 && p->match && header_by_words(s))
+		return;
 	__u8 i = p->line;
 	if (p->line < 255)
 		p->line += 1;

@@ -59,12 +59,29 @@ static __always_inline bool peeked(__u64 nr, const struct pt_regs *regs)
 	return false;
 }
 
-/* The user address where an inbound syscall's bytes landed, given its
- * args[1] (0: unknown, or its first piece holds fewer than `need` bytes:
- * they did not all land in one place). */
-static __always_inline __u64 user_buf(__u64 arg, int kind, __u64 need)
+/* How the syscall `nr` passes an outbound buffer (args[1]). */
+static __always_inline int write_kind(__u64 nr)
+{
+	switch (nr) {
+	case NR_write:
+	case NR_sendto:
+		return BUF_FLAT;
+	case NR_writev:
+		return BUF_IOV;
+	case NR_sendmsg:
+		return BUF_MSG;
+	}
+	return BUF_NONE; /* sendfile, splice, io_uring: not in user memory */
+}
+
+/* The first piece of a syscall's `ret` bytes, given its args[1]: its user
+ * address (0: unknown) and, in *len, how many of the bytes it holds (the
+ * first iovec may hold fewer). */
+static __always_inline __u64 user_piece(__u64 arg, int kind, __u64 ret,
+					__u64 *len)
 {
 	struct iovec iov = {};
+	*len = ret;
 	if (kind == BUF_FLAT)
 		return arg;
 	if (kind == BUF_MSG) {
@@ -75,7 +92,19 @@ static __always_inline __u64 user_buf(__u64 arg, int kind, __u64 need)
 	}
 	if (kind == BUF_NONE || bpf_probe_read_user(&iov, sizeof(iov), (void *)arg))
 		return 0;
-	return iov.iov_len < need ? 0 : (__u64)iov.iov_base;
+	if (iov.iov_len < ret)
+		*len = iov.iov_len;
+	return (__u64)iov.iov_base;
+}
+
+/* The user address where an inbound syscall's bytes landed, given its
+ * args[1] (0: unknown, or its first piece holds fewer than `need` bytes:
+ * they did not all land in one place). */
+static __always_inline __u64 user_buf(__u64 arg, int kind, __u64 need)
+{
+	__u64 len = 0;
+	__u64 buf = user_piece(arg, kind, need, &len);
+	return len < need ? 0 : buf;
 }
 
 /* Where the first inbound bytes landed, if the preface fits there. */

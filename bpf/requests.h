@@ -26,6 +26,10 @@
 			       * after all: their bytes could not be read,
 			       * or a read needed more than the counter's
 			       * bound of steps (count.h) */
+#define QOSD_CNT_BY_TURNS 3 /* HTTP connections whose requests are timed
+			     * by turns after all: a reply could not be
+			     * parsed, or more requests waited for their
+			     * replies than the FIFO holds (sockets.bpf.c) */
 #define QOSD_CNT_MAX 4
 
 /* conn_state.state */
@@ -76,6 +80,7 @@ struct conn_key {
 #define QOSD_PROTO_RESP 3   /* redis (RESP arrays, inline commands) */
 #define QOSD_PROTO_MC 4     /* memcached text */
 #define QOSD_PROTO_TLS 5    /* TLS records: a turn with application data is one request */
+#define QOSD_PROTO_HTTP_REPLY 6 /* HTTP/1.x replies (the outbound stream) */
 
 /* Where the request counter of a connection is in its inbound byte stream
  * (count.h): enough to resume at the next read, whatever the split. */
@@ -88,7 +93,7 @@ struct req_parse {
 	__u8 line;   /* bytes into the line, token or TLS record header */
 	__u8 match;  /* HTTP: header-name bits; memcached: token; TLS: type */
 	__u8 tls;    /* QOSD_TLS_* flags (count.h) */
-	__u8 pad;
+	__u8 http;   /* QOSD_HTTP_* flags (count_proto.h) */
 };
 
 /* Per accepted connection (the syscall path, requests.bpf.c). */
@@ -147,6 +152,32 @@ struct sock_state {
 	__u64 later_arrive_sum; /* the nlater requests: sum of (arrival -
 				 * req_arrive_ns), ns */
 	__u64 later_read_sum;   /* and of (their read - req_start_ns), ns */
+	__u8 by_reply; /* QOSD_BY_REPLY_*: how requests end (sockets.bpf.c) */
+	__u8 pad2[7];
+};
+
+/* sock_state.by_reply */
+#define QOSD_BY_REPLY_UNSET 0 /* not decided yet (no request read) */
+#define QOSD_BY_REPLY_ON 1    /* HTTP: one record per reply (reply_fifo) */
+#define QOSD_BY_REPLY_OFF 2   /* by turns (not HTTP, or fell back) */
+
+/* Requests read but not answered yet that a connection timed by its
+ * replies keeps (a power of two). */
+#define QOSD_FIFO 64
+
+/* Per HTTP connection timed by its replies (sockets.bpf.c), in a second
+ * socket storage: the arrival and first read of each request read and not
+ * yet answered, in order, and the parse of the outbound stream. */
+struct reply_fifo {
+	__u64 arrive[QOSD_FIFO];   /* arrival, ns */
+	__u32 start_off[QOSD_FIFO]; /* its read - its arrival, ns (capped) */
+	struct req_parse reply;    /* where the replies' parse is */
+	__u64 part_arrive; /* a request whose bytes began in an earlier read */
+	__u64 part_start;
+	__u32 head; /* next to answer (free-running; index & (QOSD_FIFO-1)) */
+	__u32 tail; /* next free */
+	__u32 replies; /* replies counted: the records' turns (1 opens) */
+	__u32 pad;
 };
 
 /* Words of the traced-local-port bitmap: one bit per TCP port. */
@@ -162,7 +193,8 @@ struct port_key {
 _Static_assert(sizeof(struct req_record) == 48, "req_record layout");
 _Static_assert(__builtin_offsetof(struct req_record, arrive_ns) == 40, "req_record layout");
 _Static_assert(sizeof(struct req_parse) == 16, "req_parse layout");
-_Static_assert(sizeof(struct sock_state) == 112, "sock_state layout");
+_Static_assert(sizeof(struct sock_state) == 120, "sock_state layout");
+_Static_assert(sizeof(struct reply_fifo) == 816, "reply_fifo layout");
 _Static_assert(__builtin_offsetof(struct sock_state, nreq) == 68, "sock_state layout");
 _Static_assert(__builtin_offsetof(struct req_record, nreq) == 38, "req_record layout");
 _Static_assert(sizeof(struct conn_key) == 8, "conn_key layout");

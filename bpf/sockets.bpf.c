@@ -31,6 +31,11 @@
  *   sched:sched_process_fork  a traced process forks: the child is traced
  *   sched:sched_process_exit  under the same root / forgotten (follow.h).
  *
+ * Per-request ends on HTTP/1.x (replies.h): a connection whose requests
+ * are HTTP has its replies parsed too, and each reply completes the oldest
+ * request read and not yet answered, timed from that request's own
+ * arrival; other protocols end requests by turns.
+ *
  * Cost on untraced work: socket events of sockets on untraced ports leave
  * after one array load (the traced-port bitmap); fork/exit after one tgid
  * bitmap load. On a traced connection, BPF calls are what cost (~40 ns
@@ -60,6 +65,7 @@ struct req_record _rec_type = {};
 struct sock_state _sock_type = {};
 struct target_cfg _cfg_type = {};
 struct port_key _port_type = {};
+struct reply_fifo _fifo_type = {};
 
 /* Per-connection state in the socket's own storage: found from the socket
  * in a few loads (no hash of the address per event, no LRU bookkeeping),
@@ -82,6 +88,8 @@ struct {
 	__type(key, __u32);
 	__type(value, __u64);
 } lports SEC(".maps");
+
+#include "replies.h"
 
 #define TCP_ESTABLISHED 1
 #define TCP_SYN_RECV 3
@@ -178,13 +186,16 @@ static __always_inline void finish(const struct sock *sk, struct sock_state *ss)
 {
 	__u64 now = bpf_ktime_get_ns();
 	if (ss->tgid) {
-		if (ss->state == QOSD_ST_RESPONDING)
+		if (ss->state == QOSD_ST_RESPONDING &&
+		    ss->by_reply != QOSD_BY_REPLY_ON)
 			emit_turn(ss);
 		if ((ss->emit & QOSD_EMIT_CONN) &&
 		    had_request(&ss->parse, ss->turns) && ss->accept_ns)
 			emit(ss, QOSD_REC_CONN, ss->accept_ns,
 			     ss->first_read_ns, now);
 	}
+	if (ss->by_reply == QOSD_BY_REPLY_ON)
+		bpf_sk_storage_delete(&fifos, (void *)sk);
 	bpf_sk_storage_delete(&socks, (void *)sk);
 }
 
@@ -407,7 +418,8 @@ int BPF_PROG(qosd_recv, struct sock *sk, int ret, int flags)
 	    ret >= QOSD_H2_PREFACE_LEN && saw_preface())
 		emit(ss, QOSD_REC_H2, now, now, now);
 	if (ss->state == QOSD_ST_RESPONDING) {
-		emit_turn(ss);
+		if (ss->by_reply != QOSD_BY_REPLY_ON)
+			emit_turn(ss);
 		ss->state = QOSD_ST_IDLE;
 	}
 	/* This read's bytes arrived at the first data_ready since the
@@ -436,11 +448,15 @@ int BPF_PROG(qosd_recv, struct sock *sk, int ret, int flags)
 	 * than the protocol and, for TLS, where the handshake ends. */
 	__u32 done = 0;
 	__u8 proto = ss->parse.proto;
+	bool partial = ss->parse.phase != QOSD_PH_START;
 	if ((ss->emit & QOSD_EMIT_TURN) || proto == QOSD_PROTO_UNSEEN ||
 	    proto == QOSD_PROTO_TLS) {
 		long n = count_skipped(&ss->parse, ret);
 		done = n >= 0 ? n : count_in(&ss->parse, ret, read_buffer(ret));
 	}
+	if (ss->by_reply != QOSD_BY_REPLY_OFF &&
+	    read_by_reply(sk, ss, done, partial, read_arrive, now))
+		return 0;
 	__u16 before = ss->nreq;
 	ss->nreq = turn_requests(&ss->parse, before, done);
 	/* Requests completed by a later read of a turn that already holds
@@ -476,6 +492,8 @@ int BPF_PROG(qosd_send, struct sock *sk, int ret, int flags)
 	if (ss->state != QOSD_ST_IDLE) {
 		ss->state = QOSD_ST_RESPONDING;
 		ss->last_out_ns = sent_ns(sk, ss);
+		if (ss->by_reply == QOSD_BY_REPLY_ON)
+			sent_by_reply(sk, ss, ret);
 	}
 	return 0;
 }

@@ -60,6 +60,28 @@ pub struct ChaosArgs {
     pub exit_after_s: u64,
 }
 
+impl ChaosArgs {
+    /// A server on `port` of every address of its namespace: every id
+    /// answered after `base_us`, `slow_permille` of them (by the seeded
+    /// hash) `slow_us` later, with no anti-replay memory (a replica is
+    /// another server, and the memory would make a contender fast on ids
+    /// the one before it just sent). Ids: the payload's first 8 bytes.
+    pub fn on_port(port: u16, base_us: u64, slow_permille: u32, slow_us: u64, seed: u64) -> Self {
+        ChaosArgs {
+            listen: std::net::SocketAddr::from(([0, 0, 0, 0], port)),
+            base_us,
+            slow_permille,
+            slow_us,
+            seed,
+            repeat_fast_ms: 0,
+            id_offset: 0,
+            id_len: 8,
+            log: None,
+            exit_after_s: 3600,
+        }
+    }
+}
+
 /// SplitMix64 of the seed and id: cheap, well mixed, the same everywhere.
 pub fn mix(seed: u64, id: u64) -> u64 {
     let mut z = seed

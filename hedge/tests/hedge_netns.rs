@@ -7,7 +7,6 @@
 //! without ids refused. Needs root.
 
 use std::collections::{HashMap, HashSet};
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use qosd_hedge::actuator::Hedges;
@@ -22,16 +21,8 @@ const PORT: u16 = 7027;
 
 fn chaos(slow_permille: u32, slow_us: u64) -> ChaosArgs {
     ChaosArgs {
-        listen: SocketAddr::from(([0, 0, 0, 0], PORT)),
-        base_us: 500,
-        slow_permille,
-        slow_us,
-        seed: 11,
-        repeat_fast_ms: 0,
-        id_offset: 0,
-        id_len: 8,
-        log: None,
         exit_after_s: 120,
+        ..ChaosArgs::on_port(PORT, 500, slow_permille, slow_us, 11)
     }
 }
 

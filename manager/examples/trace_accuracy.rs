@@ -42,18 +42,8 @@ fn pin_self(cpu: usize) {
 fn memcached(cpu: &str) -> (KillOnDrop, u16) {
     let port = qosd_scenarios::servers::free_port().expect("a free loopback port");
     let c = Command::new("taskset")
-        .args([
-            "-c",
-            cpu,
-            "memcached",
-            "-u",
-            "nobody",
-            "-l",
-            "127.0.0.1",
-            "-t",
-            "1",
-        ])
-        .args(["-p", &port.to_string(), "-c", "4096"])
+        .args(["-c", cpu])
+        .args(qosd_scenarios::servers::memcached_argv(port, 1, 64))
         .stdin(Stdio::null())
         .spawn()
         .expect("memcached");

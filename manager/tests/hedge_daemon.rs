@@ -10,7 +10,6 @@
 //! unhedged. Needs root.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -26,16 +25,8 @@ const PORT: u16 = 7127;
 
 fn chaos(slow_permille: u32, slow_us: u64) -> ChaosArgs {
     ChaosArgs {
-        listen: SocketAddr::from(([0, 0, 0, 0], PORT)),
-        base_us: 500,
-        slow_permille,
-        slow_us,
-        seed: 5,
-        repeat_fast_ms: 0,
-        id_offset: 0,
-        id_len: 8,
-        log: None,
         exit_after_s: 120,
+        ..ChaosArgs::on_port(PORT, 500, slow_permille, slow_us, 5)
     }
 }
 

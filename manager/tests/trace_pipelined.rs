@@ -7,6 +7,7 @@
 
 mod support;
 
+use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 
 use support::*;
@@ -73,9 +74,48 @@ fn nginx_http_pipelining_is_exact() {
     let s = summary(&lines, srv.pid());
     assert_eq!(s["requests"], 4 * 50 * 16, "{s}");
     assert_eq!(s["mode"], "turn", "{s}");
+    // Every reply was followed (bpf/replies.h): none timed by turns.
+    assert_eq!(s["timed_by_turns"], 0, "{s}");
     // A request's latency ends with its turn's last reply: never later
     // than the client's whole batch.
     assert_server_le_client("nginx pipelined x16", &s, &lat);
+}
+
+/// A HEAD request's reply has a Content-Length and no body, so a
+/// connection that reads one is timed by turns from then on, and said so
+/// (`timed_by_turns`); its count stays exact, and other connections keep
+/// their per-reply times.
+#[test]
+fn a_head_request_times_its_connection_by_turns_counted() {
+    if socket_hooks_missing() {
+        return;
+    }
+    let srv = nginx();
+    let trace = Trace::start(&[srv.pid()], &["--hooks", "sockets"]);
+    let get = b"GET / HTTP/1.1\r\nHost: qosd\r\n\r\n";
+    let mut plain = BufReader::new(connect(srv.port));
+    let mut head = BufReader::new(connect(srv.port));
+    for i in 0..20 {
+        plain.get_mut().write_all(get).unwrap();
+        read_http_response(&mut plain);
+        if i == 10 {
+            head.get_mut()
+                .write_all(b"HEAD / HTTP/1.1\r\nHost: qosd\r\n\r\n")
+                .unwrap();
+            // The head alone: up to its empty line.
+            let mut line = String::new();
+            while line != "\r\n" {
+                line.clear();
+                assert!(head.read_line(&mut line).unwrap() > 0, "closed");
+            }
+        }
+        head.get_mut().write_all(get).unwrap();
+        read_http_response(&mut head);
+    }
+    let lines = trace.stop();
+    let s = summary(&lines, srv.pid());
+    assert_eq!(s["requests"], 41, "{s}");
+    assert_eq!(s["timed_by_turns"], 1, "{s}");
 }
 
 /// memcached batches of four commands in one write: a set whose data

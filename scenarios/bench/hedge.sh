@@ -4,13 +4,15 @@
 # application-level hedging and kernel hedging over the same 10 000 ids,
 # then an unrelated UDP flow with the hedger off and on, interleaved.
 # Needs root. HEDGE_REQUESTS / HEDGE_ROUNDS (default 20) shrink it.
+# BENCH_LOCK=FILE: the evaluation (not the build before it) holds that lock.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-cargo build -q --release -p qosd-hedge --bin qosd-hedge-eval
+. scenarios/bench/lib/quiet.sh
+build_quiet -p qosd-hedge --bin qosd-hedge-eval
 out=target/bench/hedge
 mkdir -p "$out"
 load0=$(cut -d' ' -f1-3 /proc/loadavg)
-target/release/qosd-hedge-eval --requests "${HEDGE_REQUESTS:-10000}" \
+measured target/release/qosd-hedge-eval --requests "${HEDGE_REQUESTS:-10000}" \
   --flow-rounds "${HEDGE_ROUNDS:-20}" --out "$out" >/dev/null 2>"$out.log" ||
   { cat "$out.log" >&2; exit 1; }
 cp "$out/hedge-cdf.png" docs/hedge-cdf.png

@@ -12,8 +12,10 @@
 # per protocol after the rounds: the stats cost two clock reads per
 # program run, so they are off during the measured rounds (a sysctl left
 # at 1 by another bench is set to 0; the on-run takes them by reference,
-# lib/bpf_stats.sh). IPv6 is off on the veths so no router solicitation or MLD
-# frame muddles the byte check. Needs root, iperf3, bpftool, python3.
+# lib/bpf_stats.sh), summed over the programs on this script's veth only
+# (by id, not by name: another `qosd net` may run). IPv6 is off on the
+# veths so no router solicitation or MLD frame muddles the byte check.
+# Needs root, iperf3, bpftool, python3.
 set -euo pipefail
 trap 'echo "net.sh: failed at line $LINENO" >&2' ERR
 cd "$(dirname "$0")/../.."
@@ -69,6 +71,15 @@ ip netns exec "$B" ss -ltn | grep -q ":$PORT " || { cat "$tmp/iperf3-s.log" >&2;
 
 tx_bytes() { ip netns exec "$A" cat "/sys/class/net/$VA/statistics/tx_bytes"; }
 
+# prog_stats PROTO MODE ROUND: every program's statistics, and the ids of
+# the programs on this script's veth: the cost is summed over those ids
+# only, since another `qosd net` on this machine loads programs of the
+# same names.
+prog_stats() {
+  bpftool -j prog show >"$tmp/p-$1-$2-$3.json"
+  ip netns exec "$A" bpftool -j net show dev "$VA" >"$tmp/n-$1-$2-$3.json"
+}
+
 # run PROTO MODE ROUND: one iperf3 run; MODE on starts qosd net first.
 run() {
   local proto=$1 mode=$2 r=$3 extra=() qpid=
@@ -97,12 +108,12 @@ run() {
     >"$tmp/i-$proto-$mode-$r.json"
   if [ -n "$qpid" ]; then
     sleep 1.1 # the last window completes
-    [ "$r" = cost ] && bpftool -j prog show >"$tmp/p-$proto-$mode-$r.json"
+    [ "$r" = cost ] && prog_stats "$proto" "$mode" "$r"
     kill -TERM "$qpid"
     wait "$qpid"
   fi
   if [ "$mode" = noop ]; then
-    [ "$r" = cost ] && bpftool -j prog show >"$tmp/p-$proto-$mode-$r.json"
+    [ "$r" = cost ] && prog_stats "$proto" "$mode" "$r"
     ip netns exec "$A" tc qdisc del dev "$VA" clsact
   fi
   echo $(($(tx_bytes) - before)) >"$tmp/tx-$proto-$mode-$r"
@@ -222,10 +233,12 @@ cost = []
 runs = [("tcp", "on"), ("udp", "on")] + ([("udp", "old")] if old else [])
 runs += [("udp", "noop")] if floor else []
 for proto, mode in runs:
+    own = {t["id"] for e in json.load(open(f"{tmp}/n-{proto}-{mode}-cost.json"))
+           for t in e.get("tc", [])}
     for name in ["net_ingress", "net_egress"] if mode != "noop" else ["noop"]:
         t = n = 0
         for p in json.load(open(f"{tmp}/p-{proto}-{mode}-cost.json")):
-            if p.get("name") == name:
+            if p.get("id") in own and p.get("name") == name:
                 t += p.get("run_time_ns", 0); n += p.get("run_cnt", 0)
         tag = proto.upper() + {"old": " (other binary)", "noop": " no-op program, both hooks"}.get(mode, "")
         cost.append(f"{tag} {name} {t / n:.0f} ns per run over {n} runs" if n else

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Request counting in the kernel (bpf/count.h, bpf/agg.h): BPF run time per
-# request served on memcached and redis, plain (one request per turn) and
-# pipelined (16 per write), for this qosd and optionally one built before
+# request served on memcached, redis and nginx, plain (one request per
+# turn) and pipelined (16 per write); nginx's rows price the reply parse
+# too (bpf/replies.h), for this qosd and optionally one built before
 # (QOSD_BEFORE=path, or a wrapper that sets QOSD_AGGREGATE). From the
 # tracer's programs' run_time_ns (kernel.bpf_stats_enabled) over one load:
 #   all     every run of the programs, divided by the requests the server
@@ -17,8 +18,8 @@
 #           server that can do work (one per data segment each way), so
 #           other processes' socket events on this node are left out too.
 # The median of RUNS (default 3) interleaved runs; ROWS (default
-# "mc:1 mc:16 rd:1 rd:16") picks the rows. Needs root, bpftool, memcached,
-# redis-server, perl, python3.
+# "mc:1 mc:16 rd:1 rd:16"; ht:1 and ht:16 add nginx) picks the rows. Needs
+# root, bpftool, memcached, redis-server, nginx, curl, perl, python3.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 QOSD=${QOSD:-target/release/qosd}
@@ -45,6 +46,19 @@ mc0_port=$(free_port)
 memcached -u nobody -l 127.0.0.1 -p "$mc0_port" -t 2 -c 4096 & pids+=($!)
 rd_port=$(free_port)
 redis-server --bind 127.0.0.1 --port "$rd_port" --save '' --appendonly no >/dev/null & pids+=($!); rd=$!
+ht_port=$(free_port)
+cat >"$tmp/nginx.conf" <<NGX
+daemon off; master_process off; worker_processes 1;
+error_log $tmp/nginx.err; pid $tmp/nginx.pid;
+events { worker_connections 1024; }
+http { access_log off; keepalive_requests 1000000;
+  client_body_temp_path $tmp; proxy_temp_path $tmp; fastcgi_temp_path $tmp;
+  uwsgi_temp_path $tmp; scgi_temp_path $tmp;
+  server { listen 127.0.0.1:$ht_port;
+    location / { return 200 "hello from nginx\n"; }
+    location = /status { stub_status; } } }
+NGX
+nginx -c "$tmp/nginx.conf" -p "$tmp" </dev/null & pids+=($!); ht=$!
 sleep 0.5
 
 # memcached commands served (cmd_get + cmd_set) and redis commands processed.
@@ -52,23 +66,28 @@ mc_served() {
   perl -MIO::Socket::INET -e '$s=IO::Socket::INET->new("127.0.0.1:'"$mc_port"'") or die;
     print $s "stats\r\n"; $n=0; while(<$s>){ last if /^END/; $n+=$1 if /^STAT cmd_(?:get|set) (\d+)/ } print "$n\n"'
 }
+# nginx's requests (its status page counts itself: one, like the others).
+ht_served() { curl -s "http://127.0.0.1:$ht_port/status" | awk 'NR == 3 { print $3 }'; }
 rd_served() { redis-cli -p "$rd_port" info stats | awk -F: '/^total_commands_processed/ { print $2 + 0 }'; }
 
 # The load: 4 connections to port $1, $2 gets in all, $3 per write, $4 mc
-# or rd (a GET of a missing key: one line back each). Prints the client's
+# or rd (a GET of a missing key: one line back each) or ht (an HTTP GET:
+# a reply counted by its status line, kept whole across reads). Prints the client's
 # own socket events: writes, reads, data segments received and sent.
 load() {
   perl -MIO::Socket::INET -e '
     my ($port, $n, $depth, $proto) = @ARGV; my @kids;
     pipe(my $rd, my $wr) or die;
-    my $req = $proto eq "mc" ? "get qosd-bench\r\n" : "*2\r\n\$3\r\nGET\r\n\$10\r\nqosd-bench\r\n";
+    my $req = $proto eq "mc" ? "get qosd-bench\r\n" : $proto eq "ht" ? "GET / HTTP/1.1\r\nHost: qosd\r\n\r\n" : "*2\r\n\$3\r\nGET\r\n\$10\r\nqosd-bench\r\n";
     for my $c (1..4) { my $pid = fork; if (!$pid) {
       my $s = IO::Socket::INET->new("127.0.0.1:$port") or die;
       my ($w, $r) = (0, 0); my $batch = $req x $depth;
       for (1 .. $n / 4 / $depth) {
         syswrite($s, $batch) == length $batch or die; $w++;
-        my ($got, $buf) = (0, "");
-        while ($got < $depth) { sysread($s, $buf, 65536) or die; $r++; $got += ($buf =~ tr/\n//) }
+        my ($got, $buf, $acc) = (0, "", "");
+        while ($got < $depth) { sysread($s, $buf, 65536) or die; $r++;
+          if ($proto eq "ht") { $acc .= $buf; $got++ while $acc =~ s/^.*?HTTP\/1\.1 200//s }
+          else { $got += ($buf =~ tr/\n//) } }
       }
       # TCP_INFO: tcpi_data_segs_in, tcpi_data_segs_out.
       my ($in, $out) = unpack("L L", substr(getsockopt($s, 6, 11), 152, 8));
@@ -193,10 +212,14 @@ floor_of "$QOSD" "$fb"
 for f in ${BEFORE:+"$fa"} "$fb"; do echo "floor ns/run ($f): $(cat "$f")" >&2; done
 echo "| server, load | before: server side (runs); all | this: server side (runs); all |"
 echo "|---|---|---|"
-for row in "memcached get:mc:1" "memcached get, 16 per write:mc:16" "redis GET:rd:1" "redis GET, 16 per write:rd:16"; do
+for row in "memcached get:mc:1" "memcached get, 16 per write:mc:16" "redis GET:rd:1" "redis GET, 16 per write:rd:16" "nginx GET:ht:1" "nginx GET, 16 per write:ht:16"; do
   IFS=: read -r name kind depth <<<"$row"
   [[ " $ROWS " == *" $kind:$depth "* ]] || continue
-  if [ "$kind" = mc ]; then srv=$mc served=mc_served port=$mc_port; else srv=$rd served=rd_served port=$rd_port; fi
+  case $kind in
+    mc) srv=$mc served=mc_served port=$mc_port ;;
+    rd) srv=$rd served=rd_served port=$rd_port ;;
+    *) srv=$ht served=ht_served port=$ht_port ;;
+  esac
   a=() b=()
   for _ in $(seq 1 "$RUNS"); do
     [ -n "$BEFORE" ] && a+=("$(bpf_per_request "$BEFORE" "$fa" "$srv" "$served" "$port" "$N" "$depth" "$kind")")

@@ -43,6 +43,35 @@ pub fn free_port() -> anyhow::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
+/// memcached's command line (program first) on 127.0.0.1:`port`, with
+/// `threads` worker threads and `memory_mb` of cache: UDP off, room for
+/// 4096 connections, and `-u root` when run as root (memcached refuses to
+/// run as root otherwise). The one argv of every memcached that qosd's
+/// scenarios, benches and tests start.
+pub fn memcached_argv(port: u16, threads: u32, memory_mb: u32) -> Vec<String> {
+    let mut v: Vec<String> = [
+        "memcached",
+        "-l",
+        "127.0.0.1",
+        "-p",
+        &port.to_string(),
+        "-U",
+        "0",
+        "-t",
+        &threads.to_string(),
+        "-m",
+        &memory_mb.to_string(),
+        "-c",
+        "4096",
+    ]
+    .map(String::from)
+    .into();
+    if nix::unistd::Uid::effective().is_root() {
+        v.extend(["-u".into(), "root".into()]);
+    }
+    v
+}
+
 /// Starts the server of `app`. `fixture` is the command that runs the
 /// fixture server (e.g. `[qosd, fixture]` or the `qosd-fixture` binary).
 pub fn start(app: &AppSpec, fixture: &[String]) -> anyhow::Result<Running> {
@@ -122,19 +151,9 @@ fn server_command(
     let mut dir = None;
     let cmd = match server {
         Server::Memcached { threads, memory_mb } => {
-            let mut c = Command::new("memcached");
-            c.args(["-l", "127.0.0.1", "-p", &port.to_string(), "-U", "0"])
-                .args([
-                    "-t",
-                    &threads.to_string(),
-                    "-m",
-                    &memory_mb.to_string(),
-                    "-c",
-                    "4096",
-                ]);
-            if nix::unistd::Uid::effective().is_root() {
-                c.args(["-u", "root"]); // memcached refuses to run as root otherwise
-            }
+            let argv = memcached_argv(port, *threads, *memory_mb);
+            let mut c = Command::new(&argv[0]);
+            c.args(&argv[1..]);
             c
         }
         Server::Nginx { workers } => {

@@ -266,24 +266,12 @@ pub fn start_trace(qosd: &str, pid: u32) -> Child {
 /// if given (its listening socket, and so every socket it accepts, belongs
 /// there).
 fn start_memcached(port: u16, pin: Option<Pin>, cgroup: Option<&Path>) -> KillOnDrop {
-    let threads = if pin.is_some() { "1" } else { "2" };
-    let port_s = port.to_string();
-    let mut argv: Vec<&str> = vec![];
-    let cpu = pin.map(|p| p.server.to_string());
-    if let Some(cpu) = &cpu {
-        argv.extend(["taskset", "-c", cpu]);
+    let threads = if pin.is_some() { 1 } else { 2 };
+    let mut argv: Vec<String> = vec![];
+    if let Some(p) = pin {
+        argv.extend(["taskset".into(), "-c".into(), p.server.to_string()]);
     }
-    argv.extend([
-        "memcached",
-        "-u",
-        "nobody",
-        "-l",
-        "127.0.0.1",
-        "-t",
-        threads,
-        "-p",
-        &port_s,
-    ]);
+    argv.extend(qosd_scenarios::servers::memcached_argv(port, threads, 64));
     let mut cmd = match cgroup {
         // The shell joins the group, then becomes memcached.
         Some(dir) => {
@@ -295,7 +283,7 @@ fn start_memcached(port: u16, pin: Option<Pin>, cgroup: Option<&Path>) -> KillOn
             c
         }
         None => {
-            let mut c = Command::new(argv[0]);
+            let mut c = Command::new(&argv[0]);
             c.args(&argv[1..]);
             c
         }

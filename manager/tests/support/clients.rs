@@ -252,10 +252,15 @@ impl Load {
 /// `qosd fixture --work-us WORK_US` (CPU time burnt per request) on a free
 /// loopback port, gone after 60 s at most: (the process, its port).
 pub fn fixture(work_us: u64) -> (super::Killed, u16) {
+    fixture_lasting(work_us, 60)
+}
+
+/// [`fixture`], gone after `secs` at most.
+pub fn fixture_lasting(work_us: u64, secs: u64) -> (super::Killed, u16) {
     let mut k = super::Killed::spawn(
         std::process::Command::new(super::QOSD)
             .args(["fixture", "--work-us", &work_us.to_string()])
-            .args(["--exit-after-s", "60"])
+            .args(["--exit-after-s", &secs.to_string()])
             .stdout(std::process::Stdio::piped()),
     );
     let mut line = String::new();

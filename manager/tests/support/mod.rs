@@ -9,6 +9,7 @@
 //! (fake /sys and /proc trees, shared with the actuators' tests),
 //! `deploy` (`make install`, the systemd unit), `grpc` (gRPC fixtures),
 //! `hostile` (misbehaving raw-socket clients of the daemon's API),
+//! `loaded` (the fixture near its capacity, traced),
 //! `netns` (network namespaces and `qosd net` for the net tests),
 //! `pipelined` (redis, a pre-fork server, nginx over TLS, pipelining
 //! clients),
@@ -24,6 +25,7 @@ pub mod fake;
 pub mod grpc;
 pub mod hostile;
 pub mod kube;
+pub mod loaded;
 pub mod netns;
 pub mod pipelined;
 pub mod replay;
@@ -280,9 +282,9 @@ pub fn children_of(pid: u32) -> Vec<u32> {
 /// memcached with `threads` worker threads on 127.0.0.1.
 pub fn memcached(threads: u32) -> Server {
     let port = free_port();
-    let mut child = Command::new("memcached")
-        .args(["-u", "nobody", "-l", "127.0.0.1", "-U", "0", "-c", "4096"])
-        .args(["-p", &port.to_string(), "-t", &threads.to_string()])
+    let argv = qosd_scenarios::servers::memcached_argv(port, threads, 64);
+    let mut child = Command::new(&argv[0])
+        .args(&argv[1..])
         .stdin(Stdio::null())
         .spawn()
         .expect("starting memcached (apt-get install memcached)");

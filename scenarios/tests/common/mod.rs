@@ -69,21 +69,9 @@ pub fn fixture(args: &[&str]) -> Server {
 
 pub fn memcached(threads: u32) -> Server {
     let port = free_port();
-    let child = Command::new("memcached")
-        .args([
-            "-l",
-            "127.0.0.1",
-            "-p",
-            &port.to_string(),
-            "-U",
-            "0",
-            "-t",
-            &threads.to_string(),
-            "-m",
-            "64",
-            "-u",
-            "root",
-        ])
+    let argv = qosd_scenarios::servers::memcached_argv(port, threads, 64);
+    let child = Command::new(&argv[0])
+        .args(&argv[1..])
         .spawn()
         .expect("memcached from Debian (apt-get install memcached)");
     let addr = format!("127.0.0.1:{port}");

@@ -21,6 +21,7 @@ pub(super) const EMIT_CONN: u8 = 2;
 pub(super) const EMIT_H2: u8 = 4;
 pub(super) const CNT_LOST: u32 = 0;
 pub(super) const CNT_GAVE_UP: u32 = 2;
+pub(super) const CNT_BY_TURNS: u32 = 3;
 pub(super) const TGID_WORDS: u32 = 65536;
 pub(super) const ST_IDLE: u8 = 0;
 pub(super) const ST_RESPONDING: u8 = 2;
@@ -40,7 +41,9 @@ const _: () = {
     assert!(offset_of!(req_record, kind) == 36);
     assert!(offset_of!(req_record, nreq) == 38);
     assert!(offset_of!(req_record, arrive_ns) == 40);
-    assert!(size_of::<sock_state>() == 112);
+    assert!(size_of::<sock_state>() == 120);
+    assert!(offset_of!(sock_state, by_reply) == 112);
+    assert!(size_of::<sock_skel::types::reply_fifo>() == 816);
     assert!(offset_of!(sock_state, nlater) == 70);
     assert!(offset_of!(sock_state, read_arrive_ns) == 88);
     assert!(offset_of!(sock_state, nreq) == 68);

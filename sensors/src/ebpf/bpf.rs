@@ -321,6 +321,8 @@ fn check_counters_and_exits(
         .store(counter(maps, CNT_LOST), Ordering::Relaxed);
     let gave_up = counter(maps, CNT_GAVE_UP);
     shared.by_turns.store(gave_up, Ordering::Relaxed);
+    let timed = counter(maps, CNT_BY_TURNS);
+    shared.timed_by_turns.store(timed, Ordering::Relaxed);
     for pid in newly_exited(shared) {
         tracing::info!(pid, "traced process exited");
         flush(pid);

@@ -190,6 +190,9 @@ struct Shared {
     dropped: AtomicU64,
     /// QOSD_CNT_GAVE_UP: connections of a known protocol counted by turns.
     by_turns: AtomicU64,
+    /// QOSD_CNT_BY_TURNS: HTTP connections whose requests are timed by
+    /// turns after all (their replies could not be followed).
+    timed_by_turns: AtomicU64,
 }
 
 impl Shared {
@@ -232,6 +235,7 @@ impl RequestTracer {
             targets: Mutex::new(HashMap::new()),
             dropped: AtomicU64::new(0),
             by_turns: AtomicU64::new(0),
+            timed_by_turns: AtomicU64::new(0),
         });
         let aggregate = opts.aggregate;
         let (cmd_tx, cmd_rx) = mpsc::channel();
@@ -391,6 +395,15 @@ impl RequestTracer {
     /// counter's bound of steps (docs/requests.md). Refreshed every 200 ms.
     pub fn counted_by_turns(&self) -> u64 {
         self.shared.by_turns.load(Ordering::Relaxed)
+    }
+
+    /// HTTP connections (all targets) whose requests are timed by turns
+    /// after all, not each by its own reply: a reply could not be parsed
+    /// (chunked, a HEAD request, bytes not in user memory), or more
+    /// requests waited for replies than the kernel keeps
+    /// (docs/requests.md, "Replies"). Refreshed every 200 ms.
+    pub fn timed_by_turns(&self) -> u64 {
+        self.shared.timed_by_turns.load(Ordering::Relaxed)
     }
 
     /// The window figures of `pid` in one call (one lock): latencies.

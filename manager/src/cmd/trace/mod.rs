@@ -289,6 +289,7 @@ fn live(
                     svc: &r.service_interval,
                     dropped: tracer.dropped(),
                     by_turns: 0,
+                    timed_by_turns: 0,
                     power: pw.as_ref(),
                 };
                 print::line(out, a.json, &line, None)?;

@@ -62,6 +62,7 @@ pub(super) fn totals(
                 svc: &r.service_total,
                 dropped: tracer.dropped(),
                 by_turns: tracer.counted_by_turns(),
+                timed_by_turns: tracer.timed_by_turns(),
                 power: None,
             };
             line(out, json, &l, Some(&r))?;
@@ -79,6 +80,15 @@ pub(super) fn totals(
                      be read, or a read needed more parsing than the counter's bound \
                      (docs/requests.md)",
                         l.by_turns
+                    )?;
+                }
+                if l.timed_by_turns > 0 {
+                    writeln!(
+                        out,
+                        "{} HTTP connection(s) timed by turns, not by their replies: a reply \
+                     could not be parsed, or too many requests waited for replies \
+                     (docs/requests.md, \"Replies\")",
+                        l.timed_by_turns
                     )?;
                 }
                 if r.exited {
@@ -142,6 +152,8 @@ pub(super) struct Line<'a> {
     pub(super) dropped: u64,
     /// Connections counted by turns after all (node-wide; the summary's).
     pub(super) by_turns: u64,
+    /// HTTP connections timed by turns after all (node-wide; the summary's).
+    pub(super) timed_by_turns: u64,
     pub(super) power: Option<&'a AppPower>,
 }
 
@@ -186,6 +198,7 @@ pub(super) fn line(
         if let Some(r) = summary_of {
             v["summary"] = json!(true);
             v["counted_by_turns"] = json!(l.by_turns);
+            v["timed_by_turns"] = json!(l.timed_by_turns);
             v["max_us"] = json!(k.max_us);
             v["svc_max_us"] = json!(svc.max_us);
             if let Some(p) = &r.probes {
