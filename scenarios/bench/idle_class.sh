@@ -35,6 +35,9 @@ port=$(( 20000 + RANDOM % 20000 ))
 st=$(mktemp -d)
 srv= job=
 cleanup() {
+  # A bpftrace left attached (TRACE=1, the bench stopped mid-run) would tax
+  # every context switch of the node until killed.
+  [ -n "${BT_PID:-}" ] && { kill -INT "$BT_PID" 2>/dev/null; sleep 1; kill "$BT_PID" 2>/dev/null; wait "$BT_PID" 2>/dev/null || true; }
   [ -n "$job" ] && { kill -CONT "$job" 2>/dev/null; kill "$job" 2>/dev/null; wait "$job" 2>/dev/null || true; }
   "$QOSD" restore --state-file "$st/state.json" >/dev/null 2>&1 || true
   [ -n "$srv" ] && { kill "$srv" 2>/dev/null; wait "$srv" 2>/dev/null || true; }
@@ -75,7 +78,7 @@ run_load() {
   local f="$st/load.json" cl bt= start; start=$(date +%s%N)
   "$QOSD" load "${args[@]}" >"$f" & cl=$!
   if [ "$TRACE" = 1 ]; then
-    bpftrace "scenarios/bench/lib/wake_wait.bt" "$srv" "$cl" "$job" >"$OUT/$1-$2.txt" 2>&1 & bt=$!
+    bpftrace "scenarios/bench/lib/wake_wait.bt" "$srv" "$cl" "$job" >"$OUT/$1-$2.txt" 2>&1 & bt=$! BT_PID=$!
     for _ in $(seq 100); do grep -q '^ready' "$OUT/$1-$2.txt" && break; sleep 0.1; done
   fi
   sleep 1
@@ -83,7 +86,7 @@ run_load() {
   t0=$(date +%s%N) f0=$(sched_snap "$srv") c0=$(sched_snap "$cl") n0=$(node_ticks) b0=$(proc_ticks "$job")
   sleep "$(awk -v s="$start" -v t="$t0" -v d="$SECS" 'BEGIN {x = (s + (d - 1) * 1e9 - t) / 1e9; print (x > 0.5 ? x : 0.5)}')"
   t1=$(date +%s%N) f1=$(sched_snap "$srv") c1=$(sched_snap "$cl") n1=$(node_ticks) b1=$(proc_ticks "$job")
-  [ -n "$bt" ] && { kill -INT "$bt"; wait "$bt" || true; }
+  [ -n "$bt" ] && { kill -INT "$bt"; wait "$bt" || true; BT_PID=; }
   wait "$cl"
   local j; j=$(cat "$f"); LOAD_JSON=$j
   local reqs; reqs=$(awk -v r="$(top "$j" achieved_rps)" -v t="$(( t1 - t0 ))" 'BEGIN {print r * t / 1e9}')
