@@ -105,38 +105,6 @@ static __always_inline __u32 chunk_lf(const __u8 *chunk, __u32 at, __u32 end)
 	return m ? low_bit(m) : QOSD_CHUNK;
 }
 
-/* The protocol from the chunk's first bytes, if not known yet; false: the
- * connection is opaque. */
-static __always_inline bool know_proto(struct count_scan *s)
-{
-	if (s->p.proto == QOSD_PROTO_UNSEEN) {
-		if (s->clen < 4) {
-			give_up(s);
-			return false;
-		}
-		__u32 w = s->chunk.b[0] | (__u32)s->chunk.b[1] << 8 |
-			  (__u32)s->chunk.b[2] << 16 | (__u32)s->chunk.b[3] << 24;
-		s->p.proto = detect_proto(w);
-	}
-	return s->p.proto != QOSD_PROTO_OPAQUE;
-}
-
-/* Copies the next bytes into the chunk; false: they cannot be read. */
-static __always_inline bool refill(struct count_scan *s)
-{
-	__u64 n = s->len - s->pos;
-	/* The bound in the very register passed: clang may test a copy,
-	 * and the verifier then sees an unbounded size. */
-	asm volatile("if %[n] <= %[max] goto +1; %[n] = %[max]"
-		     : [n] "+r"(n)
-		     : [max] "i"(QOSD_CHUNK));
-	if (bpf_probe_read_user(s->chunk.b, n, (void *)(s->buf + s->pos)))
-		return false;
-	s->cstart = s->pos;
-	s->clen = n;
-	return know_proto(s);
-}
-
 /* Whether nothing but the end of the line matters: the rest of a request
  * line or an unmatched header (HTTP), of a command that has no data length
  * still to read (memcached), of an inline command (RESP). */
