@@ -51,6 +51,14 @@
 #include "count.h"
 #include "emit.h"
 
+/* Whether a responding connection's turn is the turn rule's to record:
+ * on one timed by its replies, only a lone request's reply taken unparsed
+ * (reply_fifo.single) is. */
+static __always_inline bool turn_in_flight(const struct sock_state *ss)
+{
+	return ss->by_reply != QOSD_BY_REPLY_ON || ss->nreq;
+}
+
 /* The FIFO of an HTTP connection timed by its replies. */
 struct {
 	__uint(type, BPF_MAP_TYPE_SK_STORAGE);

@@ -186,8 +186,7 @@ static __always_inline void finish(const struct sock *sk, struct sock_state *ss)
 {
 	__u64 now = bpf_ktime_get_ns();
 	if (ss->tgid) {
-		if (ss->state == QOSD_ST_RESPONDING &&
-		    (ss->by_reply != QOSD_BY_REPLY_ON || ss->nreq))
+		if (ss->state == QOSD_ST_RESPONDING && turn_in_flight(ss))
 			emit_turn(ss);
 		if ((ss->emit & QOSD_EMIT_CONN) &&
 		    had_request(&ss->parse, ss->turns) && ss->accept_ns)
@@ -418,9 +417,7 @@ int BPF_PROG(qosd_recv, struct sock *sk, int ret, int flags)
 	    ret >= QOSD_H2_PREFACE_LEN && saw_preface())
 		emit(ss, QOSD_REC_H2, now, now, now);
 	if (ss->state == QOSD_ST_RESPONDING) {
-		/* By replies, a turn in flight is one taken unparsed
-		 * (replies.h, reply_fifo.single). */
-		if (ss->by_reply != QOSD_BY_REPLY_ON || ss->nreq)
+		if (turn_in_flight(ss))
 			emit_turn(ss);
 		ss->state = QOSD_ST_IDLE;
 	}
