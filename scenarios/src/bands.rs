@@ -263,6 +263,7 @@ mod tests {
                 percentile: 99.0,
                 knee_spread: None,
                 knee_fit: None,
+                knee_check: None,
                 capacity_fit: None,
                 nr_cpus: None,
                 points: vec![],

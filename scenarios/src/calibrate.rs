@@ -16,9 +16,13 @@ use crate::scenario::{AppSpec, Scenario};
 use crate::sim::model::{percentile, Queue, Sample, SimModel};
 
 mod capacity;
+pub mod check;
 mod floor;
-mod knee;
+pub(crate) mod knee;
+#[cfg(test)]
+mod recorded;
 pub use capacity::{BusyRates, CapacityFit};
+pub use check::{KneeCheck, DISAGREE_P, MAX_FIT_ERR_PCT, MAX_RETRIES};
 pub use floor::{PeakFloor, FLOOR_WARN_SHARE};
 pub use knee::{CurveFit, KneeSpread, PassFit, Passes};
 
@@ -66,6 +70,11 @@ pub struct AppCalibration {
     /// sim, `--knee steps`, or a curve that does not fit).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub knee_fit: Option<CurveFit>,
+    /// What the calibration checked of its fit (loads whose passes
+    /// disagreed, measured once more; why a poor fit was taken anyway):
+    /// absent when there was nothing to say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub knee_check: Option<KneeCheck>,
     /// How capacity was measured on a real sweep: the server's completion
     /// rate in the intervals it had a backlog (median, quartiles); absent
     /// for the sim, or where capacity was read off the steps.
@@ -194,6 +203,7 @@ pub fn from_points(points: Vec<Point>, percentile: f64) -> Option<AppCalibration
         percentile,
         knee_spread: None,
         knee_fit: None,
+        knee_check: None,
         capacity_fit: None,
         nr_cpus: None,
         points,

@@ -14,11 +14,14 @@ use std::time::Duration;
 use qosd_sensors::stats::LogHistogram;
 
 use crate::calibrate::{
-    from_points, knee_load, AppCalibration, BusyRates, CapacityFit, CurveFit, KneeSpread, Passes,
-    Point, BASE_LOAD, KNEE_FLAT_FACTOR, SATURATED_FACTOR,
+    from_points, knee_load, AppCalibration, BusyRates, CapacityFit, KneeSpread, Point, BASE_LOAD,
+    KNEE_FLAT_FACTOR, SATURATED_FACTOR,
 };
 use crate::load::{self, LoadSpec, Rate};
 use crate::scenario::AppSpec;
+
+mod passes;
+use passes::Load;
 
 /// How a sweep proceeds.
 #[derive(Debug, Clone)]
@@ -54,6 +57,9 @@ pub struct SweepOptions {
     /// measured ([`knee_passes`]); their requests are pooled per load, and
     /// each pass's own knee goes into `knee_spread`. 1: once, as before.
     pub knee_passes: usize,
+    /// Append each fitted load's passes to this file in the test
+    /// fixture's format (`calibrate/passes_s8.txt`).
+    pub record_passes: Option<std::path::PathBuf>,
 }
 
 /// The longest a step grows to reach `min_samples`, × `step_s`.
@@ -66,6 +72,24 @@ const MAX_STEP_STRETCH: f64 = 4.0;
 /// three ~28 s and bought nothing more there. docs/control.md, "Knee
 /// passes".
 pub const KNEE_PASSES: usize = 2;
+
+/// What a measured step is for: the progress callback sees it with the
+/// step's point and answers with the server side's latencies of the step
+/// (ns) where it measures them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepKind {
+    /// The sweep up the loads: the first pass of the fitted steps.
+    Sweep,
+    /// A later pass over the fitted steps (its number, from 2).
+    Pass(usize),
+    /// A load measured once more because its passes disagreed.
+    Retry,
+    /// One of `--knee-repeats`' steps at the knee load.
+    Repeat,
+}
+
+/// The progress callback of a sweep (see [`StepKind`]).
+pub type Progress<'a> = dyn FnMut(StepKind, &Point) -> Option<LogHistogram> + 'a;
 
 impl Default for SweepOptions {
     fn default() -> Self {
@@ -83,6 +107,7 @@ impl Default for SweepOptions {
             knee_repeats: 0,
             fit_knee: true,
             knee_passes: KNEE_PASSES,
+            record_passes: None,
         }
     }
 }
@@ -192,12 +217,24 @@ pub fn settle_time(offered_rps: f64, achieved_rps: f64, secs: f64) -> Duration {
     Duration::from_secs_f64((left / achieved_rps).min(MAX_SETTLE_S))
 }
 
-/// Sweeps one app's server at `addr`; `progress` sees each point.
+/// The arrival seed of the `k`-th load a sweep measures: its own for each
+/// load, the same in each of its passes. One seed for every load (as
+/// before) scaled one arrival sequence to every rate, so a burst in it
+/// raised every step of a pass at once: the sweep's pass (seed 1) fitted
+/// 20–40 % above the next (seed 1001) in 4 of 5 quiet calibrations, as a
+/// FIFO queue fed by those two sequences does (`seed_tests`). With each
+/// load's passes on the same arrivals, what sets them apart is the
+/// machine, which is what [`crate::calibrate::check`] looks for.
+pub fn load_seed(seed: u64, k: usize) -> u64 {
+    seed.wrapping_add(1000 * k as u64)
+}
+
+/// Sweeps one app's server at `addr`; `progress` sees each step.
 pub fn sweep(
     app: &AppSpec,
     addr: &str,
     o: &SweepOptions,
-    progress: &mut dyn FnMut(&Point),
+    progress: &mut Progress,
 ) -> Result<AppCalibration, load::LoadError> {
     let pct = app.target.as_ref().map_or(99.0, |t| t.percentile);
     let saturated = |p: &Point, err: f64, base: f64, busy: &BusyRates| {
@@ -206,29 +243,32 @@ pub fn sweep(
             || p.latency_us > SATURATED_FACTOR * base
             || busy.mostly_busy()
     };
-    // Each step: the rate asked for, its point and its latencies.
-    let mut steps: Vec<(f64, Point, LogHistogram)> = Vec::new();
+    // Each step: the rate asked for, its point, its latencies and the
+    // server side's.
+    let mut steps: Vec<Load> = Vec::new();
     let mut busy: Vec<f64> = Vec::new();
     let mut rps = o.start_rps;
     let mut base = f64::INFINITY;
     while rps <= o.max_rps {
-        let (mut p, mut err, mut h, mut b) = measure_hist(app, addr, rps, o, pct)?;
+        let seed = load_seed(o.seed, steps.len());
+        let os = SweepOptions { seed, ..o.clone() };
+        let (mut p, mut err, mut h, mut b) = measure_hist(app, addr, rps, &os, pct)?;
         busy.extend(b.rates.iter().copied());
-        progress(&p);
+        let mut s = progress(StepKind::Sweep, &p);
         if saturated(&p, err, base.min(p.latency_us), &b) {
             // One stall of a busy machine must not end the sweep (and set
             // capacity) early: a step that looks saturated is measured
             // again, and the better of the two stands.
-            let (p2, err2, h2, b2) = measure_hist(app, addr, rps, o, pct)?;
+            let (p2, err2, h2, b2) = measure_hist(app, addr, rps, &os, pct)?;
             busy.extend(b2.rates.iter().copied());
-            progress(&p2);
+            let s2 = progress(StepKind::Sweep, &p2);
             if !saturated(&p2, err2, base.min(p2.latency_us), &b2) || p2.latency_us < p.latency_us {
-                (p, err, h, b) = (p2, err2, h2, b2);
+                (p, err, h, b, s) = (p2, err2, h2, b2, s2);
             }
         }
         base = base.min(p.latency_us);
         let stop = saturated(&p, err, base, &b);
-        steps.push((rps, p, h));
+        steps.push(Load::first(rps, seed, p, h, s));
         if stop {
             break;
         }
@@ -237,73 +277,43 @@ pub fn sweep(
     // Fill in between the last good rate and the first saturated one,
     // where the knee is.
     if steps.len() >= 2 {
-        let lo = steps[steps.len() - 2].1.offered_rps;
-        let hi = steps[steps.len() - 1].1.offered_rps;
+        let lo = steps[steps.len() - 2].point().offered_rps;
+        let hi = steps[steps.len() - 1].point().offered_rps;
         for k in 1..=o.refine_steps {
             let r = lo + (hi - lo) * k as f64 / (o.refine_steps + 1) as f64;
-            let (p, _, h, b) = measure_hist(app, addr, r, o, pct)?;
+            let seed = load_seed(o.seed, steps.len());
+            let os = SweepOptions { seed, ..o.clone() };
+            let (p, _, h, b) = measure_hist(app, addr, r, &os, pct)?;
             busy.extend(b.rates);
-            progress(&p);
-            steps.push((r, p, h));
+            let s = progress(StepKind::Sweep, &p);
+            steps.push(Load::first(r, seed, p, h, s));
         }
     }
-    steps.sort_by(|a, b| a.1.offered_rps.total_cmp(&b.1.offered_rps));
-    let points = steps.iter().map(|(_, p, _)| *p).collect();
+    steps.sort_by(|a, b| a.point().offered_rps.total_cmp(&b.point().offered_rps));
+    let points = steps.iter().map(|l| *l.point()).collect();
     let mut c = from_points(points, pct)
         .ok_or_else(|| load::LoadError::BadSpec(format!("{}: no calibration point", app.name)))?;
     if let Some(cf) = CapacityFit::of(&busy) {
         c.capacity_rps = cf.rps;
         c.capacity_fit = Some(cf);
     }
-    let mut steps: Vec<(f64, Passes)> = steps
-        .into_iter()
-        .map(|(r, p, h)| (r, vec![(p, h)]))
-        .collect();
     if o.fit_knee {
-        knee_passes(&mut steps, c.capacity_rps, app, addr, o, progress)?;
-        let passes: Vec<Passes> = steps.iter().map(|(_, s)| s.clone()).collect();
-        c.fit_knee_passes(&passes);
+        let m = &mut |rps: f64, seed: u64, kind: StepKind| -> Result<_, load::LoadError> {
+            let oi = SweepOptions { seed, ..o.clone() };
+            let (p, _, h, _) = measure_hist(app, addr, rps, &oi, pct)?;
+            let s = progress(kind, &p);
+            Ok((p, h, s))
+        };
+        passes::knee_passes(&mut steps, &mut c, o, m)?;
     }
     if o.knee_repeats > 0 {
-        let first: Vec<(Point, LogHistogram)> = steps.iter().map(|(_, s)| s[0].clone()).collect();
+        let first: Vec<(Point, LogHistogram)> = steps.iter().map(|l| l.client[0].clone()).collect();
         repeat_knee(&mut c, &first, app, addr, o, progress)?;
     }
-    Ok(c)
-}
-
-/// Measures the steps the knee's curve rests on (those
-/// [`CurveFit::fits`] keeps at the calibrated capacity) again, until each
-/// holds `o.knee_passes` passes. The later passes run after the sweep,
-/// alternately down and up the loads, each with fresh arrivals: a load's
-/// passes lie apart in time, so one slow spell of the machine falls into
-/// one pass of a few loads, not into every pass of one. A p99 over 2 s of
-/// light load rests on 2 requests; pooled over the passes, on 2 per pass.
-fn knee_passes(
-    steps: &mut [(f64, Passes)],
-    capacity_rps: f64,
-    app: &AppSpec,
-    addr: &str,
-    o: &SweepOptions,
-    progress: &mut dyn FnMut(&Point),
-) -> Result<(), load::LoadError> {
-    let pct = app.target.as_ref().map_or(99.0, |t| t.percentile);
-    let fitted: Vec<usize> = (0..steps.len())
-        .filter(|&i| CurveFit::fits(&steps[i].1[0].0, capacity_rps))
-        .collect();
-    for pass in 1..o.knee_passes {
-        let oi = SweepOptions {
-            seed: o.seed.wrapping_add(1000 * pass as u64),
-            ..o.clone()
-        };
-        let down = pass % 2 == 1;
-        for k in 0..fitted.len() {
-            let i = fitted[if down { fitted.len() - 1 - k } else { k }];
-            let (p, _, h, _) = measure_hist(app, addr, steps[i].0, &oi, pct)?;
-            progress(&p);
-            steps[i].1.push((p, h));
-        }
+    if steps.iter().any(|l| l.server.iter().any(Option::is_some)) {
+        (c.ebpf_knee_latency_us, c.gap) = passes::server_side(&steps, &c);
     }
-    Ok(())
+    Ok(c)
 }
 
 /// Makes the knee repeatable: the base latency from the light steps'
@@ -319,7 +329,7 @@ fn repeat_knee(
     app: &AppSpec,
     addr: &str,
     o: &SweepOptions,
-    progress: &mut dyn FnMut(&Point),
+    progress: &mut Progress,
 ) -> Result<(), load::LoadError> {
     let pct = c.percentile;
     let kept = |p: &Point| p.achieved_rps >= 0.95 * p.offered_rps;
@@ -362,7 +372,7 @@ fn repeat_knee(
             ..o.clone()
         };
         let (p, _, h, _) = measure_hist(app, addr, knee_rps, &oi, pct)?;
-        progress(&p);
+        progress(StepKind::Repeat, &p);
         each.push(p.latency_us);
         samples += h.len();
     }

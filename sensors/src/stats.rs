@@ -148,6 +148,22 @@ impl LogHistogram {
         (self.total > 0).then(|| self.sum as f64 / self.total as f64)
     }
 
+    /// Values in buckets above the one `v` falls in (those a percentile
+    /// query would report above `v`).
+    pub fn count_above(&self, v: u64) -> u64 {
+        let b = bucket_of(v);
+        let block = b / BLOCK;
+        let upto: u64 = self.blocks[..block]
+            .iter()
+            .map(|&x| u64::from(x))
+            .sum::<u64>()
+            + self.counts[block * BLOCK..=b]
+                .iter()
+                .map(|&x| u64::from(x))
+                .sum::<u64>();
+        self.total - upto
+    }
+
     /// Nearest-rank percentile `p` in [0, 100]: the value at rank
     /// ceil(p/100 * n) (at least 1), to within one bucket.
     pub fn percentile(&self, p: f64) -> Option<u64> {
@@ -279,6 +295,21 @@ mod tests {
         v.sort_unstable();
         let rank = ((p / 100.0) * v.len() as f64).ceil() as usize;
         Some(v[rank.clamp(1, v.len()) - 1])
+    }
+
+    proptest! {
+        #[test]
+        fn count_above_counts_the_values_of_higher_buckets(
+            values in proptest::collection::vec(0u64..1u64 << 40, 0..300),
+            v in 0u64..1u64 << 40,
+        ) {
+            let mut h = LogHistogram::new();
+            for &x in &values {
+                h.record(x);
+            }
+            let want = values.iter().filter(|&&x| bucket_of(x) > bucket_of(v)).count() as u64;
+            prop_assert_eq!(h.count_above(v), want);
+        }
     }
 
     #[test]

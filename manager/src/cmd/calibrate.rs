@@ -28,7 +28,10 @@ use crate::usage;
     default) is on the curve base + growth * x / (capacity - x) fitted over every step the\n\
     server kept up with (robust least squares, steps weighted by their requests), where\n\
     rps / latency peaks; the fit goes into the output (knee_fit). Those steps are measured\n\
-    --knee-passes times (each load's requests pooled; each pass's own knee in knee_spread). --knee steps reads it off\n\
+    --knee-passes times (each load's requests pooled, every pass of a load on the same arrivals;\n\
+    each pass's own knee in knee_spread). A load whose passes disagree is measured once more\n\
+    (at most 2); a fit still poor (median error > 10 %) or still disagreeing is taken with a\n\
+    warning, and knee_check in the output says why. --knee steps reads it off\n\
     the steps instead: where the curve bends (Kneedle) or first passes twice the base latency.\n\
     With --knee-repeats N its latency is the median of N steps at the knee load, whose\n\
     spread goes into the output (knee_spread). Targets with knee_factor sit there;\n\
@@ -81,6 +84,10 @@ pub struct Args {
     /// luck).
     #[arg(long, value_enum, default_value_t = Knee::Fitted)]
     pub knee: Knee,
+    /// Append each fitted load's passes (their slowest requests) to FILE,
+    /// in the format of the calibration tests' recorded runs.
+    #[arg(long, value_name = "FILE")]
+    pub record_passes: Option<PathBuf>,
     /// Output file. Default: out/calibration-<scenario>.json.
     #[arg(long, value_name = "FILE")]
     pub out: Option<PathBuf>,
@@ -141,6 +148,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             min_samples: args.min_samples,
             fit_knee: args.knee == Knee::Fitted,
             knee_passes: args.knee_passes as usize,
+            record_passes: args.record_passes.clone(),
             ..Default::default()
         };
         crate::node::sweep::calibrate(&sc, args.app.as_deref(), &o)?

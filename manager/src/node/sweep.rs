@@ -3,10 +3,9 @@
 //! eBPF request sensor measuring the server side of every step beside the
 //! client's, so the knee gets both figures and the client/server gap.
 
-use qosd_core::slo::GapPoint;
-use qosd_scenarios::calibrate::{AppCalibration, Calibration, CurveFit, Point};
+use qosd_scenarios::calibrate::{AppCalibration, Calibration};
 use qosd_scenarios::scenario::AppSpec;
-use qosd_scenarios::sweep::{self, SweepOptions};
+use qosd_scenarios::sweep::{self, StepKind, SweepOptions};
 use qosd_scenarios::{load::LoadError, servers};
 use qosd_sensors::ebpf::{RequestTracer, TracerOptions};
 
@@ -94,23 +93,24 @@ fn calibrate_app(
     // Every pid of the tree is its own target, merged below.
     let tree = trace_server(tracer, srv.pid, srv.port);
     let pct = app.target.as_ref().map_or(99.0, |t| t.percentile);
-    let mut ebpf: Vec<(Point, Option<f64>, u64)> = Vec::new();
-    let c = sweep::sweep(app, &srv.addr, o, &mut |p| {
+    let c = sweep::sweep(app, &srv.addr, o, &mut |kind, p| {
         // The server-side latencies of this step (the tracer's since
         // the previous step), all of the server's pids merged.
         let fig = crate::config::figure_of(app.latency);
-        let (e, n) = tracer.map_or((None, 0), |t| {
-            let (h, _) = from_tracer(t, &tree, fig);
-            (h.percentile(pct).map(|v| v as f64 / 1e3), h.len())
-        });
-        ebpf.push((*p, e, n));
+        let h = tracer.map(|t| from_tracer(t, &tree, fig).0);
+        let e = h
+            .as_ref()
+            .and_then(|h| h.percentile(pct))
+            .map(|v| v as f64 / 1e3);
         eprintln!(
-            "  offered {:>9.0} rps  achieved {:>9.0} rps  p99 {:>9.3} ms  eBPF p99 {}",
+            "  {:<7} offered {:>9.0} rps  achieved {:>9.0} rps  p99 {:>9.3} ms  eBPF p99 {}",
+            step_label(kind),
             p.offered_rps,
             p.achieved_rps,
             p.latency_us / 1000.0,
             e.map_or("-".into(), |v| format!("{:.3} ms", v / 1000.0))
-        )
+        );
+        h
     })
     .map_err(|e| match e {
         LoadError::Io(_) => anyhow::Error::new(e),
@@ -122,13 +122,21 @@ fn calibrate_app(
             let _ = t.remove_target(pid as u32);
         }
     }
-    let (ebpf_knee, gap) = server_side(&ebpf, &c);
+    print_server_side(&c);
     Ok(AppCalibration {
         nr_cpus: Some(cpus.len()),
-        ebpf_knee_latency_us: ebpf_knee,
-        gap,
         ..c
     })
+}
+
+/// How a step is shown: what it was measured for.
+fn step_label(kind: StepKind) -> String {
+    match kind {
+        StepKind::Sweep => "sweep".into(),
+        StepKind::Pass(n) => format!("pass {n}"),
+        StepKind::Retry => "retry".into(),
+        StepKind::Repeat => "repeat".into(),
+    }
 }
 
 /// The sweep's capacity and knee, and how far the knee's repeats (steps at
@@ -158,6 +166,18 @@ fn print_knee(c: &AppCalibration, steps: bool) {
             f.pole_rps,
             f.median_err_pct
         );
+    }
+    if let Some(k) = &c.knee_check {
+        if !k.retried_rps.is_empty() {
+            let at: Vec<String> = k.retried_rps.iter().map(|r| format!("{r:.0}")).collect();
+            eprintln!(
+                "  -> passes disagreed at {} rps: measured once more, pooled with the others",
+                at.join(", ")
+            );
+        }
+        for w in &k.warnings {
+            eprintln!("  WARNING: knee taken anyway (calibration.json: knee_check): {w}");
+        }
     }
     if let Some(k) = &c.knee_spread {
         if steps {
@@ -197,78 +217,22 @@ fn print_knee(c: &AppCalibration, steps: bool) {
     }
 }
 
-/// The server side's p99 at the knee and the client/server gap of the
-/// steps, from each step's eBPF p99 (`ebpf`: the step's client point, its
-/// eBPF p99 in µs and the requests behind it). The knee's figure is read
-/// the way the client's was: on a curve fitted to the eBPF steps, at the
-/// knee load, where the client's knee is on its fitted curve; else (no
-/// fit, or the knee read off steps) at the step measured nearest the knee
-/// load. Comparing one step's eBPF p99 with the client's fitted curve put
-/// the step's luck, and a step at a higher load than the knee, in the
-/// eBPF figure (11.5 against 6.35 ms, where that step's client read
-/// 8.3 ms).
-fn server_side(
-    ebpf: &[(Point, Option<f64>, u64)],
-    c: &AppCalibration,
-) -> (Option<f64>, Vec<GapPoint>) {
-    let fitted = c.knee_fit.and_then(|f| {
-        let steps: Vec<(Point, u64)> = ebpf
-            .iter()
-            .filter_map(|(p, e, n)| {
-                Some((
-                    Point {
-                        latency_us: (*e)?,
-                        ..*p
-                    },
-                    *n,
-                ))
-            })
-            .collect();
-        let curve = CurveFit::of(&steps, f.pole_rps)?;
-        Some(curve.latency_us(c.knee_rps)).filter(|v| v.is_finite())
-    });
-    // The step measured nearest the knee load.
-    let nearest = || {
-        ebpf.iter()
-            .filter(|(_, e, _)| e.is_some())
-            .min_by(|a, b| {
-                (a.0.offered_rps - c.knee_rps)
-                    .abs()
-                    .total_cmp(&(b.0.offered_rps - c.knee_rps).abs())
-            })
-            .and_then(|(_, e, _)| *e)
-    };
-    let ebpf_knee = fitted.or_else(nearest);
-    if let Some(e) = ebpf_knee {
-        let how = if fitted.is_some() {
-            "on the fitted eBPF curve"
+/// The server side's p99 at the knee and the client/server gap the sweep
+/// found ([`qosd_scenarios::sweep`] pools them per load as the client's).
+fn print_server_side(c: &AppCalibration) {
+    if let Some(e) = c.ebpf_knee_latency_us {
+        let how = if c.knee_fit.is_some() {
+            "on the eBPF curve fitted over the passes"
         } else {
-            "at the nearest step"
+            "at the load nearest the knee"
         };
         eprintln!("  -> eBPF p99 at the knee {:.3} ms ({how})", e / 1000.0);
     }
-    // The client/server gap at each step the server kept up with
-    // (the same requests seen from both sides).
-    let gap: Vec<GapPoint> = c
-        .points
-        .iter()
-        .filter(|p| p.achieved_rps >= 0.9 * p.offered_rps)
-        .filter_map(|p| {
-            let (_, e, _) = ebpf
-                .iter()
-                .find(|(q, _, _)| q.offered_rps == p.offered_rps)?;
-            Some(GapPoint {
-                rps: p.achieved_rps,
-                gap_us: p.latency_us - (*e)?,
-            })
-        })
-        .collect();
-    if let Some(m) = qosd_core::slo::GapModel::fit(gap.clone()) {
+    if let Some(m) = qosd_core::slo::GapModel::fit(c.gap.clone()) {
         eprintln!(
             "  -> client/server gap {:.3} ms at the lightest load, {:.3} ms at the knee",
             m.gap_us(0.0) / 1000.0,
             m.gap_us(c.knee_rps) / 1000.0
         );
     }
-    (ebpf_knee, gap)
 }

@@ -109,6 +109,7 @@ mod tests {
             percentile: 99.0,
             knee_spread: None,
             knee_fit: None,
+            knee_check: None,
             capacity_fit: None,
             nr_cpus: Some(1),
             points: pts

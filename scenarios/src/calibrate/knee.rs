@@ -169,7 +169,7 @@ impl PassFit {
 
 /// One load's passes as one step: mean offered and achieved rates, the
 /// percentile of every request of every pass, and their count.
-fn pool(passes: &[(Point, LogHistogram)], pct: f64) -> Option<(Point, u64)> {
+pub(crate) fn pool(passes: &[(Point, LogHistogram)], pct: f64) -> Option<(Point, u64)> {
     match passes {
         [] => None,
         [(p, h)] => Some((*p, h.len())),

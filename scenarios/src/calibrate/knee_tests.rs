@@ -1,4 +1,5 @@
 use super::super::from_points;
+use super::super::recorded::{first_passes, recorded_passes, spread_pct};
 use super::*;
 
 /// Steps at `(rps, p99 ms)`, each holding the requests of a 2 s step.
@@ -71,12 +72,6 @@ const DEMO_RUNS: [[(f64, f64); 8]; 5] = [
         (1031.0, 211.288),
     ],
 ];
-
-/// Largest distance from the median, % of it.
-fn spread_pct(v: &[f64]) -> f64 {
-    let m = median(v.to_vec());
-    v.iter().map(|x| (x - m).abs()).fold(0.0, f64::max) * 100.0 / m
-}
 
 #[test]
 fn a_clean_queue_curve_is_recovered_and_its_knee_is_the_power_peak() {
@@ -293,52 +288,6 @@ fn the_pass_fit_is_the_fit_of_the_pooled_steps_with_each_pass_knee_beside() {
     assert_eq!(pf1.knees_us.len(), 1);
 }
 
-/// Six recorded calibrations with three knee passes each (`passes_s8.txt`):
-/// per run, its pole and each fitted load's passes, rebuilt as histograms
-/// (a pass's 40 slowest requests as recorded, the rest at the 40th: the
-/// pooled p99 of three passes rests on at most the 46 slowest).
-fn recorded_passes() -> Vec<(f64, Vec<Passes>)> {
-    let text = include_str!("passes_s8.txt");
-    let mut runs: Vec<(f64, Vec<(f64, Passes)>)> = Vec::new();
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let f: Vec<f64> = line
-            .split_whitespace()
-            .skip(usize::from(line.starts_with("cap")))
-            .map(|v| v.parse().unwrap())
-            .collect();
-        if line.starts_with("cap") {
-            runs.push((f[1], Vec::new()));
-            continue;
-        }
-        let (n, top) = (f[4] as usize, &f[6..]);
-        let mut h = LogHistogram::new();
-        for v in top
-            .iter()
-            .chain(std::iter::repeat_n(&top[top.len() - 1], n - top.len()))
-        {
-            h.record((v * 1e6) as u64);
-        }
-        let p = Point {
-            offered_rps: f[2],
-            achieved_rps: f[3],
-            latency_us: f[5] * 1000.0,
-        };
-        let steps = &mut runs[f[0] as usize].1;
-        match steps.iter_mut().find(|(r, _)| *r == f[1]) {
-            Some((_, s)) => s.push((p, h)),
-            None => steps.push((f[1], vec![(p, h)])),
-        }
-    }
-    runs.into_iter()
-        .map(|(pole, s)| (pole, s.into_iter().map(|(_, p)| p).collect()))
-        .collect()
-}
-
-/// The first `n` passes of each load.
-fn first_passes(steps: &[Passes], n: usize) -> Vec<Passes> {
-    steps.iter().map(|s| s[..n].to_vec()).collect()
-}
-
 /// On the recorded runs, the first pass alone is the calibration before
 /// passes (its steps, as measured, one fit): its knees spread −14 / +17 %
 /// around their median (8.55–11.65 ms). Two passes pooled (the default)
@@ -348,7 +297,7 @@ fn first_passes(steps: &[Passes], n: usize) -> Vec<Passes> {
 /// `knees_us` are its passes fitted alone.
 #[test]
 fn pooled_passes_repeat_better_than_one_on_recorded_runs() {
-    let runs = recorded_passes();
+    let runs = recorded_passes(include_str!("passes_s8.txt"));
     assert_eq!(runs.len(), 6);
     let knees = |n: usize| -> Vec<f64> {
         runs.iter()

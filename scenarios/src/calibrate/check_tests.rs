@@ -1,0 +1,137 @@
+use super::super::recorded::{recorded_passes, spread_pct};
+use super::super::{PassFit, Passes};
+use super::*;
+
+/// A load's latencies (ms) as one pass of a step.
+fn pass(rps: f64, ms: &[f64]) -> (Point, LogHistogram) {
+    let mut h = LogHistogram::new();
+    for v in ms {
+        h.record((v * 1e6) as u64);
+    }
+    let p = Point {
+        offered_rps: rps,
+        achieved_rps: rps,
+        latency_us: h.percentile(99.0).unwrap() as f64 / 1e3,
+    };
+    (p, h)
+}
+
+/// `n` latencies spread evenly over [lo, hi] ms.
+fn even(n: usize, lo: f64, hi: f64) -> Vec<f64> {
+    (0..n)
+        .map(|i| lo + (hi - lo) * i as f64 / (n - 1) as f64)
+        .collect()
+}
+
+#[test]
+fn the_binomial_p_value_is_two_sided_and_exact() {
+    // 10 of 10 on a fair coin: 2 / 1024 (all or none).
+    assert!((binomial_two_sided(10, 10, 0.5) - 2.0 / 1024.0).abs() < 1e-12);
+    assert!((binomial_two_sided(5, 10, 0.5) - 1.0).abs() < 1e-9);
+    // Large counts do not underflow.
+    let p = binomial_two_sided(600, 1000, 0.5);
+    assert!(p > 0.0 && p < 1e-9, "{p}");
+    assert_eq!(binomial_two_sided(3, 10, 0.0), 1.0);
+}
+
+#[test]
+fn a_stalled_pass_disagrees_and_a_like_one_does_not() {
+    // Two passes of 1500 requests alike (1-15 ms, each a little above or
+    // below the other's every other request): no disagreement.
+    let a = pass(754.0, &even(1500, 1.0, 15.0));
+    let mut like = even(1500, 1.0, 15.0);
+    like.iter_mut()
+        .enumerate()
+        .for_each(|(i, v)| *v += if i % 2 == 0 { 0.02 } else { -0.02 });
+    let b = pass(754.0, &like);
+    let d = disagreement(&[a.clone(), b], 99.0).unwrap();
+    assert!(d.p_value > 0.1, "{d:?}");
+    // A pass whose slowest 30 met a 25 ms stall: it holds nearly all of
+    // the requests above the pooled p99.
+    let mut ms = even(1500, 1.0, 15.0);
+    ms[1470..].iter_mut().for_each(|v| *v += 10.0);
+    let s = pass(754.0, &ms);
+    let d = disagreement(&[a.clone(), s], 99.0).unwrap();
+    assert_eq!(d.pass, 1);
+    assert!(
+        d.p_value < DISAGREE_P && d.above as f64 > 1.5 * d.expected,
+        "{d:?}"
+    );
+    // One pass alone: nothing to compare.
+    assert!(disagreement(std::slice::from_ref(&a), 99.0).is_none());
+}
+
+/// A light load's p99 rests on 2 requests a pass: both of one pass's
+/// slowest above the other's is a 1-in-4 event, not a disagreement.
+#[test]
+fn a_few_requests_apart_are_not_a_disagreement() {
+    let a = pass(95.0, &even(190, 1.0, 4.0));
+    let mut ms = even(190, 1.0, 4.0);
+    ms[188] = 8.0;
+    ms[189] = 9.0;
+    let d = disagreement(&[a, pass(95.0, &ms)], 99.0).unwrap();
+    assert!(d.p_value > DISAGREE_P, "{d:?}");
+}
+
+/// A recorded run read as a calibration with the check: its first two
+/// passes, and for each load the check picks, its third pass as the
+/// retry, pooled. The knee and the loads retried.
+fn checked_knee(pole: f64, steps: &[Passes]) -> (f64, Vec<usize>) {
+    let mut two: Vec<Passes> = steps.iter().map(|s| s[..2].to_vec()).collect();
+    let retry = to_retry(&two, 99.0, pole);
+    for &i in &retry {
+        two[i].push(steps[i][2].clone());
+    }
+    (PassFit::of(&two, 99.0, pole).unwrap().fit.knee().1, retry)
+}
+
+/// On the six loaded recorded runs (`passes_s8.txt`, whose passes ran on
+/// different arrivals) the check retries 4 loads, all where the sweep's
+/// pass read high, and its knees spread no wider than the pool's
+/// (−11 / +10 % against −12 / +9 %: largest distance 10.7 against 11.6 %).
+#[test]
+fn the_check_is_not_worse_than_the_pool_on_loaded_recorded_runs() {
+    let runs = recorded_passes(include_str!("passes_s8.txt"));
+    let pooled: Vec<f64> = runs
+        .iter()
+        .map(|(pole, s)| {
+            let two: Vec<Passes> = s.iter().map(|p| p[..2].to_vec()).collect();
+            PassFit::of(&two, 99.0, *pole).unwrap().fit.knee().1
+        })
+        .collect();
+    let checked: Vec<(f64, Vec<usize>)> = runs.iter().map(|(p, s)| checked_knee(*p, s)).collect();
+    let knees: Vec<f64> = checked.iter().map(|c| c.0).collect();
+    let retried: usize = checked.iter().map(|c| c.1.len()).sum();
+    assert!((1..=2 * runs.len()).contains(&retried), "{checked:?}");
+    assert!(
+        spread_pct(&knees) <= spread_pct(&pooled),
+        "{knees:?} vs {pooled:?}"
+    );
+}
+
+/// Seven quiet calibrations (`passes_s9.txt`), every pass of a load on
+/// the same arrivals: read with their first two passes, the check picks
+/// one load in all of them, the one the calibration itself retried (run
+/// 5's 552 rps step: one pass held 24 of the requests above the pooled
+/// p99 against its share of 11).
+#[test]
+fn on_quiet_recorded_runs_the_check_picks_only_the_disagreeing_load() {
+    let runs = recorded_passes(include_str!("passes_s9.txt"));
+    assert_eq!(runs.len(), 7);
+    let picked: Vec<(usize, Vec<f64>)> = runs
+        .iter()
+        .enumerate()
+        .map(|(r, (pole, s))| {
+            let two: Vec<Passes> = s.iter().map(|p| p[..2].to_vec()).collect();
+            let rps = to_retry(&two, 99.0, *pole)
+                .iter()
+                .map(|&i| two[i][0].0.offered_rps)
+                .collect();
+            (r, rps)
+        })
+        .filter(|(_, v): &(usize, Vec<f64>)| !v.is_empty())
+        .collect();
+    assert_eq!(picked.len(), 1, "{picked:?}");
+    assert_eq!(picked[0].0, 5);
+    assert!((picked[0].1[0] - 552.0).abs() < 10.0, "{picked:?}");
+}

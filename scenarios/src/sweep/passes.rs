@@ -1,0 +1,216 @@
+//! The knee's passes: the steps the fitted curve rests on, measured again
+//! after the sweep, each load's requests pooled over its passes
+//! ([`crate::calibrate::PassFit`]); and the record of those passes in the
+//! test fixture's format (`calibrate/passes_s8.txt`).
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+
+use qosd_sensors::stats::LogHistogram;
+
+use super::{StepKind, SweepOptions};
+use qosd_core::slo::GapPoint;
+
+use crate::calibrate::knee::pool;
+use crate::calibrate::{check, AppCalibration, CurveFit, KneeCheck, PassFit, Passes, Point};
+use crate::load::LoadError;
+
+/// One load of a sweep: the rate asked for; each pass's client point and
+/// latencies (ns), and the server side's latencies where measured.
+#[derive(Debug, Clone)]
+pub struct Load {
+    pub asked_rps: f64,
+    /// Its arrivals' seed, the same in every pass ([`super::load_seed`]).
+    pub seed: u64,
+    pub client: Passes,
+    pub server: Vec<Option<LogHistogram>>,
+}
+
+impl Load {
+    /// A load measured once.
+    pub fn first(
+        asked_rps: f64,
+        seed: u64,
+        p: Point,
+        h: LogHistogram,
+        s: Option<LogHistogram>,
+    ) -> Load {
+        Load {
+            asked_rps,
+            seed,
+            client: vec![(p, h)],
+            server: vec![s],
+        }
+    }
+
+    /// The first pass's point (the sweep's).
+    pub fn point(&self) -> &Point {
+        &self.client[0].0
+    }
+}
+
+/// Measures one step: rate, seed, what for → its client point and
+/// latencies, and the server side's.
+pub type Measure<'a> = dyn FnMut(f64, u64, StepKind) -> Result<(Point, LogHistogram, Option<LogHistogram>), LoadError>
+    + 'a;
+
+/// Measures the steps the knee's curve rests on (those
+/// [`CurveFit::fits`] keeps at the calibrated capacity) again, until each
+/// holds `o.knee_passes` passes, and puts the knee on the curve fitted over
+/// them. The later passes run after the sweep, alternately down and up the
+/// loads, each on its load's arrivals ([`super::load_seed`]): a load's
+/// passes lie apart in time, so one slow spell of the machine falls into
+/// one pass of a few loads, not into every pass of one. A p99 over 2 s of light load rests on 2
+/// requests; pooled over the passes, on 2 per pass.
+pub fn knee_passes(
+    steps: &mut [Load],
+    c: &mut AppCalibration,
+    o: &SweepOptions,
+    measure: &mut Measure,
+) -> Result<(), LoadError> {
+    let fitted: Vec<usize> = (0..steps.len())
+        .filter(|&i| CurveFit::fits(steps[i].point(), c.capacity_rps))
+        .collect();
+    for pass in 1..o.knee_passes {
+        let down = pass % 2 == 1;
+        for k in 0..fitted.len() {
+            let i = fitted[if down { fitted.len() - 1 - k } else { k }];
+            let (p, h, s) = measure(steps[i].asked_rps, steps[i].seed, StepKind::Pass(pass + 1))?;
+            steps[i].client.push((p, h));
+            steps[i].server.push(s);
+        }
+    }
+    let mut client: Vec<Passes> = steps.iter().map(|l| l.client.clone()).collect();
+    c.fit_knee_passes(&client);
+    if let Some(fit) = c.knee_fit {
+        // A load whose passes disagree is measured once more, its new pass
+        // pooled with the others; what still stands goes into a warning.
+        let retry = check::to_retry(&client, c.percentile, fit.pole_rps);
+        for &i in &retry {
+            let (p, h, s) = measure(steps[i].asked_rps, steps[i].seed, StepKind::Retry)?;
+            steps[i].client.push((p, h.clone()));
+            steps[i].server.push(s);
+            client[i].push((p, h));
+        }
+        if !retry.is_empty() {
+            c.fit_knee_passes(&client);
+        }
+        let warnings = c
+            .knee_fit
+            .map(|f| check::warnings(&f, &client, c.percentile))
+            .unwrap_or_default();
+        if !(retry.is_empty() && warnings.is_empty()) {
+            c.knee_check = Some(KneeCheck {
+                retried_rps: retry
+                    .iter()
+                    .map(|&i| steps[i].point().offered_rps)
+                    .collect(),
+                warnings,
+            });
+        }
+    }
+    if let Some(path) = &o.record_passes {
+        let fitted: Vec<&Load> = fitted.iter().map(|&i| &steps[i]).collect();
+        if let Err(e) = record(path, c.capacity_rps, &fitted) {
+            eprintln!("  warning: recording the passes in {}: {e}", path.display());
+        }
+    }
+    Ok(())
+}
+
+/// The server side's figures, from its latencies pooled per load over the
+/// passes the way the client's are ([`PassFit`]): its percentile at the
+/// knee load, on the curve fitted to them where the client's knee is on a
+/// fitted curve (else at the load measured nearest the knee), and the
+/// client/server gap at each load the server kept up with (the same
+/// requests seen from both sides). `None` and no gap without a server side.
+pub fn server_side(loads: &[Load], c: &AppCalibration) -> (Option<f64>, Vec<GapPoint>) {
+    let pct = c.percentile;
+    // Each load's server-side passes, on its client points.
+    let server: Vec<Passes> = loads
+        .iter()
+        .map(|l| {
+            l.client
+                .iter()
+                .zip(&l.server)
+                .filter_map(|((p, _), s)| {
+                    let h = s.as_ref()?;
+                    let latency_us = h.percentile(pct)? as f64 / 1e3;
+                    Some((Point { latency_us, ..*p }, h.clone()))
+                })
+                .collect()
+        })
+        .collect();
+    let fitted = c.knee_fit.and_then(|f| {
+        let curve = PassFit::of(&server, pct, f.pole_rps)?.fit;
+        Some(curve.latency_us(c.knee_rps)).filter(|v| v.is_finite())
+    });
+    // Each load's client and server side, pooled over its passes.
+    let pooled: Vec<_> = loads
+        .iter()
+        .zip(&server)
+        .filter_map(|(l, s)| Some((pool(&l.client, pct)?, pool(s, pct)?)))
+        .collect();
+    let nearest = || {
+        pooled
+            .iter()
+            .min_by(|a, b| {
+                (a.0 .0.offered_rps - c.knee_rps)
+                    .abs()
+                    .total_cmp(&(b.0 .0.offered_rps - c.knee_rps).abs())
+            })
+            .map(|(_, (s, _))| s.latency_us)
+    };
+    let gap = pooled
+        .iter()
+        .filter(|((p, _), _)| p.achieved_rps >= 0.9 * p.offered_rps)
+        .map(|((p, _), (s, _))| GapPoint {
+            rps: p.achieved_rps,
+            gap_us: p.latency_us - s.latency_us,
+        })
+        .collect();
+    (fitted.or_else(nearest), gap)
+}
+
+/// Slowest requests of each pass kept in a record: a p99 pooled over
+/// three passes of ~190 requests rests on the 6 slowest, over 1500 on the
+/// 46 slowest.
+const RECORD_TOP: u64 = 40;
+
+/// Appends `loads` as one more run of the fixture: `cap RUN RPS`, then per
+/// pass `RUN asked offered achieved requests p99_ms` and its slowest
+/// latencies in ms (from the histogram: within 0.4 %).
+fn record(path: &std::path::Path, pole_rps: f64, loads: &[&Load]) -> std::io::Result<()> {
+    let old = std::fs::read_to_string(path).unwrap_or_default();
+    let run = old.lines().filter(|l| l.starts_with("cap ")).count();
+    let mut out = format!("cap {run} {pole_rps:.0}\n");
+    for l in loads {
+        for (p, h) in &l.client {
+            let n = h.len();
+            let _ = write!(
+                out,
+                "{run} {:.1} {:.0} {:.0} {n} {:.3}",
+                l.asked_rps,
+                p.offered_rps,
+                p.achieved_rps,
+                p.latency_us / 1e3
+            );
+            for k in 1..=RECORD_TOP.min(n) {
+                // The k-th slowest: nearest rank n - k + 1.
+                let q = 100.0 * ((n - k) as f64 + 0.5) / n as f64;
+                let v = h.percentile(q).unwrap_or(0);
+                let _ = write!(out, " {:.3}", v as f64 / 1e6);
+            }
+            out.push('\n');
+        }
+    }
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?;
+    f.write_all(out.as_bytes())
+}
+
+#[cfg(test)]
+#[path = "seed_tests.rs"]
+mod seed_tests;
