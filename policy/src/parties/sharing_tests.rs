@@ -188,3 +188,61 @@ fn a_harmful_be_grant_is_reverted() {
         .collect();
     assert_eq!(got, vec![row("batch", DecisionKind::Revert, 1600, 1500)]);
 }
+
+/// `be_cut_from_use`: a best-effort cap above what the job uses binds
+/// nothing, so the cut starts from its measured use (the demo's peak:
+/// cap 2 CPUs, the idle-class job using 1 beside search).
+#[test]
+fn a_cap_above_the_jobs_use_is_cut_below_its_use() {
+    let cut = || {
+        Parties::new(
+            "parties",
+            PartiesParams {
+                cycle: vec![QUOTA],
+                quota_be_first: true,
+                be_cut_from_use: true,
+                ..PartiesParams::default()
+            },
+            0,
+        )
+    };
+    let using = |cpus: Option<f64>| {
+        let mut b = be("batch");
+        b.cpu_util = cpus.map_or(0.0, |c| c / 2.0);
+        b.cpus_used = cpus;
+        snap(vec![lc("search", Some(-0.2)), b])
+    };
+    let cur = quota_allocs(&[("search", 0, 2000), ("batch", 0, 2000)]);
+    // Using 0.96 CPU: a step below 1.0 (its use rounded up to a step).
+    assert_eq!(
+        decide(&mut cut(), &using(Some(0.96)), &cur),
+        vec![row("batch", DecisionKind::Reclaim, 2000, 900)]
+    );
+    // Without the parameter, or with no measured use: a step off the cap.
+    assert_eq!(
+        decide(&mut be_first(), &using(Some(0.96)), &cur),
+        vec![row("batch", DecisionKind::Reclaim, 2000, 1900)]
+    );
+    assert_eq!(
+        decide(&mut cut(), &using(None), &cur),
+        vec![row("batch", DecisionKind::Reclaim, 2000, 1900)]
+    );
+    // A cap the job fills: a step off the cap, as before.
+    let cur = quota_allocs(&[("search", 0, 2000), ("batch", 0, 800)]);
+    assert_eq!(
+        decide(&mut cut(), &using(Some(0.8)), &cur),
+        vec![row("batch", DecisionKind::Reclaim, 800, 700)]
+    );
+    // A job that hardly runs: down to the node's floor, never below it.
+    let (lo, _) = shared().range(QUOTA).expect("a quota range");
+    let cur = quota_allocs(&[("search", 0, 2000), ("batch", 0, 1500)]);
+    assert_eq!(
+        decide(&mut cut(), &using(Some(0.01)), &cur),
+        vec![row("batch", DecisionKind::Reclaim, 1500, lo)]
+    );
+    let plan = cut().decide(0, &using(Some(0.96)), &cur, &shared());
+    assert!(
+        plan.decisions[0].reason.contains("under its use"),
+        "{plan:?}"
+    );
+}
