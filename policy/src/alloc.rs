@@ -65,9 +65,6 @@ pub struct Editor<'a> {
     /// Where apps share CPUs, move best-effort caps before any
     /// latency-critical app's own quota ([`shared`]).
     pub quota_be_first: bool,
-    /// With `quota_be_first`, a best-effort cap lowered for an LC app
-    /// goes a step below the job's use where that is under the cap.
-    pub be_cut_from_use: bool,
 }
 
 mod shared;
@@ -84,7 +81,6 @@ impl<'a> Editor<'a> {
                 .map(|a| (a.name.as_str(), (a.class, a.limits)))
                 .collect(),
             quota_be_first: false,
-            be_cut_from_use: false,
         }
     }
 

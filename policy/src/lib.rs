@@ -177,7 +177,6 @@ mod tests {
             trend_upsize_intervals: Some(4),
             downsize_below_util: Some(0.5),
             quota_be_first: true,
-            be_cut_from_use: true,
             ..PartiesParams::default()
         };
         assert_eq!(f.parties, Some(want));

@@ -347,7 +347,6 @@ impl Policy for Parties {
         self.last_decide_ms = Some(now_ms);
         let mut ed = Editor::new(node, snap, current);
         ed.quota_be_first = self.p.quota_be_first;
-        ed.be_cut_from_use = self.p.be_cut_from_use;
         let note = match self.judge(now_ms, &mut ed) {
             Verdict::Reverted => return ed.finish(),
             Verdict::Note(n) => format!("{n}; "),

@@ -70,18 +70,16 @@ impl Editor<'_> {
                 Victim::BestEffort => self
                     .find_source(app, Q, step, &[Victim::BestEffort], slack, 0.0)
                     .and_then(|s| match s {
-                        Source::App(be) => Some((be.clone(), self.be_cut(&be, step))),
+                        Source::App(be) => Some((be.clone(), self.value(&be, Q) - step)),
                         Source::Pool => None,
                     }),
                 Victim::MostSlackLc => self.lc_to_cap(app, step, slack, moves.victim_min_slack),
             };
             if let Some((victim, to)) = found {
-                let what = match self.class(&victim) {
-                    Some(AppClass::Be) if self.value(&victim, Q) - to > step => {
-                        "best-effort cap lowered under its use"
-                    }
-                    Some(AppClass::Be) => "best-effort cap lowered",
-                    _ => "capped just under its use",
+                let what = if self.class(&victim) == Some(AppClass::Be) {
+                    "best-effort cap lowered"
+                } else {
+                    "capped just under its use"
                 };
                 self.set(
                     &victim,
@@ -125,7 +123,11 @@ impl Editor<'_> {
             let want = if self.capped(n) {
                 cur.saturating_sub(step)
             } else {
-                self.used_in_steps(n, cur, step).saturating_sub(step)
+                let util = self.snap.app(n).map_or(1.0, |a| a.cpu_util);
+                let used = (util.clamp(0.0, 1.0) * f64::from(cur)).ceil() as u32;
+                used.div_ceil(step)
+                    .saturating_mul(step)
+                    .saturating_sub(step)
             };
             let to = want.max(lo);
             if to < cur && best.as_ref().is_none_or(|b| s > b.1) {
@@ -133,34 +135,6 @@ impl Editor<'_> {
             }
         }
         best.map(|(n, _, to)| (n, to))
-    }
-
-    /// What `app` used over the last sample, in milli-CPUs rounded up to
-    /// a `step`: its utilisation of the CPUs it may run on (all, when the
-    /// snapshot lacks it) times `of`, their milli-CPUs.
-    fn used_in_steps(&self, app: &str, of: u32, step: u32) -> u32 {
-        let util = self.snap.app(app).map_or(1.0, |a| a.cpu_util);
-        let used = (util.clamp(0.0, 1.0) * f64::from(of)).ceil() as u32;
-        used.div_ceil(step).saturating_mul(step)
-    }
-
-    /// The cap best-effort app `be` is lowered to for an LC app: a step
-    /// below its cap, or with `be_cut_from_use` a step below what it
-    /// used where that is lower (a cap above the job's use binds nothing,
-    /// so a step off it would give the LC app nothing). Only a measured
-    /// use counts (`cpus_used`); never below its floor.
-    fn be_cut(&self, be: &str, step: u32) -> u32 {
-        let step = step.max(1);
-        let cur = self.value(be, Q);
-        let lo = self.bounds(be, Q).map_or(0, |b| b.0);
-        let measured = self.snap.app(be).is_some_and(|a| a.cpus_used.is_some());
-        let from = match quota::ceiling_milli(&self.alloc(be), self.node) {
-            Some(all) if self.be_cut_from_use && measured => {
-                cur.min(self.used_in_steps(be, all, step))
-            }
-            _ => cur,
-        };
-        from.saturating_sub(step).max(lo)
     }
 
     /// Downsize of `app`'s quota, BE cap first: a best-effort cap grows by

@@ -176,12 +176,6 @@ pub struct PartiesParams {
     /// throttles it for the rest of each CFS period (not in PARTIES,
     /// which had no quota knob: false by default).
     pub quota_be_first: bool,
-    /// With `quota_be_first`: a best-effort cap lowered for an LC app goes
-    /// a step below what the job used over the last sample (rounded up to
-    /// a step), where that is under its cap. A cap above the job's use
-    /// binds nothing, so a step off it gives the LC app nothing (not in
-    /// PARTIES: false by default).
-    pub be_cut_from_use: bool,
 }
 
 /// How a downsize is found harmful.
@@ -222,7 +216,6 @@ impl Default for PartiesParams {
             trend_upsize_intervals: None,
             downsize_below_util: None,
             quota_be_first: false,
-            be_cut_from_use: false,
         }
     }
 }
