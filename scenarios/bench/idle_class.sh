@@ -42,6 +42,7 @@ for c in "${cases[@]}"; do
 done
 . scenarios/bench/lib/sched_decomp.sh
 [ "$(id -u)" = 0 ] || { echo "idle_class: needs root (cgroups)" >&2; exit 1; }
+[ "$TRACE" = 1 ] && ! command -v bpftrace >/dev/null && { echo "idle_class: TRACE=1 needs bpftrace (apt-get install bpftrace)" >&2; exit 2; }
 [ -x "$FIXTURE" ] || { echo "idle_class: $FIXTURE missing (cargo build --release)" >&2; exit 1; }
 ncpu=$(nproc)
 work_us=1000
