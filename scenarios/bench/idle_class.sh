@@ -42,6 +42,7 @@ for c in "${cases[@]}"; do
 done
 . scenarios/bench/lib/sched_decomp.sh
 [ "$(id -u)" = 0 ] || { echo "idle_class: needs root (cgroups)" >&2; exit 1; }
+[ "$TRACE" = 1 ] && ! command -v bpftrace >/dev/null && { echo "idle_class: TRACE=1 needs bpftrace (apt-get install bpftrace)" >&2; exit 2; }
 [ -x "$FIXTURE" ] || { echo "idle_class: $FIXTURE missing (cargo build --release)" >&2; exit 1; }
 ncpu=$(nproc)
 work_us=1000
@@ -293,16 +294,19 @@ for c in "${cases[@]}"; do
       1e3 * p[0] / q, 1e3 * p[1] / q, 1e3 * (p[2] + p[3]) / q }')
 done
 cat <<MD
-The cause (server and client waits together, µs per request; pulls of a
+The cause (server and client waits together, µs per request; "could have
+run": the part of the waits during which the other CPU sat idle or ran only
+the job, and its growth over alone as a share of the extra wait; pulls of a
 waiting thread to the other CPU per 1000 requests, by what that CPU ran):
 
-| batch job | wait µs/req | extra vs alone | while the other CPU ran only the job | share of the extra | while the other CPU sat idle | pulls by an idle CPU | by a CPU running the job | by a CPU whose normal task just ran |
-| --- | --- | --- | --- | --- | --- | --- | --- | --- |
+| batch job | wait µs/req | extra vs alone | other CPU idle | other CPU ran only the job | could have run | its growth, share of the extra | pulls by an idle CPU | by a CPU running the job | by a CPU whose normal task just ran |
+| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |
 $(for c in "${cases[@]}"; do
   awk -v c="$c" -v x="${tot[$c]}" -v a="${tot[alone]:-}" 'BEGIN { split(x, v, " "); split(a, b, " ");
-    e = (a != "") ? v[1] - b[1] : 0;
-    printf "| %s | %.0f | %s | %.0f | %s | %.0f | %.1f | %.1f | %.1f |\n", c, v[1], (a != "") ? sprintf("%+.0f", e) : "–",
-      v[3], (e > 0) ? sprintf("%.0f %%", 100 * v[3] / e) : "–", v[2], v[4], v[5], v[6] }'
+    e = (a != "") ? v[1] - b[1] : 0; g = (a != "") ? v[2] + v[3] - b[2] - b[3] : 0;
+    printf "| %s | %.0f | %s | %.0f | %.0f | %.0f | %s | %.1f | %.1f | %.1f |\n", c, v[1],
+      (a != "") ? sprintf("%+.0f", e) : "–", v[2], v[3], v[2] + v[3],
+      (e > 0) ? sprintf("%+.0f, %.0f %%", g, 100 * g / e) : "–", v[4], v[5], v[6] }'
 done)
 
 MD
