@@ -13,7 +13,17 @@
 # run-queue wait and CPU time per request, timeslices, steal, the batch
 # job's CPUs and others' niced CPUs. TRACE=1 also runs lib/wake_wait.bt
 # (bpftrace) in each run: waits by kind, what the other CPU ran while they
-# lasted, wake-up placement; raw outputs in $OUT (default target/idle_class).
+# lasted, wake-up placement, pulls of waiting threads by load balancing;
+# raw outputs in $OUT (default target/idle_class).
+# CASES (default "alone idle normal") picks the cases: alone, idle or normal,
+# each optionally followed by "+" modifiers applied to the job on top:
+#   +sidle      SCHED_IDLE on every thread of the job (chrt; besides cpu.idle)
+#   +qCPUSpMS   a BE cap: \`qosd set quota --quota CPUS --period-us MS*1000
+#               --burst-pct 0\` (e.g. idle+q0.6p10: 0.6 CPU per 10 ms period)
+#   +cpusLIST   the job's CPUs: \`qosd set cores --cpus LIST\` (e.g. idle+cpus1)
+# e.g. CASES="alone idle idle+sidle idle+q0.6p100 idle+q0.6p10". Each run
+# starts from \`qosd restore\` (and SCHED_OTHER) and applies its case; the
+# job's ops/s is read from its progress lines during each run.
 # Usage: scenarios/bench/idle_class.sh [QOSD]   (root; ROUNDS=3 SECS=8 by default)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -25,8 +35,14 @@ TRACE=${TRACE:-0}
 DECOMPOSE=${DECOMPOSE:-1}
 [ "$TRACE" = 1 ] && DECOMPOSE=1
 OUT=${OUT:-target/idle_class}
+read -ra cases <<<"${CASES:-alone idle normal}"
+for c in "${cases[@]}"; do
+  [[ $c =~ ^(alone|idle|normal)(\+(sidle|q[0-9]+(\.[0-9]+)?p[0-9]+|cpus[0-9,-]+))*$ ]] ||
+    { echo "idle_class: bad case '$c' in CASES: alone|idle|normal, then +sidle, +qCPUSpMS (e.g. +q0.6p10), +cpusLIST" >&2; exit 2; }
+done
 . scenarios/bench/lib/sched_decomp.sh
 [ "$(id -u)" = 0 ] || { echo "idle_class: needs root (cgroups)" >&2; exit 1; }
+[ "$TRACE" = 1 ] && ! command -v bpftrace >/dev/null && { echo "idle_class: TRACE=1 needs bpftrace (apt-get install bpftrace)" >&2; exit 2; }
 [ -x "$FIXTURE" ] || { echo "idle_class: $FIXTURE missing (cargo build --release)" >&2; exit 1; }
 ncpu=$(nproc)
 work_us=1000
@@ -51,8 +67,11 @@ median() { sort -n | awk '{v[NR]=$1} END {print (NR%2) ? v[(NR+1)/2] : (v[NR/2]+
 "$FIXTURE" --listen "127.0.0.1:$port" --work-us "$work_us" --exit-after-s 900 >/dev/null &
 srv=$!
 wait_port "$port"
-"$QOSD" batch --threads "$ncpu" --report-ms 1000 --exit-after-s 900 >/dev/null &
+"$QOSD" batch --threads "$ncpu" --report-ms 200 --exit-after-s 900 >"$st/job.out" &
 job=$!
+# Stop it once it runs (its first progress line): stopped earlier, the
+# forked shell would not have opened job.out nor become qosd yet.
+for _ in $(seq 50); do [ -s "$st/job.out" ] && break; sleep 0.1; done
 kill -STOP "$job"
 # The capacity this machine gives the server now (other work takes its
 # share): the completion rate under an offered load of the nominal capacity.
@@ -63,7 +82,32 @@ cap=$(top "$j" achieved_rps); cap=${cap%.*}
 rps=$(( cap / 2 ))
 sleep 2
 
-declare -A p99s dec niced
+declare -A p99s dec niced opss
+# The CPUs of a "qCPUSpMS" modifier.
+qcpus() { local x=${1#q}; echo "${x%p*}"; }
+# The job's "ops COUNT ELAPSED_US" progress, last line.
+ops() { tail -1 "$st/job.out" | awk '{print $2 + 0, $3 + 0}'; }
+# Put the job back as it started (the root groups, SCHED_OTHER, stopped),
+# then apply case $1.
+apply_case() {
+  local m base=${1%%+*} mods=
+  [[ $1 == *+* ]] && mods=${1#*+}
+  kill -STOP "$job"
+  "$QOSD" restore --state-file "$st/state.json" >/dev/null 2>&1 || true
+  chrt -a -o -p 0 "$job" >/dev/null
+  [ "$base" = alone ] && return
+  [ "$base" = idle ] && "$QOSD" set --state-file "$st/state.json" priority --pid "$job" --class idle >/dev/null
+  local IFS=+
+  for m in $mods; do
+    case $m in
+      sidle) chrt -a -i -p 0 "$job" >/dev/null ;;
+      q*) "$QOSD" set --state-file "$st/state.json" quota --pid "$job" --quota "$(qcpus "$m")" \
+            --period-us "$(( ${m##*p} * 1000 ))" --burst-pct 0 >/dev/null ;;
+      cpus*) "$QOSD" set --state-file "$st/state.json" cores --pid "$job" --cpus "${m#cpus}" >/dev/null ;;
+    esac
+  done
+  kill -CONT "$job"
+}
 [ "$TRACE" = 1 ] && { [ "$ncpu" = 2 ] || { echo "idle_class: TRACE=1 needs 2 CPUs" >&2; exit 1; }
                       mkdir -p "$OUT"; }
 # One load run of case $1 (round $2): its JSON in $LOAD_JSON. With DECOMPOSE,
@@ -101,33 +145,52 @@ run_load() {
           s[4] / hz / (t / 1e9) }')
 }
 
-cases=(alone idle normal)
+nc=${#cases[@]}
 for r in $(seq 0 $(( ROUNDS - 1 ))); do
-  for k in 0 1 2; do
-    c=${cases[$(( (k + r) % 3 ))]}
-    case $c in
-      alone) kill -STOP "$job" ;;
-      idle) "$QOSD" set --state-file "$st/state.json" priority --pid "$job" --class idle >/dev/null
-            kill -CONT "$job" ;;
-      normal) "$QOSD" restore --state-file "$st/state.json" >/dev/null 2>&1 || true
-              kill -CONT "$job" ;;
-    esac
+  for k in $(seq 0 $(( nc - 1 ))); do
+    c=${cases[$(( (k + r) % nc ))]}
+    apply_case "$c"
     sleep 0.5
-    t0=$(date +%s%N) n0=$(node_ticks)
+    t0=$(date +%s%N) n0=$(node_ticks) o0=$(ops)
     run_load "$c" "$r"; j=$LOAD_JSON
     p99s[$c]+="$(field "$j" latency_us p99) "
+    # The job's ops/s during the run (its progress lines, 200 ms apart).
+    opss[$c]+="$(awk -v a="$o0" -v b="$(ops)" 'BEGIN {split(a, x, " "); split(b, y, " ");
+      d = y[2] - x[2]; printf "%.0f", (d > 0) ? (y[1] - x[1]) / d * 1e6 : 0}') "
     # Others' niced work (nice-19 builds) during the run, in CPUs: what
     # "quiet" means, measured (0 on a quiet machine).
     niced[$c]+="$(awk -v a="$n0" -v b="$(node_ticks)" -v t="$(( $(date +%s%N) - t0 ))" -v hz="$(getconf CLK_TCK)" \
       'BEGIN {split(a, x, " "); split(b, y, " "); printf "%.2f", (y[4] - x[4]) / hz / (t / 1e9)}') "
   done
 done
-kill -STOP "$job"
-"$QOSD" restore --state-file "$st/state.json" >/dev/null 2>&1 || true
+apply_case alone
 
 med() { tr ' ' '\n' <<<"${p99s[$1]}" | grep . | median; }
-a=$(med alone); i=$(med idle); n=$(med normal)
-ratio() { awk -v x="$1" -v y="$2" 'BEGIN { printf "%.2f", x / y }'; }
+# Lower and upper quartiles of case $1's p99s (linear interpolation).
+quart() { tr ' ' '\n' <<<"${p99s[$1]}" | grep . | sort -n | awk '{v[NR] = $1}
+  function q(p,  h, l) { h = (NR - 1) * p + 1; l = int(h); return v[l] + (h - l) * (v[l + 1 < NR ? l + 1 : NR] - v[l]) }
+  END {printf "%.0f–%.0f", q(0.25), q(0.75)}'; }
+ratio() { [ -n "$2" ] && awk -v x="$1" -v y="$2" 'BEGIN { printf "%.2f×", x / y }' || echo "–"; }
+a=
+[[ " ${cases[*]} " == *" alone "* ]] && a=$(med alone)
+label() {
+  local base=${1%%+*} mods= out
+  [[ $1 == *+* ]] && mods=${1#*+}
+  case $base in
+    alone) out="stopped (alone)" ;;
+    idle) out="idle class (\`qosd set priority --class idle\`)" ;;
+    normal) out="normal weight" ;;
+  esac
+  local IFS=+ m
+  for m in $mods; do
+    case $m in
+      sidle) out+=" + SCHED_IDLE threads" ;;
+      q*) out+=" + quota $(qcpus "$m") CPU / ${m##*p} ms" ;;
+      cpus*) out+=" + CPUs ${m#cpus}" ;;
+    esac
+  done
+  echo "$out"
+}
 cat <<MD
 ## Sharing a CPU: an LC server beside a batch job in the idle class
 
@@ -139,11 +202,11 @@ rounds; medians over rounds of the client p99. Load average at the end: $(cut -d
 CPU time niced tasks, such as other sessions' nice-19 builds, used during each run: 0 when quiet;
 the bench runs at normal priority).
 
-| batch job | client p99 µs (per round) | median | vs alone | others' niced CPUs (per round) |
-| --- | --- | --- | --- | --- |
-| stopped (alone) | ${p99s[alone]}| $a | 1.00× | ${niced[alone]}|
-| idle class (\`qosd set priority --class idle\`) | ${p99s[idle]}| $i | $(ratio "$i" "$a")× | ${niced[idle]}|
-| normal weight | ${p99s[normal]}| $n | $(ratio "$n" "$a")× | ${niced[normal]}|
+| batch job | client p99 µs (per round) | median | quartiles | vs alone | batch ops/s (median) | others' niced CPUs (per round) |
+| --- | --- | --- | --- | --- | --- | --- |
+$(for c in "${cases[@]}"; do
+  echo "| $(label "$c") | ${p99s[$c]}| $(med "$c") | $(quart "$c") | $(ratio "$(med "$c")" "$a") | $(tr ' ' '\n' <<<"${opss[$c]}" | grep . | median) | ${niced[$c]}|"
+done)
 
 Goal (issue 20): idle class within 1.2× of alone.
 
@@ -163,9 +226,7 @@ builds): 0 on a quiet machine.
 
 | batch job | mean latency µs | server run-queue wait µs/req | server CPU µs/req | server slices/req | client run-queue wait µs/req | client CPU µs/req | steal % | batch job CPUs | niced CPUs |
 | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |
-| stopped (alone) |$(row alone)
-| idle class |$(row idle)
-| normal weight |$(row normal)
+$(for c in "${cases[@]}"; do echo "| $c |$(row "$c")"; done)
 
 MD
 [ "$TRACE" = 1 ] || exit 0
@@ -182,7 +243,7 @@ while the other CPU was idle or ran only the batch job / nice-19 work.
 | batch job | who | wait kind | waits/req | mean µs | wait µs/req | other CPU idle µs/req | other CPU ran batch µs/req | other CPU ran nice 19 µs/req |
 | --- | --- | --- | --- | --- | --- | --- | --- | --- |
 MD
-for c in alone idle normal; do
+for c in "${cases[@]}"; do
   cat "$OUT/$c"-*.txt | awk -v c="$c" '
     function key() { gsub(/[@a-z_0-9]*\[|\]:|,|count|average|total/, " ") }
     /^@wait_ns\[/ { key(); n[$1" "$2] += $3; t[$1" "$2] += $5 }
@@ -196,7 +257,7 @@ for c in alone idle normal; do
           n[i] / q, t[i] / n[i] / 1e3, t[i] / q / 1e3, oi[i] / q / 1e3, ob[i] / q / 1e3, on[i] / q / 1e3 } }'
 done
 echo
-for c in alone idle normal; do
+for c in "${cases[@]}"; do
   cat "$OUT/$c"-*.txt | awk -v c="$c" '
     /^@placement\[1, / { gsub(/@placement\[|\]:|,/, " "); all += $4; if ($2 == 2 && $3 != 2) bad += $4 }
     END { printf "Placement, %s: %d of %d server wake-ups (%.1f %%) onto a busy CPU while the other was idle or ran background work.\n", c, bad, all, all ? 100 * bad / all : 0 }'
@@ -204,7 +265,7 @@ done
 echo
 echo "Server wake-ups by what their CPU ran at wake-up: waits, mean wait µs, waits over 1 ms (of which another server/client thread ran on that CPU first)."
 echo
-for c in alone idle normal; do
+for c in "${cases[@]}"; do
   cat "$OUT/$c"-*.txt | awk -v c="$c" '
     /^@woken_wait_by_target_ns\[1, / { gsub(/@[a-z_]*\[|\]:|,|count|average|total/, " ");
       n[$2] += $3; t[$2] += $5 }
@@ -215,3 +276,37 @@ for c in alone idle normal; do
         k[i + 1], n[i], t[i] / n[i] / 1e3, s[i], b[i]; print "" }'
 done
 echo
+# The cause, per case: all waits of the server and client summed (per
+# request), the part the other CPU spent running only the batch job or
+# idle, and the pulls of waiting threads by load balancing (per 1000
+# requests) by what the pulling CPU ran: a CPU in the idle class never runs
+# new-idle balancing, so its pulls come from its periodic balance.
+declare -A tot
+for c in "${cases[@]}"; do
+  tot[$c]=$(cat "$OUT/$c"-*.txt | awk '
+    function key() { gsub(/[@a-z_0-9]*\[|\]:|,|count|average|total/, " ") }
+    /^@wait_ns\[/ { key(); w += $5 }
+    /^@other_idle_ns\[/ { key(); oi += $3 }
+    /^@other_be_ns\[/ { key(); ob += $3 }
+    /^@pulled\[/ { gsub(/@pulled\[|\]:|,/, " "); p[$3] += $5 }
+    /^requests/ { q += $2 }
+    END { printf "%.0f %.0f %.0f %.1f %.1f %.1f", w / q / 1e3, oi / q / 1e3, ob / q / 1e3,
+      1e3 * p[0] / q, 1e3 * p[1] / q, 1e3 * (p[2] + p[3]) / q }')
+done
+cat <<MD
+The cause (server and client waits together, µs per request; "could have
+run": the part of the waits during which the other CPU sat idle or ran only
+the job, and its growth over alone as a share of the extra wait; pulls of a
+waiting thread to the other CPU per 1000 requests, by what that CPU ran):
+
+| batch job | wait µs/req | extra vs alone | other CPU idle | other CPU ran only the job | could have run | its growth, share of the extra | pulls by an idle CPU | by a CPU running the job | by a CPU whose normal task just ran |
+| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |
+$(for c in "${cases[@]}"; do
+  awk -v c="$c" -v x="${tot[$c]}" -v a="${tot[alone]:-}" 'BEGIN { split(x, v, " "); split(a, b, " ");
+    e = (a != "") ? v[1] - b[1] : 0; g = (a != "") ? v[2] + v[3] - b[2] - b[3] : 0;
+    printf "| %s | %.0f | %s | %.0f | %.0f | %.0f | %s | %.1f | %.1f | %.1f |\n", c, v[1],
+      (a != "") ? sprintf("%+.0f", e) : "–", v[2], v[3], v[2] + v[3],
+      (e > 0) ? sprintf("%+.0f, %.0f %%", g, 100 * g / e) : "–", v[4], v[5], v[6] }'
+done)
+
+MD
