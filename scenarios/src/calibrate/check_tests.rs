@@ -1,20 +1,6 @@
-use super::super::recorded::{recorded_passes, spread_pct};
+use super::super::recorded::{pass, recorded_passes, spread_pct};
 use super::super::{PassFit, Passes};
 use super::*;
-
-/// A load's latencies (ms) as one pass of a step.
-fn pass(rps: f64, ms: &[f64]) -> (Point, LogHistogram) {
-    let mut h = LogHistogram::new();
-    for v in ms {
-        h.record((v * 1e6) as u64);
-    }
-    let p = Point {
-        offered_rps: rps,
-        achieved_rps: rps,
-        latency_us: h.percentile(99.0).unwrap() as f64 / 1e3,
-    };
-    (p, h)
-}
 
 /// `n` latencies spread evenly over [lo, hi] ms.
 fn even(n: usize, lo: f64, hi: f64) -> Vec<f64> {

@@ -1,5 +1,5 @@
 use super::super::from_points;
-use super::super::recorded::{first_passes, recorded_passes, spread_pct};
+use super::super::recorded::{first_passes, pass, recorded_passes, spread_pct};
 use super::*;
 
 /// Steps at `(rps, p99 ms)`, each holding the requests of a 2 s step.
@@ -216,20 +216,6 @@ fn a_step_near_the_pole_does_not_decide_the_fit() {
     assert_eq!(f.nr_steps, 7);
     let (_, lk) = f.knee();
     assert!((lk / 12_830.0 - 1.0).abs() < 0.05, "{lk}");
-}
-
-/// A load's latencies (ms) as one pass of a step.
-fn pass(rps: f64, ms: &[f64]) -> (Point, LogHistogram) {
-    let mut h = LogHistogram::new();
-    for v in ms {
-        h.record((v * 1e6) as u64);
-    }
-    let p = Point {
-        offered_rps: rps,
-        achieved_rps: rps,
-        latency_us: h.percentile(99.0).unwrap() as f64 / 1e3,
-    };
-    (p, h)
 }
 
 /// `n` requests at 1 ms and the slow ones given (ms).

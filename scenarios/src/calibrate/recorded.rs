@@ -58,3 +58,17 @@ pub fn recorded_passes(text: &str) -> Vec<(f64, Vec<Passes>)> {
 pub fn first_passes(steps: &[Passes], n: usize) -> Vec<Passes> {
     steps.iter().map(|s| s[..n].to_vec()).collect()
 }
+
+/// A load's latencies (ms) as one pass of a step.
+pub fn pass(rps: f64, ms: &[f64]) -> (Point, LogHistogram) {
+    let mut h = LogHistogram::new();
+    for v in ms {
+        h.record((v * 1e6) as u64);
+    }
+    let p = Point {
+        offered_rps: rps,
+        achieved_rps: rps,
+        latency_us: h.percentile(99.0).unwrap() as f64 / 1e3,
+    };
+    (p, h)
+}
