@@ -25,9 +25,12 @@ use super::{CurveFit, Point};
 /// loads, all where the sweep's pass read high.
 pub const DISAGREE_P: f64 = 1e-3;
 
-/// A fit whose median error over its steps is above this (%) is poor: the
-/// recorded calibrations fit within 2–13 %, a stalled pass's 21 %.
-pub const MAX_FIT_ERR_PCT: f64 = 10.0;
+/// A fit whose median error over its steps is above this (%) is poor. With
+/// each load on its own arrivals, each step's p99 carries its own luck:
+/// five quiet calibrations of the demo fitted within 3–18 % (session 9; 10 %
+/// warned on three of them). The loaded recorded runs fit within 2–13 %. A
+/// stalled pass (21 % on a shared sequence) is what [`DISAGREE_P`] catches.
+pub const MAX_FIT_ERR_PCT: f64 = 25.0;
 
 /// Loads measured again in one calibration at most (each ~2 s and its
 /// settle: the calibration stays under ~50 s).
