@@ -25,15 +25,12 @@ fn args(threads: u32) -> BatchArgs {
     }
 }
 
-/// CPU seconds of `pid` (utime + stime of /proc/PID/stat).
+/// CPU seconds of `pid` (its CPU clock: qosd's own reader).
 fn cpu_s(pid: u32) -> f64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let f: Vec<&str> = s[s.rfind(')').unwrap() + 2..].split_whitespace().collect();
-    let ticks = f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap();
-    ticks
-        / nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-            .unwrap()
-            .unwrap() as f64
+    qosd_sensors::procfs::Procfs::new("/")
+        .process_cpu_s(pid as i32)
+        .unwrap()
+        .expect("the job is running")
 }
 
 /// (ops/s by the job's reports, CPUs used by /proc) over `d`.

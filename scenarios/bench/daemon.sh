@@ -6,7 +6,8 @@
 # /proc/PID/status. Three runs; prints a markdown section on stdout.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-cargo build -q --release -p qosd-manager --bin qosd
+. scenarios/bench/lib/quiet.sh
+build_quiet -p qosd-manager --bin qosd
 QOSD=$PWD/target/release/qosd
 RUNS=${RUNS:-3}
 SPAN_S=${SPAN_S:-20}

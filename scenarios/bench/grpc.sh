@@ -15,8 +15,9 @@ rounds=${1:-5}
 secs=${2:-4}
 qosd=${QOSD:-target/release/qosd}
 fx=target/grpc-fixture
-[ -x "$qosd" ] || cargo build -q --release -p qosd-manager
-bash scenarios/fixtures/grpc-server/build.sh "$fx" >&2
+. scenarios/bench/lib/quiet.sh
+[ -x "$qosd" ] || build_quiet -p qosd-manager
+nice -n 19 bash scenarios/fixtures/grpc-server/build.sh "$fx" >&2
 ncpu=$(nproc)
 srv=
 trace=

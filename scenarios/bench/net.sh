@@ -33,8 +33,12 @@ A=qosd-bench-net26-a B=qosd-bench-net26-b VA=qb26a VB=qb26b
 PORT=5226
 tmp=$(mktemp -d)
 . scenarios/bench/lib/bpf_stats.sh
+# The sysctl is off during the rounds (the statistics cost time per run)
+# and back at what it was after: another session's setting is its own.
+stats_was=$(cat /proc/sys/kernel/bpf_stats_enabled)
 cleanup() {
   bpf_stats_off
+  echo "$stats_was" >/proc/sys/kernel/bpf_stats_enabled
   ip netns pids "$A" 2>/dev/null | xargs -r kill 2>/dev/null || true
   ip netns pids "$B" 2>/dev/null | xargs -r kill 2>/dev/null || true
   ip netns del "$A" 2>/dev/null || true

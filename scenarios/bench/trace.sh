@@ -5,7 +5,11 @@
 # 5; BPF_STATS=0 skips it; needs root and bpftool).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-cargo build -q --release -p qosd-manager --bin qosd
+# Everything it runs is built first, at the lowest priority (lib/quiet.sh):
+# the `cargo run`s and `cargo bench` below then compile nothing.
+. scenarios/bench/lib/quiet.sh
+build_quiet -p qosd-manager --bin qosd --example trace_overhead --example trace_accuracy
+build_quiet_bench -p qosd-sensors --bench stats
 echo "## Stats engine (criterion, \`cargo bench -p qosd-sensors --bench stats\`)"
 echo
 log=$(mktemp)

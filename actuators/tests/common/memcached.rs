@@ -25,19 +25,10 @@ pub fn start_memcached() -> Memcached {
         .local_addr()
         .unwrap()
         .port();
-    let child = Command::new("memcached")
-        .args([
-            "-u",
-            "root",
-            "-t",
-            "4",
-            "-U",
-            "0",
-            "-l",
-            "127.0.0.1",
-            "-p",
-            &port.to_string(),
-        ])
+    // The one memcached command line (4 threads, memcached's default 64 MB).
+    let argv = qosd_scenarios::servers::memcached_argv(port, 4, 64);
+    let child = Command::new(&argv[0])
+        .args(&argv[1..])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()

@@ -5,8 +5,13 @@
 # so that benches started by several people never measure at once and
 # nobody builds while holding the lock.
 # Usage: . scenarios/bench/lib/quiet.sh; build_quiet -p CRATE --bin BIN; measured CMD...
+# (build_quiet_bench -p CRATE --bench NAME: a criterion bench's build, which
+# `cargo bench` then runs without compiling.)
 build_quiet() {
   nice -n 19 cargo build -q --release "$@"
+}
+build_quiet_bench() {
+  nice -n 19 cargo bench -q --no-run "$@"
 }
 measured() {
   if [ -n "${BENCH_LOCK:-}" ]; then
