@@ -3,15 +3,9 @@
 //! path goes through one root prefix, so tests read a fake tree with the
 //! same code.
 //!
-//! `/proc/PID/stat` counts in clock ticks (`USER_HZ`, 100 per second), and
-//! truncates utime and stime each: a delta is only good to two ticks, 20 ms,
-//! which is 7 % of a 1 s decision interval at 0.3 CPU (the operational
-//! demand read 0.94x a fixture's burnt CPU time so). On the real root a
-//! process's CPU time therefore comes from its CPU clock (`clock_gettime`
-//! on the clock `clock_getcpuclockid` names: the scheduler's nanoseconds,
-//! exited threads included, as `stat` has them). Threads, whose clocks the
-//! kernel keeps to their own process, a fake tree, and a process whose
-//! clock cannot be read are read from `stat`.
+//! The kernel counts these in clock ticks (`USER_HZ`, 100 per second), so
+//! a figure over 100 ms is only good to one tick; callers sum deltas over a
+//! longer span (the daemon uses its decision interval).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -24,26 +18,6 @@ use qosd_core::sys::{Root, SysError};
 pub struct Procfs {
     root: Root,
     ticks_per_s: f64,
-}
-
-/// CPU seconds on the scheduler clock of process `pid` (of this pid
-/// namespace); `None` when it cannot be read (gone).
-fn process_clock_s(pid: i32) -> Option<f64> {
-    if pid <= 0 {
-        return None;
-    }
-    let mut clock: libc::clockid_t = 0;
-    // SAFETY: `clock` is a valid clockid_t to write.
-    if unsafe { libc::clock_getcpuclockid(pid, &mut clock) } != 0 {
-        return None;
-    }
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid timespec to write; a gone pid is an error.
-    let rc = unsafe { libc::clock_gettime(clock, &mut ts) };
-    (rc == 0).then(|| ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9)
 }
 
 /// The node's CPU time since boot, in seconds summed over every CPU.
@@ -85,11 +59,6 @@ impl Procfs {
     /// CPU seconds of one stat file (`task`: one thread's, else the whole
     /// process's). `Ok(None)` when it is gone.
     fn cpu_s(&self, pid: i32, task: Option<i32>) -> Result<Option<f64>, SysError> {
-        if self.root.is_real() && task.is_none() {
-            if let Some(s) = process_clock_s(pid) {
-                return Ok(Some(s));
-            }
-        }
         let st = match Stat::read(&self.root, pid, task) {
             Ok(s) => s,
             Err(e) if e.is_gone() => return Ok(None),
@@ -285,32 +254,6 @@ mod tests {
         put(d.path(), "/proc/11/stat", &stat_line(11, "srv", 5010, 0));
         assert!((m.delta_s(&pf, &[10, 11]) - 0.1).abs() < 1e-9);
         assert_eq!(pf.process_cpu_s(10).unwrap(), None);
-    }
-
-    /// This process's CPU time read as another process's is its scheduler
-    /// clock: between two readings of its own clock, never truncated to a
-    /// clock tick (`stat` reads up to 20 ms low).
-    #[test]
-    fn a_process_cpu_time_is_its_clock_not_clock_ticks() {
-        let clock = || {
-            let mut ts = libc::timespec {
-                tv_sec: 0,
-                tv_nsec: 0,
-            };
-            // SAFETY: a valid timespec to write, a clock every Linux has.
-            assert_eq!(
-                unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) },
-                0
-            );
-            ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
-        };
-        let pf = Procfs::new("/");
-        let me = std::process::id() as i32;
-        for _ in 0..20 {
-            let (a, b, c) = (clock(), pf.process_cpu_s(me).unwrap().unwrap(), clock());
-            assert!(a <= b && b <= c, "{a} <= {b} <= {c}");
-        }
-        assert_eq!(pf.process_cpu_s(i32::MAX).unwrap(), None);
     }
 
     #[test]
