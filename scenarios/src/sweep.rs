@@ -69,7 +69,7 @@ const MAX_STEP_STRETCH: f64 = 4.0;
 /// calibrations of the demo (near-quiet; `calibrate/passes_s8.txt`): the
 /// knee spread −14 / +17 % around its median with one pass, −12 / +9 %
 /// with two, −6 / +14 % with three; two cost ~14 s (41 s against 27 s),
-/// three ~28 s and bought nothing more there. docs/control.md, "Knee
+/// three ~28 s and bought nothing more there. docs/calibration.md, "Knee
 /// passes".
 pub const KNEE_PASSES: usize = 2;
 

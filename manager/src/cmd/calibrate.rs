@@ -79,7 +79,7 @@ pub struct Args {
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
     pub min_samples: u64,
     /// Where the knee is put: on the curve fitted over every step
-    /// (repeats within ~±10 % on a shared 2-CPU machine, docs/control.md),
+    /// (repeats within ~±10 % on a shared 2-CPU machine, docs/calibration.md),
     /// or read off single steps (the method before; moves with one step's
     /// luck).
     #[arg(long, value_enum, default_value_t = Knee::Fitted)]
