@@ -60,8 +60,8 @@ pub type Measure<'a> = dyn FnMut(f64, u64, StepKind) -> Result<(Point, LogHistog
 /// them. The later passes run after the sweep, alternately down and up the
 /// loads, each on its load's arrivals ([`super::load_seed`]): a load's
 /// passes lie apart in time, so one slow spell of the machine falls into
-/// one pass of a few loads, not into every pass of one. A p99 over 2 s of light load rests on 2
-/// requests; pooled over the passes, on 2 per pass.
+/// one pass of a few loads, not into every pass of one; and a light load's
+/// p99, which rests on a few requests per pass, rests on all its passes'.
 pub fn knee_passes(
     steps: &mut [Load],
     c: &mut AppCalibration,
@@ -88,9 +88,9 @@ pub fn knee_passes(
         let retry = check::to_retry(&client, c.percentile, fit.pole_rps);
         for &i in &retry {
             let (p, h, s) = measure(steps[i].asked_rps, steps[i].seed, StepKind::Retry)?;
-            steps[i].client.push((p, h.clone()));
+            steps[i].client.push((p, h));
             steps[i].server.push(s);
-            client[i].push((p, h));
+            client[i] = steps[i].client.clone();
         }
         if !retry.is_empty() {
             c.fit_knee_passes(&client);
