@@ -1,4 +1,4 @@
-use super::super::recorded::{pass, recorded_passes, spread_pct};
+use super::super::recorded::{as_calibrated, pass, recorded_passes, spread_pct};
 use super::super::{PassFit, Passes};
 use super::*;
 
@@ -59,16 +59,11 @@ fn a_few_requests_apart_are_not_a_disagreement() {
     assert!(d.p_value > DISAGREE_P, "{d:?}");
 }
 
-/// A recorded run read as a calibration with the check: its first two
-/// passes, and for each load the check picks, its third pass as the
-/// retry, pooled. The knee and the loads retried.
+/// A recorded run read as a calibration with the check: its knee and the
+/// loads retried.
 fn checked_knee(pole: f64, steps: &[Passes]) -> (f64, Vec<usize>) {
-    let mut two: Vec<Passes> = steps.iter().map(|s| s[..2].to_vec()).collect();
-    let retry = to_retry(&two, 99.0, pole);
-    for &i in &retry {
-        two[i].push(steps[i][2].clone());
-    }
-    (PassFit::of(&two, 99.0, pole).unwrap().fit.knee().1, retry)
+    let (s, retry) = as_calibrated(pole, steps);
+    (PassFit::of(&s, 99.0, pole).unwrap().fit.knee().1, retry)
 }
 
 /// On the six loaded recorded runs (`passes_s8.txt`, whose passes ran on
