@@ -45,6 +45,11 @@ pub struct CurveFit {
     /// Median |fit − step| / step over those steps, %: how well the shape
     /// holds on this server.
     pub median_err_pct: f64,
+    /// The knee latency's standard error, µs, from the steps' sampling
+    /// errors alone (a fit weighted by each step's [`precision`]; none for
+    /// a fit weighted by request counts, whose weights are no variances).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub knee_se_us: Option<f64>,
 }
 
 impl CurveFit {
@@ -81,7 +86,11 @@ impl CurveFit {
     /// percentile's precision instead ([`precision`]).
     pub fn of(steps: &[(Point, u64)], pole_rps: f64) -> Option<CurveFit> {
         let w: Vec<(Point, u64, f64)> = steps.iter().map(|&(p, n)| (p, n, n as f64)).collect();
-        Self::of_weighted(&w, pole_rps)
+        let f = Self::of_weighted(&w, pole_rps)?;
+        Some(CurveFit {
+            knee_se_us: None,
+            ..f
+        })
     }
 
     /// Fits the curve to `steps` (each step's point, its request count and
@@ -139,8 +148,27 @@ impl CurveFit {
             nr_steps: used.len(),
             samples,
             median_err_pct: median(errs),
+            knee_se_us: knee_se(&used, base_us, growth_us),
         })
     }
+}
+
+/// The standard error of the knee latency `base + √(base · growth)` of a
+/// line fitted through `used` (x, y, weight) whose weights are the inverse
+/// variances of the y: the line's covariance (XᵀWX)⁻¹, carried to the
+/// knee by its gradient. `None` when the x are all alike.
+fn knee_se(used: &[(f64, f64, f64)], base: f64, growth: f64) -> Option<f64> {
+    let (mut s0, mut s1, mut s2) = (0.0, 0.0, 0.0);
+    for &(x, _, w) in used {
+        (s0, s1, s2) = (s0 + w, s1 + w * x, s2 + w * x * x);
+    }
+    let det = s0 * s2 - s1 * s1;
+    (det > 0.0).then_some(())?;
+    let (var_b, var_g, cov) = (s2 / det, s0 / det, -s1 / det);
+    let db = 1.0 + 0.5 * (growth / base).sqrt();
+    let dg = 0.5 * (base / growth).sqrt();
+    let var = db * db * var_b + dg * dg * var_g + 2.0 * db * dg * cov;
+    Some(var.max(0.0).sqrt())
 }
 
 /// One load of a real sweep measured in one or more passes: each pass's

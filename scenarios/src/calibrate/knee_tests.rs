@@ -82,6 +82,7 @@ fn a_clean_queue_curve_is_recovered_and_its_knee_is_the_power_peak() {
         nr_steps: 0,
         samples: 0,
         median_err_pct: 0.0,
+        knee_se_us: None,
     };
     let raw: Vec<(Point, u64)> = (1..=9)
         .map(|i| {

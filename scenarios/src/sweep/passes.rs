@@ -95,10 +95,16 @@ pub fn knee_passes(
         if !retry.is_empty() {
             c.fit_knee_passes(&client);
         }
-        let warnings = c
+        let mut warnings = c
             .knee_fit
             .map(|f| check::warnings(&f, &client, c.percentile))
             .unwrap_or_default();
+        let se = c.knee_fit.and_then(|f| f.knee_se_us);
+        warnings.extend(
+            c.knee_spread
+                .as_ref()
+                .and_then(|k| check::spread_warning(k, se)),
+        );
         if !(retry.is_empty() && warnings.is_empty()) {
             c.knee_check = Some(KneeCheck {
                 retried_rps: retry
