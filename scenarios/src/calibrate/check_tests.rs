@@ -118,14 +118,15 @@ fn on_quiet_recorded_runs_the_check_picks_only_the_disagreeing_load() {
 }
 
 /// The passes' spread judged against their sampling error. Quiet (the
-/// ten runs of the calibration as it is: passes_s9.txt runs 2-6,
-/// passes_s10.txt) no run warns: the passes' knees lie 0.5-3.4 % from
-/// their median where sampling allows ±7.5-11.4 %. The loaded runs
+/// fifteen runs of the calibration as it is: passes_s9.txt runs 2-6,
+/// passes_s10.txt) no run warns: the passes' knees lie 0.5-8.4 % from
+/// their median where sampling allows ±7.5-15.4 %. The loaded runs
 /// (passes_s8.txt, other sessions' builds; the passes on different
 /// arrivals) warn where the machine moved between the passes: runs 0-2,
 /// ±12-21 % against ±11-13 % allowed. Fitted by request count, the same
-/// quiet passes spread ±13-14 % in some runs, and the flat ±10 % rule
-/// called them a busy machine (`make demo`, session 9).
+/// quiet passes spread ±25 and ±29 % in the two runs with a stalled pass
+/// (the stall's long tail weighs little by precision; the check retries
+/// its load either way).
 #[test]
 fn the_spread_warns_where_the_machine_moved_not_on_quiet_runs() {
     let judged = |text: &str| -> Vec<(f64, f64, bool)> {
@@ -144,9 +145,9 @@ fn the_spread_warns_where_the_machine_moved_not_on_quiet_runs() {
     };
     let mut quiet = judged(include_str!("passes_s9.txt"))[2..].to_vec();
     quiet.extend(judged(include_str!("passes_s10.txt")));
-    assert_eq!(quiet.len(), 10);
+    assert_eq!(quiet.len(), 15);
     assert!(quiet.iter().all(|q| !q.2), "{quiet:?}");
-    assert!(quiet.iter().all(|q| q.1 > 7.0 && q.1 < 12.0), "{quiet:?}");
+    assert!(quiet.iter().all(|q| q.1 > 7.0 && q.1 < 16.0), "{quiet:?}");
     let loaded = judged(include_str!("passes_s8.txt"));
     let warned: Vec<bool> = loaded.iter().map(|l| l.2).collect();
     assert_eq!(
@@ -155,7 +156,7 @@ fn the_spread_warns_where_the_machine_moved_not_on_quiet_runs() {
         "{loaded:?}"
     );
     // By request count (the fit before), each pass fitted alone: the
-    // quiet passes' knees spread past the flat ±10 % in some runs.
+    // stalled passes move their run's knees past the flat ±10 %.
     let by_count = |text: &str| -> Vec<f64> {
         recorded_passes(text)
             .iter()

@@ -389,14 +389,16 @@ fn the_knee_repeats_on_every_recorded_run() {
     let l_count = recorded_knees(include_str!("passes_s8.txt"), by_count);
     let l_prec = recorded_knees(include_str!("passes_s8.txt"), by_precision);
     // Quiet, the calibration as it is (each load on its own arrivals: runs
-    // 2-6 of passes_s9.txt, the five of passes_s10.txt): −38 / +6 % by
-    // count, −6 / +2 % by precision (4.43–4.83 ms).
+    // 2-6 of passes_s9.txt, the ten of passes_s10.txt): 3.52–5.31 ms,
+    // −11 / +37 % around 3.88 by count; 4.43–4.83 ms, −5.1 / +3.4 % around
+    // 4.67 by precision.
     let (now_c, now_p) = (knees(&q_count[2..]), knees(&q_prec[2..]));
+    assert_eq!(now_p.len(), 15);
     assert!(spread_pct(&now_c) > 30.0, "{now_c:?}");
-    assert!(spread_pct(&now_p) <= 7.0, "{now_p:?}");
+    assert!(spread_pct(&now_p) <= 6.0, "{now_p:?}");
     // With the two runs of session 9 whose loads shared one arrival
-    // sequence (and a sweep without the 731 rps step): ±11 %, both high.
-    assert!(spread_pct(&knees(&q_prec)) <= 11.0, "{q_prec:?}");
+    // sequence (and a sweep without the 731 rps step): ±12.4 %, both high.
+    assert!(spread_pct(&knees(&q_prec)) <= 13.0, "{q_prec:?}");
     // Loaded (passes_s8.txt, other sessions' builds at nice 19): ±9 %
     // (−9 / +9 %) by precision against ±11 % by count.
     assert!(spread_pct(&knees(&l_prec)) <= 9.0, "{l_prec:?}");
