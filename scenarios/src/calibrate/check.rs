@@ -51,9 +51,10 @@ pub const SPREAD_WARN_PCT: f64 = 10.0;
 /// The judgement of a knee's repeats (the passes' knees, or the repeated
 /// steps): `Some(why)` where they lie further apart than their sampling
 /// error allows (`knee_se_us`: the pooled knee's), or than
-/// [`SPREAD_WARN_PCT`] without one. Two quiet passes of the demo's ~1500
-/// requests a load spread the knee ±14 % where their sampling error
-/// allowed ±18 %: the old flat ±10 % called that a busy machine.
+/// [`SPREAD_WARN_PCT`] without one. On the demo's recorded quiet runs
+/// sampling allows ±7.5–15.4 % (the passes lie within 0.3–8.4 %); the
+/// three loaded runs whose passes drifted lie further
+/// (`the_spread_warns_where_the_machine_moved_not_on_quiet_runs`).
 pub fn spread_warning(spread: &KneeSpread, knee_se_us: Option<f64>) -> Option<String> {
     let n = spread.repeats_us.len();
     let allowed = allowed_spread_pct(spread, knee_se_us);
