@@ -3,7 +3,7 @@
 //! eBPF request sensor measuring the server side of every step beside the
 //! client's, so the knee gets both figures and the client/server gap.
 
-use qosd_scenarios::calibrate::{AppCalibration, Calibration};
+use qosd_scenarios::calibrate::{check, AppCalibration, Calibration};
 use qosd_scenarios::scenario::AppSpec;
 use qosd_scenarios::sweep::{self, StepKind, SweepOptions};
 use qosd_scenarios::{load::LoadError, servers};
@@ -13,10 +13,6 @@ use super::latency::from_tracer;
 use super::replay::trace_server;
 use super::setup::fixture_cmd;
 use crate::usage;
-
-/// A knee whose repeated steps are further apart than this (% of their
-/// median) is flagged as not repeatable.
-const KNEE_SPREAD_WARN_PCT: f64 = 10.0;
 
 /// Calibrates on this machine, printing each point.
 pub fn calibrate(
@@ -198,21 +194,21 @@ fn print_knee(c: &AppCalibration, steps: bool) {
                 .iter()
                 .map(|v| format!("{:.3}", v / 1000.0))
                 .collect();
+            let se = c.knee_fit.and_then(|f| f.knee_se_us);
             eprintln!(
                 "  -> knee p99 of each of {} passes fitted alone: {} ms (±{:.0} % around their \
-                 median); the knee above is the fit over all of them",
+                 median; their sampling error allows ±{:.0} %); the knee above is the fit over \
+                 all of them",
                 k.repeats_us.len(),
                 each.join(", "),
-                k.spread_pct
+                k.spread_pct,
+                check::allowed_spread_pct(k, se)
             );
         }
-        if k.spread_pct > KNEE_SPREAD_WARN_PCT {
-            eprintln!(
-                "  warning: the knee latency moved ±{:.0} % between repeats (a busy \
-                 machine?): targets from this calibration will not repeat; a scenario can pin \
-                 one with `target: {{ ms: N }}`",
-                k.spread_pct
-            );
+        // The passes' spread is judged with the fit (knee_check's warnings,
+        // above); the repeated steps' here, by the same rule.
+        if let Some(w) = steps.then(|| check::spread_warning(k, None)).flatten() {
+            eprintln!("  warning: {w}");
         }
     }
 }

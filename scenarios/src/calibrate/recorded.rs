@@ -54,6 +54,19 @@ pub fn recorded_passes(text: &str) -> Vec<(f64, Vec<Passes>)> {
         .collect()
 }
 
+/// A recorded run (at least three passes a load) read as a calibration
+/// with the default two passes and the check: each load's first two
+/// passes, and for each load the check picks, its third pass as the
+/// retry. The loads and the retried ones (indices).
+pub fn as_calibrated(pole: f64, steps: &[Passes]) -> (Vec<Passes>, Vec<usize>) {
+    let mut two = first_passes(steps, 2);
+    let retry = super::check::to_retry(&two, 99.0, pole);
+    for &i in &retry {
+        two[i].push(steps[i][2].clone());
+    }
+    (two, retry)
+}
+
 /// The first `n` passes of each load.
 pub fn first_passes(steps: &[Passes], n: usize) -> Vec<Passes> {
     steps.iter().map(|s| s[..n].to_vec()).collect()

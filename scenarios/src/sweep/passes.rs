@@ -11,7 +11,7 @@ use qosd_sensors::stats::LogHistogram;
 use super::{StepKind, SweepOptions};
 use qosd_core::slo::GapPoint;
 
-use crate::calibrate::knee::pool;
+use crate::calibrate::knee::{pool, slowest};
 use crate::calibrate::{check, AppCalibration, CurveFit, KneeCheck, PassFit, Passes, Point};
 use crate::load::LoadError;
 
@@ -95,10 +95,16 @@ pub fn knee_passes(
         if !retry.is_empty() {
             c.fit_knee_passes(&client);
         }
-        let warnings = c
+        let mut warnings = c
             .knee_fit
             .map(|f| check::warnings(&f, &client, c.percentile))
             .unwrap_or_default();
+        let se = c.knee_fit.and_then(|f| f.knee_se_us);
+        warnings.extend(
+            c.knee_spread
+                .as_ref()
+                .and_then(|k| check::spread_warning(k, se)),
+        );
         if !(retry.is_empty() && warnings.is_empty()) {
             c.knee_check = Some(KneeCheck {
                 retried_rps: retry
@@ -196,9 +202,7 @@ fn record(path: &std::path::Path, pole_rps: f64, loads: &[&Load]) -> std::io::Re
                 p.latency_us / 1e3
             );
             for k in 1..=RECORD_TOP.min(n) {
-                // The k-th slowest: nearest rank n - k + 1.
-                let q = 100.0 * ((n - k) as f64 + 0.5) / n as f64;
-                let v = h.percentile(q).unwrap_or(0);
+                let v = slowest(h, k).unwrap_or(0);
                 let _ = write!(out, " {:.3}", v as f64 / 1e6);
             }
             out.push('\n');
