@@ -32,6 +32,9 @@ if [ ! -x "$K/venv/bin/vng" ]; then
   "$K/venv/bin/pip" install -q 'virtme-ng==1.42'
 fi
 
+# vng runs virtme-run by name: the venv's bin first on PATH.
+export PATH="$K/venv/bin:$PATH"
+
 # Debian kernels through a private apt state.
 APT=(-o Dir::Etc::SourceList="$K/apt/sources.list" -o Dir::Etc::SourceParts=/dev/null
      -o Dir::State::Lists="$K/apt/lists" -o Dir::Cache="$K/apt/cache" -o Debug::NoLocking=1)

@@ -22,11 +22,19 @@ use support::*;
 /// 500 ms, PARTIES moving 0.2 CPU a step. The job starts far below what
 /// it would get anyway on a busy machine (CFS shares the CPUs with
 /// everything else), so its quota is what limits it.
+///
+/// PARTIES as published: `downsize_below_util` off. That rule gives an LC
+/// app's unused CPU back inside the hysteresis band, and this memcached,
+/// serving nothing, is at U 0.00 there (its CPU clock reads its few µs of
+/// housekeeping), so it would give quota to the job in phase 1; this test
+/// is about slack (in the band: nothing moves; idle: the job gets it).
 fn config(dir: &Path, port: u16, lc: &str, be: &str, pid: u32) -> std::path::PathBuf {
     let policy = std::fs::read_to_string(parties())
         .unwrap()
-        .replace("cpu_quota_milli: 0", "cpu_quota_milli: 200");
+        .replace("cpu_quota_milli: 0", "cpu_quota_milli: 200")
+        .replace("downsize_below_util: 0.5", "downsize_below_util: null");
     assert!(policy.contains("cpu_quota_milli: 200"));
+    assert!(policy.contains("downsize_below_util: null"));
     std::fs::write(dir.join("policy.yaml"), policy).unwrap();
     let y = format!(
         "apps:

@@ -150,18 +150,23 @@ fn nginx_workers_are_traced_through_the_master() {
 /// TIME_WAIT socket; the tracer read whole /proc/PID/net/tcp tables (once
 /// a second, per traced process) on the thread that drains the ring
 /// buffer, stalled for seconds among thousands of them, and one run in
-/// four lost a fifth of its records to a full buffer (a smaller buffer
-/// here makes such a stall show sooner).
+/// four lost a fifth of its records to a full buffer. The buffer is sized
+/// from the burst it must hold: it was 64 KiB here, 1170 records against
+/// a burst of 1200, so a reader kept off its CPU by other work (a build
+/// beside it) for about the whole burst lost records: the size could not
+/// hold what it had to; `ringbuf_bytes_for` gives 128 KiB (2340).
 #[test]
 fn prefork_close_per_request_is_exact_every_time() {
+    const BURST: u32 = 1200;
+    let kib = qosd_sensors::ebpf::ringbuf_bytes_for(BURST) / 1024;
     let srv = prefork(4, 25);
     for run in 0..5 {
-        let trace = Trace::start(&[srv.pid()], &["--ringbuf-kib", "64"]);
-        let lat = http_load(srv.port, 1200, 4, false);
+        let trace = Trace::start(&[srv.pid()], &["--ringbuf-kib", &kib.to_string()]);
+        let lat = http_load(srv.port, BURST as usize, 4, false);
         let lines = trace.stop();
         let s = summary(&lines, srv.pid());
         assert_eq!(s["dropped"], 0, "run {run}: {s}");
-        assert_eq!(s["requests"], 1200, "run {run}: {s}");
+        assert_eq!(s["requests"], BURST, "run {run}: {s}");
         assert_eq!(s["mode"], "connection", "{s}");
         assert_server_le_client("pre-fork, close per request", &s, &lat);
     }

@@ -21,8 +21,13 @@
 #   +qCPUSpMS   a BE cap: \`qosd set quota --quota CPUS --period-us MS*1000
 #               --burst-pct 0\` (e.g. idle+q0.6p10: 0.6 CPU per 10 ms period)
 #   +cpusLIST   the job's CPUs: \`qosd set cores --cpus LIST\` (e.g. idle+cpus1)
-# e.g. CASES="alone idle idle+sidle idle+q0.6p100 idle+q0.6p10". Each run
-# starts from \`qosd restore\` (and SCHED_OTHER) and applies its case; the
+# and "+" modifiers applied to the LC server instead (also with alone):
+#   +lcfifo     SCHED_FIFO priority 1 on every thread of the server (chrt -a;
+#   +lcrr       SCHED_RR 1) its per-connection threads, spawned by its accept
+#               thread, inherit the policy (no reset-on-fork)
+# e.g. CASES="alone idle idle+sidle idle+q0.6p100 alone+lcfifo idle+lcfifo". Each
+# run starts from \`qosd restore\` (and SCHED_OTHER for the job's and the server's
+# threads) and applies its case; the
 # job's ops/s is read from its progress lines during each run.
 # Usage: scenarios/bench/idle_class.sh [QOSD]   (root; ROUNDS=3 SECS=8 by default)
 set -euo pipefail
@@ -37,8 +42,11 @@ DECOMPOSE=${DECOMPOSE:-1}
 OUT=${OUT:-target/idle_class}
 read -ra cases <<<"${CASES:-alone idle normal}"
 for c in "${cases[@]}"; do
-  [[ $c =~ ^(alone|idle|normal)(\+(sidle|q[0-9]+(\.[0-9]+)?p[0-9]+|cpus[0-9,-]+))*$ ]] ||
-    { echo "idle_class: bad case '$c' in CASES: alone|idle|normal, then +sidle, +qCPUSpMS (e.g. +q0.6p10), +cpusLIST" >&2; exit 2; }
+  [[ $c =~ ^(alone|idle|normal)(\+(sidle|q[0-9]+(\.[0-9]+)?p[0-9]+|cpus[0-9,-]+|lcfifo|lcrr))*$ ]] ||
+    { echo "idle_class: bad case '$c' in CASES: alone|idle|normal, then +sidle, +qCPUSpMS (e.g. +q0.6p10), +cpusLIST, +lcfifo, +lcrr" >&2; exit 2; }
+  if [[ $c == alone+* && ! $c =~ ^alone(\+lc(fifo|rr))+$ ]]; then
+    echo "idle_class: bad case '$c' in CASES: alone takes only the server's modifiers (+lcfifo, +lcrr)" >&2; exit 2
+  fi
 done
 . scenarios/bench/lib/sched_decomp.sh
 [ "$(id -u)" = 0 ] || { echo "idle_class: needs root (cgroups)" >&2; exit 1; }
@@ -56,7 +64,7 @@ cleanup() {
   [ -n "${BT_PID:-}" ] && { kill -INT "$BT_PID" 2>/dev/null; sleep 1; kill "$BT_PID" 2>/dev/null; wait "$BT_PID" 2>/dev/null || true; }
   [ -n "$job" ] && { kill -CONT "$job" 2>/dev/null; kill "$job" 2>/dev/null; wait "$job" 2>/dev/null || true; }
   "$QOSD" restore --state-file "$st/state.json" >/dev/null 2>&1 || true
-  [ -n "$srv" ] && { kill "$srv" 2>/dev/null; wait "$srv" 2>/dev/null || true; }
+  [ -n "$srv" ] && { chrt -a -o -p 0 "$srv" >/dev/null 2>&1; kill "$srv" 2>/dev/null; wait "$srv" 2>/dev/null || true; }
   rm -rf "$st"
 }
 trap cleanup EXIT
@@ -87,14 +95,17 @@ declare -A p99s dec niced opss
 qcpus() { local x=${1#q}; echo "${x%p*}"; }
 # The job's "ops COUNT ELAPSED_US" progress, last line.
 ops() { tail -1 "$st/job.out" | awk '{print $2 + 0, $3 + 0}'; }
-# Put the job back as it started (the root groups, SCHED_OTHER, stopped),
-# then apply case $1.
+# Put the job back as it started (the root groups, SCHED_OTHER, stopped) and
+# the server's threads at SCHED_OTHER, then apply case $1.
 apply_case() {
   local m base=${1%%+*} mods=
   [[ $1 == *+* ]] && mods=${1#*+}
   kill -STOP "$job"
   "$QOSD" restore --state-file "$st/state.json" >/dev/null 2>&1 || true
   chrt -a -o -p 0 "$job" >/dev/null
+  chrt -a -o -p 0 "$srv" >/dev/null
+  if [[ +$mods+ == *+lcfifo+* ]]; then chrt -a -f -p 1 "$srv" >/dev/null; fi
+  if [[ +$mods+ == *+lcrr+* ]]; then chrt -a -r -p 1 "$srv" >/dev/null; fi
   [ "$base" = alone ] && return
   [ "$base" = idle ] && "$QOSD" set --state-file "$st/state.json" priority --pid "$job" --class idle >/dev/null
   local IFS=+
@@ -187,6 +198,8 @@ label() {
       sidle) out+=" + SCHED_IDLE threads" ;;
       q*) out+=" + quota $(qcpus "$m") CPU / ${m##*p} ms" ;;
       cpus*) out+=" + CPUs ${m#cpus}" ;;
+      lcfifo) out+=" + server SCHED_FIFO 1" ;;
+      lcrr) out+=" + server SCHED_RR 1" ;;
     esac
   done
   echo "$out"

@@ -1,11 +1,17 @@
-//! CPU utilisation from `/proc`: CPU time of a process (all its threads,
-//! `/proc/PID/stat` utime + stime) and of the node (`/proc/stat`). Every
-//! path goes through one root prefix, so tests read a fake tree with the
-//! same code.
+//! CPU utilisation from `/proc`: CPU time of a process (all its threads)
+//! and of the node (`/proc/stat`). Every path goes through one root
+//! prefix, so tests read a fake tree with the same code.
 //!
-//! The kernel counts these in clock ticks (`USER_HZ`, 100 per second), so
-//! a figure over 100 ms is only good to one tick; callers sum deltas over a
-//! longer span (the daemon uses its decision interval).
+//! `/proc/PID/stat` counts in clock ticks (`USER_HZ`, 100 per second) and
+//! truncates utime and stime each, so a delta is good to ±2 ticks; callers
+//! sum deltas over a longer span (the daemon uses its decision interval).
+//! On the real root a process's CPU time comes from its CPU clock instead
+//! (`clock_gettime` on the clock `clock_getcpuclockid` names: the
+//! scheduler's nanoseconds, exited threads included, which `stat` splits
+//! and truncates): at 0.3 CPU, `stat` read a 1 s interval within −12 to
+//! +11 ms of it, no bias (BENCHMARKS.md, `cpu_clock.sh`). So an idle process
+//! reads a little CPU, not 0. Threads, a fake tree and a process whose
+//! clock cannot be read are read from `stat`.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -18,6 +24,31 @@ use qosd_core::sys::{Root, SysError};
 pub struct Procfs {
     root: Root,
     ticks_per_s: f64,
+}
+
+/// The kernel's largest pid (`PID_MAX_LIMIT` on 64-bit): a CPU clock id
+/// holds a pid in 29 bits, so a larger one would name another process's
+/// clock (`1 << 29` more than this process's pid names its own).
+const PID_MAX_LIMIT: i32 = 1 << 22;
+
+/// CPU seconds on the scheduler clock of process `pid` (of this pid
+/// namespace); `None` when it cannot be read (gone, or no pid).
+fn process_clock_s(pid: i32) -> Option<f64> {
+    if !(1..=PID_MAX_LIMIT).contains(&pid) {
+        return None;
+    }
+    let mut clock: libc::clockid_t = 0;
+    // SAFETY: `clock` is a valid clockid_t to write.
+    if unsafe { libc::clock_getcpuclockid(pid, &mut clock) } != 0 {
+        return None;
+    }
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec to write; a gone pid is an error.
+    let rc = unsafe { libc::clock_gettime(clock, &mut ts) };
+    (rc == 0).then_some(ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9)
 }
 
 /// The node's CPU time since boot, in seconds summed over every CPU.
@@ -59,6 +90,11 @@ impl Procfs {
     /// CPU seconds of one stat file (`task`: one thread's, else the whole
     /// process's). `Ok(None)` when it is gone.
     fn cpu_s(&self, pid: i32, task: Option<i32>) -> Result<Option<f64>, SysError> {
+        if self.root.is_real() && task.is_none() {
+            if let Some(s) = process_clock_s(pid) {
+                return Ok(Some(s));
+            }
+        }
         let st = match Stat::read(&self.root, pid, task) {
             Ok(s) => s,
             Err(e) if e.is_gone() => return Ok(None),
@@ -71,8 +107,9 @@ impl Procfs {
         Ok(Some(ticks as f64 / self.ticks_per_s))
     }
 
-    /// CPU seconds used so far by every thread of `pid` (utime + stime).
-    /// `Ok(None)` when the process is gone.
+    /// CPU seconds used so far by every thread of `pid` (its CPU clock on
+    /// the real root, else utime + stime). `Ok(None)` when the process is
+    /// gone.
     pub fn process_cpu_s(&self, pid: i32) -> Result<Option<f64>, SysError> {
         self.cpu_s(pid, None)
     }
@@ -254,6 +291,55 @@ mod tests {
         put(d.path(), "/proc/11/stat", &stat_line(11, "srv", 5010, 0));
         assert!((m.delta_s(&pf, &[10, 11]) - 0.1).abs() < 1e-9);
         assert_eq!(pf.process_cpu_s(10).unwrap(), None);
+    }
+
+    /// Reads `CLOCK_PROCESS_CPUTIME_ID`: this process's own CPU clock.
+    fn own_clock() -> f64 {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: a valid timespec to write, a clock every Linux has.
+        let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+        assert_eq!(rc, 0);
+        ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+    }
+
+    /// This process's CPU time read as any process's is its scheduler
+    /// clock: between two readings of its own clock, never a clock tick's
+    /// truncation below (`stat` is, up to 2 ticks).
+    #[test]
+    fn a_process_cpu_time_is_its_clock_not_clock_ticks() {
+        let pf = Procfs::new("/");
+        let me = std::process::id() as i32;
+        let mut off_tick = false;
+        for _ in 0..20 {
+            let (a, b, c) = (
+                own_clock(),
+                pf.process_cpu_s(me).unwrap().unwrap(),
+                own_clock(),
+            );
+            assert!(a <= b && b <= c, "{a} <= {b} <= {c}");
+            off_tick |= (b * pf.ticks_per_s).fract() > 1e-6;
+            // Some CPU time between readings.
+            std::hint::black_box((0..100_000u64).sum::<u64>());
+        }
+        assert!(off_tick, "every reading a whole number of ticks");
+    }
+
+    /// A gone process reads `None`, as from `stat`; so does a pid past the
+    /// kernel's limit, whose clock id would name this process's clock.
+    #[test]
+    fn a_gone_or_impossible_pid_reads_none() {
+        let pf = Procfs::new("/");
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let gone = child.id() as i32;
+        child.wait().unwrap();
+        assert_eq!(pf.process_cpu_s(gone).unwrap(), None);
+        let me = std::process::id() as i32;
+        for pid in [me + (1 << 29), i32::MAX, 0, -1] {
+            assert_eq!(pf.process_cpu_s(pid).unwrap(), None, "pid {pid}");
+        }
     }
 
     #[test]

@@ -10,8 +10,8 @@ use super::{fixture_lasting, summary, text, Killed, Trace, QOSD};
 /// The fixture's CPU work per request, µs.
 pub const WORK_US: u64 = 1000;
 
-/// CPU seconds `pid` has used: its CPU clock (qosd's own reader; `stat`'s
-/// clock ticks read up to 20 ms low, 3 % of the light load's CPU time).
+/// CPU seconds `pid` has used: qosd's own reader (its CPU clock, to the
+/// nanosecond; `stat`'s truncated clock ticks are ±2 ticks a reading).
 fn cpu_s(pid: u32) -> f64 {
     qosd_sensors::procfs::Procfs::new("/")
         .process_cpu_s(pid as i32)

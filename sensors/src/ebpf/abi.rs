@@ -34,6 +34,7 @@ pub(super) const SEEDED_ID_BIT: u64 = 1 << 63;
 // _Static_asserts with the same figures).
 const _: () = {
     assert!(size_of::<req_record>() == 48);
+    assert!(size_of::<req_record>() as u32 + 8 == super::RECORD_FOOTPRINT);
     assert!(offset_of!(req_record, start_ns) == 0);
     assert!(offset_of!(req_record, end_ns) == 8);
     assert!(offset_of!(req_record, conn_id) == 16);
@@ -120,5 +121,15 @@ mod tests {
             (1, 2, 3, 4, 5, 6, REC_CONN, 7, 8)
         );
         assert!(read_pod::<req_record>(&[0u8; 47]).is_none());
+    }
+
+    #[test]
+    fn ring_sized_from_the_records_it_must_hold() {
+        use super::super::ringbuf_bytes_for;
+        assert_eq!(ringbuf_bytes_for(1170), 64 * 1024); // 65 520 bytes
+        assert_eq!(ringbuf_bytes_for(1171), 128 * 1024);
+        assert_eq!(ringbuf_bytes_for(1200), 128 * 1024);
+        assert_eq!(ringbuf_bytes_for(0), 4096);
+        assert_eq!(ringbuf_bytes_for(u32::MAX), super::super::MAX_RINGBUF_BYTES);
     }
 }

@@ -109,6 +109,22 @@ impl std::fmt::Display for Mode {
 /// and checked by the config too so `qosd check` refuses what `run` would.
 pub const MAX_RINGBUF_BYTES: u32 = 1 << 30;
 
+/// Bytes one request record takes in the ring buffer: the 48-byte record
+/// and the buffer's 8-byte header (`QOSD_REC_FOOTPRINT`, bpf/emit.h).
+pub const RECORD_FOOTPRINT: u32 = 56;
+
+/// The smallest ring buffer (a power of two, 4 KiB at least) that holds
+/// `records` records should the reader not run at all meanwhile: 128 KiB
+/// holds 2340, 64 KiB only 1170.
+pub fn ringbuf_bytes_for(records: u32) -> u32 {
+    records
+        .saturating_mul(RECORD_FOOTPRINT)
+        .max(4096)
+        .checked_next_power_of_two()
+        .unwrap_or(MAX_RINGBUF_BYTES)
+        .min(MAX_RINGBUF_BYTES)
+}
+
 #[derive(Debug, Clone)]
 pub struct TracerOptions {
     /// Size of the BPF ring buffer, bytes: a power of two, 4096 to

@@ -1,8 +1,9 @@
 //! CPU time from `/proc` as a plugin: the CPU seconds each target's
 //! processes used since the previous sample (in all and per pid), and the
 //! node's utilisation.
-//! Sampled on decision ticks only: the kernel counts CPU time in 10 ms
-//! ticks, too coarse for a 100 ms monitoring tick.
+//! Sampled on decision ticks only: the figures are per decision interval
+//! (and `stat`, the fallback, counts in 10 ms ticks, too coarse for a
+//! 100 ms monitoring tick).
 
 use std::path::PathBuf;
 
