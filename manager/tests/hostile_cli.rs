@@ -231,3 +231,151 @@ fn reader_gone_pipe() -> std::os::fd::OwnedFd {
     assert!(gone, "the pipe's reading end stayed open");
     w
 }
+
+/// A negative number reaches the value's own check (exit 2 naming the
+/// range), not clap's "unexpected argument '-5'"; nothing is changed and
+/// no state file is written.
+#[test]
+fn negative_numbers_are_named_with_their_range() {
+    let sleeper = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .expect("sleep");
+    let pid = sleeper.id().to_string();
+    let dir = std::env::temp_dir().join(format!("qosd-neg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("tmp");
+    let state = dir.join("state.json");
+    let sf = state.to_str().expect("utf-8");
+    let expect_seconds = "expected seconds in";
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["trace", "--pid", &pid, "--duration", "-5"],
+            "--duration -5: expected seconds in (0,",
+        ),
+        (
+            vec!["trace", "--pid", &pid, "--interval", "-1"],
+            expect_seconds,
+        ),
+        (
+            vec!["power", "--pid", &pid, "--duration", "-5"],
+            expect_seconds,
+        ),
+        (
+            vec!["power", "--pid", &pid, "--interval", "-1"],
+            expect_seconds,
+        ),
+        (vec!["net", "--duration", "-5"], expect_seconds),
+        (
+            vec![
+                "load",
+                "--target",
+                "127.0.0.1:9",
+                "--protocol",
+                "http",
+                "--rps",
+                "-5",
+            ],
+            "rps -5 must be in (0,",
+        ),
+        (
+            vec![
+                "load",
+                "--target",
+                "127.0.0.1:9",
+                "--protocol",
+                "http",
+                "--rps",
+                "5",
+                "--duration",
+                "-1",
+            ],
+            "--duration -1: expected seconds in (0, 86400]",
+        ),
+        (
+            vec![
+                "set",
+                "--state-file",
+                sf,
+                "quota",
+                "--pid",
+                &pid,
+                "--quota",
+                "-1",
+            ],
+            "--quota: -1 is not a positive number of CPUs",
+        ),
+        (
+            vec![
+                "set",
+                "--state-file",
+                sf,
+                "quota",
+                "--pid",
+                &pid,
+                "--quota",
+                "1e9",
+            ],
+            "--quota: 1e9 CPUs is more than this machine's online CPUs",
+        ),
+        (
+            vec![
+                "set",
+                "--state-file",
+                sf,
+                "level",
+                "cpu_quota",
+                "--pid",
+                &pid,
+                "--level",
+                "-5",
+            ],
+            "-5 is not in 0..=",
+        ),
+        (
+            vec![
+                "set",
+                "--state-file",
+                sf,
+                "freq",
+                "--cpus",
+                "0",
+                "--mhz",
+                "-5",
+            ],
+            "-5 is not in 0..=",
+        ),
+    ];
+    let cgroup_before = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("cgroup");
+    for (args, want) in cases {
+        usage_error(&args, want);
+        assert!(
+            !err(&qosd(&args)).contains("unexpected argument"),
+            "{args:?}"
+        );
+    }
+    // A config resource name given as a knob: the knobs set by a level are listed.
+    usage_error(
+        &[
+            "set",
+            "--state-file",
+            sf,
+            "level",
+            "nr_cores",
+            "--pid",
+            &pid,
+            "--level",
+            "1",
+        ],
+        "is not a knob set by a level: one of frequency, cache_ways, memory_bandwidth, cpu_quota",
+    );
+    let cgroup_after = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("cgroup");
+    let mut sleeper = sleeper;
+    sleeper.kill().ok();
+    sleeper.wait().ok();
+    assert!(!state.exists(), "a refused set wrote {}", state.display());
+    std::fs::remove_dir_all(&dir).ok();
+    assert_eq!(
+        cgroup_before, cgroup_after,
+        "a refused set moved the process"
+    );
+}

@@ -33,10 +33,10 @@ pub struct Args {
     #[arg(long, value_parser = |s: &str| s.parse::<Protocol>())]
     pub protocol: Protocol,
     /// Offered load, requests per second.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub rps: f64,
     /// Length of the run, seconds.
-    #[arg(long, default_value_t = 10.0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 10.0)]
     pub duration: f64,
     /// Keep-alive: number of connections (requests are pipelined on them;
     /// gRPC calls are multiplexed on them). Otherwise: most connections open

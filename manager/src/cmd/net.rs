@@ -49,7 +49,7 @@ pub struct Args {
     #[arg(long, value_name = "N", default_value_t = 10)]
     pub top: usize,
     /// Stop after this many seconds (default: until Ctrl-C / SIGTERM).
-    #[arg(long, value_name = "SECS")]
+    #[arg(long, allow_negative_numbers = true, value_name = "SECS")]
     pub duration: Option<f64>,
     /// One JSON object per window instead of the table.
     #[arg(long)]

@@ -33,10 +33,15 @@ pub struct Args {
     #[arg(long)]
     pub json: bool,
     /// Stop after this many seconds (default: until Ctrl-C).
-    #[arg(long, value_name = "SECS")]
+    #[arg(long, allow_negative_numbers = true, value_name = "SECS")]
     pub duration: Option<f64>,
     /// Seconds between reports.
-    #[arg(long, value_name = "SECS", default_value_t = 1.0)]
+    #[arg(
+        long,
+        allow_negative_numbers = true,
+        value_name = "SECS",
+        default_value_t = 1.0
+    )]
     pub interval: f64,
     /// Threads listed per interval.
     #[arg(long, value_name = "N", default_value_t = 10)]

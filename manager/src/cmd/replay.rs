@@ -69,7 +69,7 @@ pub struct Args {
     pub out: Option<PathBuf>,
     /// Length of the run, seconds: the scenario's time axis is stretched or
     /// compressed to it. Default: the scenario's duration_s.
-    #[arg(long, value_name = "SECS")]
+    #[arg(long, allow_negative_numbers = true, value_name = "SECS")]
     pub duration: Option<f64>,
     /// Calibration to use instead of calibrating (calibration.json).
     #[arg(long, value_name = "FILE")]

@@ -74,7 +74,7 @@ pub enum Knob {
         #[arg(long, value_name = "LIST")]
         cpus: String,
         /// Frequency in MHz (rounded down to an available step).
-        #[arg(long)]
+        #[arg(long, allow_negative_numbers = true)]
         mhz: u32,
         #[arg(long, value_enum, default_value = "auto")]
         backend: FreqArg,
@@ -104,7 +104,7 @@ pub enum Knob {
         pid: Vec<i32>,
         /// CPUs' worth of time, e.g. 0.3 or 1.5 (at most the online CPUs;
         /// rounded to 0.001).
-        #[arg(long, value_name = "CPUS")]
+        #[arg(long, allow_negative_numbers = true, value_name = "CPUS")]
         quota: String,
         /// The CFS period to enforce it over, µs (1000-1000000): a
         /// throttled process waits at most the rest of one period.
@@ -141,15 +141,24 @@ pub enum Knob {
         pid: Vec<i32>,
         /// The level, in the knob's unit (cpu_quota: milli-CPUs;
         /// cpu_priority: 1 idle, 2 normal; hedge: 1 off, 2 on).
-        #[arg(long)]
+        #[arg(long, allow_negative_numbers = true)]
         level: u32,
     },
 }
 
 /// A knob's name or alias, as a config names it.
 fn parse_knob(s: &str) -> Result<Resource, String> {
-    serde_json::from_value(serde_json::Value::String(s.to_owned()))
-        .map_err(|_| format!("{s:?} is not a knob (`qosd caps` lists them)"))
+    serde_json::from_value(serde_json::Value::String(s.to_owned())).map_err(|_| {
+        let names: Vec<&str> = Resource::ALL
+            .iter()
+            .filter(|r| **r != Resource::Cores)
+            .map(|r| r.name())
+            .collect();
+        format!(
+            "{s:?} is not a knob set by a level: one of {} (cores: `qosd set cores`)",
+            names.join(", ")
+        )
+    })
 }
 
 /// `qosd set level`'s knob and level, checked against the knob table
@@ -196,9 +205,14 @@ fn parse_quota(s: &str) -> anyhow::Result<u32> {
         .parse()
         .map_err(|_| crate::usage!("--quota: {s:?} is not a number of CPUs (e.g. 0.3)"))?;
     let milli = (v * 1000.0).round();
-    if !v.is_finite() || milli < 1.0 || milli > u32::MAX as f64 {
+    if !v.is_finite() || milli < 1.0 {
         return Err(crate::usage!(
-            "--quota: {s} is not a positive number of CPUs"
+            "--quota: {s} is not a positive number of CPUs (at least 0.001)"
+        ));
+    }
+    if milli > u32::MAX as f64 {
+        return Err(crate::usage!(
+            "--quota: {s} CPUs is more than this machine's online CPUs"
         ));
     }
     Ok(milli as u32)

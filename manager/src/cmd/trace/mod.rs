@@ -55,10 +55,15 @@ pub struct Args {
     #[arg(long, value_name = "PATH")]
     pub cgroup: Option<std::path::PathBuf>,
     /// Stop after this many seconds (default: until Ctrl-C or every target exits).
-    #[arg(long, value_name = "SECS")]
+    #[arg(long, allow_negative_numbers = true, value_name = "SECS")]
     pub duration: Option<f64>,
     /// Seconds between lines.
-    #[arg(long, default_value_t = 1.0, value_name = "SECS")]
+    #[arg(
+        long,
+        allow_negative_numbers = true,
+        default_value_t = 1.0,
+        value_name = "SECS"
+    )]
     pub interval: f64,
     /// How requests are delimited.
     #[arg(long, default_value = "auto", value_parser = ["auto", "connection", "turn", "grpc"])]
