@@ -14,6 +14,10 @@ use crate::resources::{Allocation, NodeCaps, Resource, Share};
 pub const PRIORITY_IDLE: u32 = 1;
 /// [`Resource::CpuPriority`]: normal weight.
 pub const PRIORITY_NORMAL: u32 = 2;
+/// [`Resource::CpuPriority`]: a latency-critical app's threads real-time
+/// (`SCHED_FIFO` 1 with reset-on-fork) inside an RT budget for its group;
+/// see docs/sharing-rt.md. Not yet in the knob's range (issue 20).
+pub const PRIORITY_REALTIME: u32 = 3;
 
 /// [`Resource::Hedge`]: requests not hedged.
 pub const HEDGE_OFF: u32 = 1;
