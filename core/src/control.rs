@@ -14,7 +14,9 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 pub mod realtime;
+pub mod rtgate;
 pub use realtime::{Grid, RealTime, Ticked, Wake};
+pub use rtgate::RtGate;
 
 use crate::policy::{Allocations, DecisionKind, NodeCaps, Plan, Policy, Snapshot, Unmet};
 
@@ -193,6 +195,8 @@ pub struct LoopCounters {
 pub struct ControlLoop<P: Policy> {
     policy: P,
     counters: LoopCounters,
+    /// Apps that want real time, and which have it ([`RtGate`]).
+    rt_gate: RtGate,
 }
 
 impl<P: Policy> ControlLoop<P> {
@@ -200,7 +204,13 @@ impl<P: Policy> ControlLoop<P> {
         ControlLoop {
             policy,
             counters: LoopCounters::default(),
+            rt_gate: RtGate::default(),
         }
+    }
+
+    /// The real-time gate every decision's plan passes (none by default).
+    pub fn set_rt_gate(&mut self, gate: RtGate) {
+        self.rt_gate = gate;
     }
 
     pub fn policy_name(&self) -> &str {
@@ -237,9 +247,11 @@ impl<P: Policy> ControlLoop<P> {
             rec.interval(tick.now_ms, &sensed.interval, node.current(), &sensed);
         }
         let current = node.current().clone();
-        let plan = self
+        let caps = node.caps();
+        let mut plan = self
             .policy
-            .decide(tick.now_ms, &sensed.snapshot, &current, &node.caps());
+            .decide(tick.now_ms, &sensed.snapshot, &current, &caps);
+        self.rt_gate.gate(&sensed.snapshot, &mut plan, &caps);
         self.counters.decisions += 1;
         self.counters.reverts += plan
             .decisions

@@ -180,6 +180,11 @@ pub struct Amounts {
     /// CPU bandwidth (CFS quota), milli-CPUs (300 = 0.3 CPU; at least 10).
     #[serde(default)]
     pub cpu_quota_milli: Option<u32>,
+    /// CPU priority: 1 idle class, 2 normal, 3 real time (latency-critical
+    /// apps, `initial` only: the loop's gate gives it while the app's CPU
+    /// use allows, docs/sharing-rt.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_priority: Option<u32>,
 }
 
 impl Amounts {
@@ -399,7 +404,21 @@ impl AppConfig {
         if let Some(h) = &self.hedge {
             s.set(Resource::Hedge, h.start_level());
         }
+        if self.wants_realtime() {
+            // Admitted normal: the loop's real-time gate raises it once a
+            // CPU-use reading says the app is well below its CPUs.
+            s.set(Resource::CpuPriority, qosd_core::knobs::PRIORITY_NORMAL);
+        }
         s
+    }
+
+    /// The app asks for real time (`resources: { initial: { cpu_priority:
+    /// 3 } }`): the loop's [`qosd_core::control::RtGate`] gives it while
+    /// its CPU use allows (docs/sharing-rt.md, "The gate").
+    pub fn wants_realtime(&self) -> bool {
+        self.class == AppClass::Lc
+            && self.resources.initial.get(Resource::CpuPriority)
+                == Some(qosd_core::knobs::PRIORITY_REALTIME)
     }
 }
 

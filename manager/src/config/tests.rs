@@ -272,6 +272,20 @@ fn semantic_errors_point_at_their_key() {
             "apps[0].name",
             "letters, digits",
         ),
+        (
+            "class: be",
+            "class: be\n    resources: { initial: { cpu_priority: 3 } }",
+            13,
+            "apps[1].resources.initial.cpu_priority",
+            "for latency-critical apps",
+        ),
+        (
+            "max: { nr_cores: 4,",
+            "max: { cpu_priority: 3, nr_cores: 4,",
+            9,
+            "apps[0].resources.max.cpu_priority",
+            "initial: { cpu_priority: 3 }",
+        ),
     ];
     for (from, to, line, key, msg) in cases {
         let e = err_with(from, to);

@@ -384,6 +384,21 @@ impl AppConfig {
             let (ini, min, max) = (r.initial.get(res), r.min.get(res), r.max.get(res));
             for (which, v) in [("initial", ini), ("min", min), ("max", max)] {
                 let Some(v) = v else { continue };
+                if res == Resource::CpuPriority && v == qosd_core::knobs::PRIORITY_REALTIME {
+                    if self.class == AppClass::Be {
+                        return Err(Invalid::new(
+                            at.key(which).key(key),
+                            "real time (3) is for latency-critical apps (class: lc)",
+                        ));
+                    }
+                    if which != "initial" {
+                        return Err(Invalid::new(
+                            at.key(which).key(key),
+                            "real time is asked for with `initial: { cpu_priority: 3 }` \
+                             (the loop's gate decides when it applies)",
+                        ));
+                    }
+                }
                 let (lo, hi, range) = qosd_core::knob(res).config_range;
                 if !(lo..=hi).contains(&v) {
                     return Err(Invalid::new(

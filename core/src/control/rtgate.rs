@@ -1,0 +1,125 @@
+//! The real-time gate (issue 20, docs/sharing-rt.md): a latency-critical
+//! app configured to want real time (`cpu_priority: 3`) gets
+//! [`PRIORITY_REALTIME`] only while its measured CPU use is well below the
+//! CPUs it holds (its cores, its quota, or the node when neither), and
+//! [`PRIORITY_NORMAL`] at once above, or while the reading is missing: an
+//! RT app near saturation would starve every fair task on its CPUs and hit
+//! its group's RT budget. The loop runs it on each decision's plan, after
+//! the policy (whose range of the knob stops at normal); each transition is
+//! a [`Decision`] of the plan, so every driver logs and records it, and the
+//! level is the knob's (`qosd_app_cpu_priority`, the timeline's shares).
+
+use std::collections::BTreeSet;
+
+use crate::knobs::{PRIORITY_NORMAL, PRIORITY_REALTIME};
+use crate::oa::cpus_held;
+use crate::plan::{Decision, DecisionKind, Plan};
+use crate::policy::{NodeCaps, Snapshot};
+use crate::resources::Resource;
+
+/// Real time is turned on below this share of the app's CPUs in use.
+/// The fixture at 50 % load uses 0.42 of its 2 CPUs' worth (0.21), at
+/// 80 % 0.72 (0.36): see docs/sharing-rt.md, "The gate".
+pub const RT_ON_BELOW: f64 = 0.5;
+/// ... and off above this one (the hysteresis between the two keeps a
+/// reading near one bound from flapping the class every decision).
+pub const RT_OFF_ABOVE: f64 = 0.65;
+
+/// The gate's state: which apps want real time, and which have it.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RtGate {
+    on_below: f64,
+    off_above: f64,
+    wants: BTreeSet<String>,
+    on: BTreeSet<String>,
+}
+
+impl RtGate {
+    /// A gate for the apps named in `wants`, with the default bounds.
+    pub fn new(wants: impl IntoIterator<Item = String>) -> RtGate {
+        RtGate::with_bounds(wants, RT_ON_BELOW, RT_OFF_ABOVE)
+    }
+
+    /// A gate with its own bounds (`on_below` <= `off_above`, both shares
+    /// of the app's CPUs).
+    pub fn with_bounds(
+        wants: impl IntoIterator<Item = String>,
+        on_below: f64,
+        off_above: f64,
+    ) -> RtGate {
+        RtGate {
+            on_below,
+            off_above: off_above.max(on_below),
+            wants: wants.into_iter().collect(),
+            on: BTreeSet::new(),
+        }
+    }
+
+    /// True when no app wants real time (the gate does nothing).
+    pub fn is_empty(&self) -> bool {
+        self.wants.is_empty()
+    }
+
+    /// Sets the CPU priority of every app that wants real time in `plan`:
+    /// realtime or normal by its CPU use in `snap`; a change is added to
+    /// the plan's decisions. A node without the priority knob is left
+    /// alone.
+    pub fn gate(&mut self, snap: &Snapshot, plan: &mut Plan, caps: &NodeCaps) {
+        if !caps.cpu_priority {
+            return;
+        }
+        self.on.retain(|a| plan.allocations.contains_key(a));
+        for name in &self.wants {
+            let Some(share) = plan.allocations.get_mut(name) else {
+                continue;
+            };
+            let used = snap.app(name).and_then(|a| a.cpus_used);
+            let held = cpus_held(Some(share), caps);
+            let ratio = used.zip(held.filter(|h| *h > 0.0)).map(|(u, h)| u / h);
+            let was = self.on.contains(name);
+            let now = match ratio {
+                None => false,
+                Some(r) if was => r <= self.off_above,
+                Some(r) => r < self.on_below,
+            };
+            let level = if now {
+                PRIORITY_REALTIME
+            } else {
+                PRIORITY_NORMAL
+            };
+            let from = share.cpu_priority;
+            share.cpu_priority = level;
+            if now {
+                self.on.insert(name.clone());
+            } else {
+                self.on.remove(name);
+            }
+            if from == level {
+                continue;
+            }
+            let reason = match (used, held, ratio) {
+                (Some(u), Some(h), Some(r)) => format!(
+                    "CPU use {u:.2} of {h:.2} CPUs = {r:.2} ({} {})",
+                    if now { "<" } else { ">" },
+                    if now { self.on_below } else { self.off_above }
+                ),
+                _ => "no CPU-use reading: never real time without one".to_owned(),
+            };
+            plan.decisions.push(Decision {
+                app: name.clone(),
+                resource: Resource::CpuPriority,
+                kind: if now {
+                    DecisionKind::Upsize
+                } else {
+                    DecisionKind::Downsize
+                },
+                from,
+                to: level,
+                reason: format!("realtime gate: {reason}"),
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

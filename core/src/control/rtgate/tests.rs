@@ -1,0 +1,131 @@
+use super::*;
+use crate::policy::{AppClass, AppState};
+use crate::resources::Share;
+
+/// A 2-core node with the priority knob; `app` holds both cores.
+fn node() -> NodeCaps {
+    NodeCaps {
+        nr_cores: 2,
+        cpu_priority: true,
+        ..NodeCaps::default()
+    }
+}
+
+fn plan(prio: u32) -> Plan {
+    let share = Share {
+        nr_cores: 2,
+        cpu_priority: prio,
+        ..Share::default()
+    };
+    Plan {
+        allocations: [("app".to_owned(), share)].into(),
+        ..Plan::default()
+    }
+}
+
+fn snap(used: Option<f64>) -> Snapshot {
+    let mut a = AppState::new("app", AppClass::Lc);
+    a.cpus_used = used;
+    Snapshot {
+        apps: vec![a],
+        ..Snapshot::default()
+    }
+}
+
+/// One decision with `used` CPUs busy: the level the gate put in the plan
+/// and the decisions it added.
+fn step(g: &mut RtGate, used: Option<f64>, prio: u32) -> (u32, Vec<Decision>) {
+    let mut p = plan(prio);
+    g.gate(&snap(used), &mut p, &node());
+    (p.allocations["app"].cpu_priority, p.decisions)
+}
+
+#[test]
+fn on_below_the_lower_bound_off_above_the_upper() {
+    let mut g = RtGate::new(["app".to_owned()]);
+    // 0.42 of 2 CPUs = 0.21 < 0.5: real time, one decision saying so.
+    let (lvl, d) = step(&mut g, Some(0.42), PRIORITY_NORMAL);
+    assert_eq!(lvl, PRIORITY_REALTIME);
+    assert_eq!(d.len(), 1);
+    assert_eq!((d[0].from, d[0].to), (PRIORITY_NORMAL, PRIORITY_REALTIME));
+    assert!(d[0].reason.contains("0.21"), "{}", d[0].reason);
+    // 1.4 of 2 = 0.7 > 0.65: normal at once.
+    let (lvl, d) = step(&mut g, Some(1.4), PRIORITY_REALTIME);
+    assert_eq!(lvl, PRIORITY_NORMAL);
+    assert_eq!(d[0].kind, DecisionKind::Downsize);
+}
+
+#[test]
+fn hysteresis_between_the_bounds_keeps_the_level() {
+    let mut g = RtGate::new(["app".to_owned()]);
+    // 1.2 of 2 = 0.6: between the bounds; off stays off.
+    assert_eq!(step(&mut g, Some(1.2), PRIORITY_NORMAL).0, PRIORITY_NORMAL);
+    assert_eq!(
+        step(&mut g, Some(0.8), PRIORITY_NORMAL).0,
+        PRIORITY_REALTIME
+    );
+    // On stays on at 0.6, with no decision (nothing changed).
+    let (lvl, d) = step(&mut g, Some(1.2), PRIORITY_REALTIME);
+    assert_eq!(lvl, PRIORITY_REALTIME);
+    assert!(d.is_empty());
+    assert_eq!(
+        step(&mut g, Some(1.31), PRIORITY_REALTIME).0,
+        PRIORITY_NORMAL
+    );
+}
+
+#[test]
+fn a_missing_reading_is_never_real_time() {
+    let mut g = RtGate::new(["app".to_owned()]);
+    assert_eq!(step(&mut g, None, PRIORITY_NORMAL).0, PRIORITY_NORMAL);
+    assert_eq!(
+        step(&mut g, Some(0.2), PRIORITY_NORMAL).0,
+        PRIORITY_REALTIME
+    );
+    let (lvl, d) = step(&mut g, None, PRIORITY_REALTIME);
+    assert_eq!(lvl, PRIORITY_NORMAL);
+    assert!(
+        d[0].reason.contains("no CPU-use reading"),
+        "{}",
+        d[0].reason
+    );
+    // The app gone from the snapshot counts as missing too.
+    step(&mut g, Some(0.2), PRIORITY_NORMAL);
+    let mut p = plan(PRIORITY_REALTIME);
+    g.gate(&Snapshot::default(), &mut p, &node());
+    assert_eq!(p.allocations["app"].cpu_priority, PRIORITY_NORMAL);
+}
+
+#[test]
+fn apps_not_wanting_it_and_nodes_without_the_knob_are_left_alone() {
+    let mut g = RtGate::new(["other".to_owned()]);
+    assert_eq!(
+        step(&mut g, Some(0.1), PRIORITY_NORMAL),
+        (PRIORITY_NORMAL, vec![])
+    );
+    let mut g = RtGate::new(["app".to_owned()]);
+    let mut p = plan(0);
+    let caps = NodeCaps {
+        cpu_priority: false,
+        ..node()
+    };
+    g.gate(&snap(Some(0.1)), &mut p, &caps);
+    assert_eq!(p.allocations["app"].cpu_priority, 0);
+}
+
+#[test]
+fn the_cpus_held_are_the_quota_when_it_is_lower() {
+    let mut g = RtGate::new(["app".to_owned()]);
+    let mut p = plan(PRIORITY_NORMAL);
+    p.allocations.get_mut("app").unwrap().cpu_quota_milli = 500;
+    let caps = NodeCaps {
+        quota: Some(crate::QuotaRange {
+            step_milli: 100,
+            max_milli: 2000,
+        }),
+        ..node()
+    };
+    // 0.3 CPUs of a 0.5-CPU quota = 0.6: not below 0.5.
+    g.gate(&snap(Some(0.3)), &mut p, &caps);
+    assert_eq!(p.allocations["app"].cpu_priority, PRIORITY_NORMAL);
+}
