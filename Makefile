@@ -80,7 +80,8 @@ test: build fixtures
 
 ## test-kernels: the root suites of the sensors and actuators on Debian 12's
 ## and 13's kernels (guests with cgroup v2 only) and this host; docs/kernels.md
-test-kernels: build fixtures
+## (matrix.sh builds the fixtures and only the test binaries its suites name)
+test-kernels: deps
 	bash kernels/matrix.sh
 
 ## test-k8s: qosd against a real API server (etcd + kube-apiserver on loopback)

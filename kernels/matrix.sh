@@ -57,25 +57,39 @@ for s in $KERNEL_SUITES; do
   kernels+=("$kver")
 done
 
-# The test binaries, built on the host (the guests share its filesystem).
+# The test binaries the suites name, and only those, built on the host (the
+# guests share its filesystem). Each suite's test binary once, as `--test`;
+# `--workspace` keeps the features, and so the binaries, of `make test`'s build.
 make --no-print-directory fixtures >/dev/null
-cargo test --release --workspace --no-run --message-format=json 2>/dev/null \
-  | python3 -c '
+suite_rows=() tests=()
+while IFS=$'\t' read -r suite test filter env; do
+  case "$suite" in ''|\#*) continue ;; esac
+  [ -n "$test" ] || { echo "suite $suite names no test binary ($SUITES)" >&2; exit 1; }
+  suite_rows+=("$suite"$'\t'"$test"$'\t'"${filter:-}"$'\t'"${env:-}")
+  case " ${tests[*]} " in *" --test $test "*) ;; *) tests+=(--test "$test") ;; esac
+done < "$SUITES"
+[ ${#tests[@]} -gt 0 ] || { echo "no suites in $SUITES" >&2; exit 1; }
+if ! cargo test --release --workspace --no-run "${tests[@]}" --message-format=json \
+    > "$K/build.json" 2> "$K/build.log"; then
+  tail -n 20 "$K/build.log" >&2
+  exit 1
+fi
+python3 -c '
 import json, sys
 for line in sys.stdin:
     try: m = json.loads(line)
     except ValueError: continue
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
         print(m["target"]["name"] + "\t" + m["executable"])
-' > "$K/binaries.tsv"
+' < "$K/build.json" > "$K/binaries.tsv"
 resolved="$K/suites.resolved.tsv"
 : > "$resolved"
-while IFS=$'\t' read -r suite test filter env; do
-  case "$suite" in ''|\#*) continue ;; esac
+for row in "${suite_rows[@]}"; do
+  IFS=$'\t' read -r suite test filter env <<< "$row"
   bin=$(awk -F'\t' -v t="$test" '$1 == t { print $2 }' "$K/binaries.tsv")
   [ -n "$bin" ] || { echo "no test binary '$test' (suite $suite)" >&2; exit 1; }
   printf '%s\t%s\t%s\t%s\n' "$suite" "$bin" "${filter:-}" "${env:-}" >> "$resolved"
-done < "$SUITES"
+done
 
 # Why the guests run under TCG here, when they do: this host's KVM is PVM
 # (kvm_pvm), which boots only PVM-enabled guest kernels; Debian's hang at once.
