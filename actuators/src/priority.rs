@@ -274,10 +274,15 @@ impl Actuator for PriorityActuator {
     /// group, with no file, is normal), or of its main thread's policy.
     fn read(&self, ctx: &Ctx, app: &AppTarget) -> Result<Allocation> {
         let pid = cgroup::first_pid(app)?;
-        let rt = schedpolicy::get(pid)?;
+        // A fake tree's pid is no live thread: its group file decides.
+        let policy = schedpolicy::get(pid);
+        let policy = match (&self.backend, policy) {
+            (Backend::SchedIdle, p) => p?,
+            (_, p) => p.unwrap_or_default(),
+        };
         let priority = match &self.backend {
-            _ if schedpolicy::policy_part(&rt) == realtime::POLICY => PRIORITY_REALTIME,
-            Backend::SchedIdle => match rt.starts_with(schedpolicy::IDLE) {
+            _ if schedpolicy::policy_part(&policy) == realtime::POLICY => PRIORITY_REALTIME,
+            Backend::SchedIdle => match policy.starts_with(schedpolicy::IDLE) {
                 true => PRIORITY_IDLE,
                 false => PRIORITY_NORMAL,
             },

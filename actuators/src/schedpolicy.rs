@@ -222,7 +222,8 @@ mod tests {
             (before, now, get(tid).unwrap())
         });
         let (before, now, after) = h.join().unwrap();
-        assert_eq!(now, IDLE);
+        // The nice part is the test runner's (nice 19 under `heavy`).
+        assert_eq!(policy_part(&now), IDLE);
         assert_eq!(before, after);
     }
 }
