@@ -199,6 +199,23 @@ fn real_priority_realtime_set_restore_sigterm_sigkill_and_forged_state() {
     let st = s.to_str().unwrap();
     let p = pid.to_string();
 
+    // A budget above the parent's: the kernel refuses it (EINVAL), the
+    // set fails naming the file, and nothing is left changed.
+    let out = Command::new(QOSD)
+        .args(set(st, &[], &p, "realtime"))
+        .env("QOSD_RT_BUDGET_US", "960000")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("cpu.rt_runtime_us"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(sched_state(pid), before);
+    assert_eq!(cpu_group(pid), group0);
+    assert!(!s.exists());
+
     // One-shot set: every thread ours, the group's budget set; a thread
     // made afterwards by a real-time thread starts at SCHED_OTHER.
     let out = qosd(&set(st, &[], &p, "realtime"));
