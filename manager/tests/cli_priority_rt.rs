@@ -232,6 +232,19 @@ fn real_priority_realtime_set_restore_sigterm_sigkill_and_forged_state() {
     let out = qosd(&["caps"]);
     assert!(text(&out.stdout).contains("realtime: available"));
 
+    // Normal on the realtime app: each thread back to its original (the
+    // late one to the main thread's), then the budget to 0.
+    let out = qosd(&set(st, &[], &p, "normal"));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        before.iter().all(|b| sched_state(pid).contains(b)),
+        "{:?}",
+        sched_state(pid)
+    );
+    assert!(!chrt(late).contains("SCHED_FIFO"), "{}", chrt(late));
+    let budget = std::fs::read_to_string(format!("{CPU}{group}/cpu.rt_runtime_us")).unwrap();
+    assert_eq!(budget.trim(), "0");
+
     // `qosd restore`: policy, priority, nice back on every thread; the
     // group gone.
     let out = qosd(&["restore", "--state-file", st]);
