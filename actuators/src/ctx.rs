@@ -239,7 +239,9 @@ impl Ctx {
     }
 
     /// Sets the scheduling policy of every thread of `pid` to `policy`
-    /// ([`crate::schedpolicy`] text); real-time threads are left alone.
+    /// ([`crate::schedpolicy`] text, no nice part: the nice value is kept
+    /// and journalled); real-time threads are left alone unless they have
+    /// `policy` already (qosd's own, at a reassert).
     pub fn set_sched_policy(&mut self, resource: Resource, pid: i32, policy: &str) -> Result<()> {
         let entry = |pid, start_time, threads| Entry::Sched {
             resource,
@@ -252,6 +254,9 @@ impl Ctx {
             get: &crate::schedpolicy::get,
             set: &|tid| crate::schedpolicy::set(tid, policy),
             skip: &|before: &str| {
+                if crate::schedpolicy::policy_part(before) == policy {
+                    return true;
+                }
                 let rt = crate::schedpolicy::is_realtime(before);
                 if rt {
                     tracing::warn!("pid {pid}: a {before} thread is real-time: left as it is");

@@ -27,6 +27,7 @@ pub mod pqos;
 pub mod priority;
 pub mod proc;
 pub mod quota;
+pub mod realtime;
 pub mod registry;
 pub mod resctrl;
 pub mod root;

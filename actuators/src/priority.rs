@@ -8,15 +8,17 @@
 //! (`cpu.idle` 0, `cpu.weight` 100, `cpu.shares` 1024). Without a cpu
 //! group hierarchy, every thread of the app goes to `SCHED_IDLE` (and back
 //! to `SCHED_OTHER` for "normal"), threads made later at each reassert.
+//! The realtime value (opt-in, latency-critical apps): [`crate::realtime`].
 
 use std::path::{Path, PathBuf};
 
-use qosd_core::knobs::{PRIORITY_IDLE, PRIORITY_NORMAL};
+use qosd_core::knobs::{PRIORITY_IDLE, PRIORITY_NORMAL, PRIORITY_REALTIME};
 use qosd_core::{Allocation, Resource};
 
 use crate::caps::{BackendProbe, Detected, KnobCaps, Probe};
 use crate::cgroup::{self, cgroup1_with, cgroup2_with};
 use crate::error::{Error, Result};
+use crate::realtime::{self, Rt};
 use crate::root::read_file;
 use crate::{proc, schedpolicy, Actuator, AppTarget, Ctx, KnobRequest};
 
@@ -82,6 +84,8 @@ pub enum Backend {
 
 pub struct PriorityActuator {
     pub backend: Backend,
+    /// How the realtime value is applied here, or why it cannot be.
+    pub rt: std::result::Result<Rt, String>,
 }
 
 /// Test-only: makes the priority knob's cgroup backends look missing, so
@@ -149,7 +153,7 @@ pub fn detect(p: &Probe) -> Detected {
     let (ps, s) = BackendProbe::of("sched_idle", crate::cores::probe_affinity(root), |_| {
         "idle class: SCHED_IDLE on every thread in /proc/PID/task (no cpu group)".into()
     });
-    let caps = KnobCaps::choose(vec![p2, p1, ps], |_| true);
+    let mut caps = KnobCaps::choose(vec![p2, p1, ps], |_| true);
     let backend = match caps.backend.as_deref() {
         Some("cgroup2") => m2.map(|m| (true, m)),
         Some("cgroup1") => m1.map(|m| (false, m)),
@@ -167,7 +171,23 @@ pub fn detect(p: &Probe) -> Detected {
             .flatten()
             .map(|()| Backend::SchedIdle)
     });
-    let plugin = backend.map(|backend| Box::new(PriorityActuator { backend }) as Box<dyn Actuator>);
+    let plugin = backend.map(|backend| {
+        let rt = realtime::probe(root, &backend);
+        let line = match &rt {
+            Ok(rt) => format!("; {}", rt.describe()),
+            Err(why) => format!("; realtime: not available: {why}"),
+        };
+        caps.reason += &line;
+        let chosen = caps.backend.clone();
+        for b in caps
+            .backends
+            .iter_mut()
+            .filter(|b| Some(&b.name) == chosen.as_ref())
+        {
+            b.reason += &line;
+        }
+        Box::new(PriorityActuator { backend, rt }) as Box<dyn Actuator>
+    });
     (caps, plugin)
 }
 
@@ -192,19 +212,33 @@ impl Actuator for PriorityActuator {
         let Some(priority) = req.want.cpu_priority else {
             return Ok(());
         };
-        if priority != PRIORITY_IDLE && priority != PRIORITY_NORMAL {
+        if !(PRIORITY_IDLE..=PRIORITY_REALTIME).contains(&priority) {
             return Err(Error::Invalid(format!(
-                "CPU priority {priority} is neither {PRIORITY_IDLE} (idle) nor {PRIORITY_NORMAL} (normal)"
+                "CPU priority {priority} is none of {PRIORITY_IDLE} (idle), {PRIORITY_NORMAL} \
+                 (normal), {PRIORITY_REALTIME} (realtime)"
             )));
         }
+        let rt = match (priority == PRIORITY_REALTIME, &self.rt) {
+            (false, _) => None,
+            (true, Ok(rt)) => Some(rt.clone()),
+            (true, Err(why)) => {
+                return Err(Error::Unavailable {
+                    resource: R,
+                    reason: format!("realtime: {why}"),
+                })
+            }
+        };
+        let pids = &req.app.pids;
         let (v2, mount, mark) = match &mut self.backend {
             Backend::Group { v2, mount, mark } => (*v2, mount, mark),
             Backend::SchedIdle => {
                 let policy = match priority {
                     PRIORITY_IDLE => schedpolicy::IDLE,
+                    PRIORITY_REALTIME => return realtime::promote(ctx, pids),
                     _ => schedpolicy::OTHER,
                 };
-                for &pid in &req.app.pids {
+                realtime::demote(ctx, None, pids)?;
+                for &pid in pids {
                     ctx.set_sched_policy(R, pid, policy)?;
                 }
                 return Ok(());
@@ -220,18 +254,35 @@ impl Actuator for PriorityActuator {
         if v2 {
             *mark = group_mark(&group).unwrap_or(*mark);
         }
+        // Threads back first, then the budget; the budget before any
+        // real-time thread moves in (the kernel refuses both otherwise).
+        match &rt {
+            Some(rt) => realtime::give_budget(ctx, rt, &group)?,
+            None => realtime::demote(ctx, Some(&group), pids)?,
+        }
         let file = group.join(mark.file());
-        ctx.write(R, &file, mark.value(priority), false)?;
+        ctx.write(R, &file, mark.value(priority.min(PRIORITY_NORMAL)), false)?;
         let controller = (!v2).then_some("cpu");
-        cgroup::move_pids(ctx, R, mount, &group, controller, &req.app.pids)
+        cgroup::move_pids(ctx, R, mount, &group, controller, pids)?;
+        match rt {
+            Some(_) => realtime::promote(ctx, pids),
+            None => Ok(()),
+        }
     }
 
     /// The priority of the group the app's first process is in (the root
     /// group, with no file, is normal), or of its main thread's policy.
     fn read(&self, ctx: &Ctx, app: &AppTarget) -> Result<Allocation> {
         let pid = cgroup::first_pid(app)?;
+        // A fake tree's pid is no live thread: its group file decides.
+        let policy = schedpolicy::get(pid);
+        let policy = match (&self.backend, policy) {
+            (Backend::SchedIdle, p) => p?,
+            (_, p) => p.unwrap_or_default(),
+        };
         let priority = match &self.backend {
-            Backend::SchedIdle => match schedpolicy::get(pid)?.starts_with(schedpolicy::IDLE) {
+            _ if schedpolicy::policy_part(&policy) == realtime::POLICY => PRIORITY_REALTIME,
+            Backend::SchedIdle => match policy.starts_with(schedpolicy::IDLE) {
                 true => PRIORITY_IDLE,
                 false => PRIORITY_NORMAL,
             },

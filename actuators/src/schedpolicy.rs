@@ -1,8 +1,10 @@
 //! A thread's scheduling policy (`sched_getscheduler`/`sched_setscheduler`)
 //! as a short text the journal and state file keep: `other`, `batch`,
 //! `idle`, `fifo:PRIO`, `rr:PRIO`, with `+reset_on_fork` when the thread
-//! has that flag. The CPU priority knob's last backend puts a best-effort
-//! app's threads in `SCHED_IDLE` where the kernel offers no cpu group.
+//! has that flag, and ` nice:N` when the thread's nice value is not 0 (so
+//! that a restore puts the nice back too). The CPU priority knob's last
+//! backend puts a best-effort app's threads in `SCHED_IDLE` where the kernel
+//! offers no cpu group; its realtime value makes them `fifo:1+reset_on_fork`.
 
 use crate::error::{Error, Result};
 
@@ -42,7 +44,30 @@ fn format(policy: libc::c_int, prio: libc::c_int) -> Result<String> {
     Ok(s)
 }
 
-/// `(policy | flags, priority)` of a policy text.
+/// The policy part of a text (without its ` nice:N`).
+pub fn policy_part(text: &str) -> &str {
+    text.split_once(" nice:").map_or(text, |(p, _)| p)
+}
+
+/// `(policy | flags, priority, nice)` of a text; nice `None` when the text
+/// names none (a setter leaves the nice value alone then).
+pub fn parse_full(text: &str) -> Result<(libc::c_int, libc::c_int, Option<i32>)> {
+    let (head, nice) = match text.split_once(" nice:") {
+        Some((h, n)) => match n.parse::<i32>() {
+            Ok(n) if (-20..=19).contains(&n) => (h, Some(n)),
+            _ => {
+                return Err(Error::Invalid(format!(
+                    "scheduling policy {text:?}: nice must be -20..=19"
+                )))
+            }
+        },
+        None => (text, None),
+    };
+    let (policy, prio) = parse(head)?;
+    Ok((policy, prio, nice))
+}
+
+/// `(policy | flags, priority)` of a policy text (no nice part).
 pub fn parse(text: &str) -> Result<(libc::c_int, libc::c_int)> {
     let bad = || {
         Error::Invalid(format!("scheduling policy {text:?}: expected other, batch, idle, fifo:N or rr:N (+reset_on_fork)"))
@@ -86,8 +111,41 @@ fn sys(op: &'static str, tid: i32) -> Error {
     }
 }
 
-/// The policy of thread `tid`.
+/// True when setting `want` on a thread now at `now` would raise it: make
+/// it real-time (unless it has that very policy already) or give it a
+/// lower nice. A restore never does that: qosd leaves real-time threads
+/// alone and keeps the nice it finds, so no journalled original needs it,
+/// and a forged one must not get it.
+pub fn raises(now: &str, want: &str) -> bool {
+    let nice = |t: &str| parse_full(t).ok().and_then(|(_, _, n)| n).unwrap_or(0);
+    let rt = is_realtime(want) && policy_part(now) != policy_part(want);
+    rt || (want.contains(" nice:") && nice(want) < nice(now))
+}
+
+/// The nice value of thread `tid`.
+fn nice_of(tid: i32) -> Result<i32> {
+    nix::errno::Errno::clear();
+    // SAFETY: a plain syscall on a thread id; -1 is a valid nice, so errno
+    // tells a failure.
+    let n = unsafe { libc::getpriority(libc::PRIO_PROCESS, tid as libc::id_t) };
+    if n == -1 && nix::errno::Errno::last_raw() != 0 {
+        return Err(sys("getpriority", tid));
+    }
+    Ok(n)
+}
+
+/// The policy of thread `tid`, with its nice value when not 0.
 pub fn get(tid: i32) -> Result<String> {
+    let mut s = get_policy(tid)?;
+    let nice = nice_of(tid)?;
+    if nice != 0 {
+        s += &format!(" nice:{nice}");
+    }
+    Ok(s)
+}
+
+/// The policy of thread `tid` (no nice part).
+fn get_policy(tid: i32) -> Result<String> {
     // SAFETY: plain syscalls on a thread id; `param` is a valid out pointer.
     let policy = unsafe { libc::sched_getscheduler(tid) };
     if policy < 0 {
@@ -101,15 +159,22 @@ pub fn get(tid: i32) -> Result<String> {
     format(policy, param.sched_priority)
 }
 
-/// Sets the policy of thread `tid` (the nice value is left alone).
+/// Sets the policy of thread `tid`, and its nice value when the text
+/// names one (else the nice value is left alone).
 pub fn set(tid: i32, text: &str) -> Result<()> {
-    let (policy, prio) = parse(text)?;
+    let (policy, prio, nice) = parse_full(text)?;
     let param = libc::sched_param {
         sched_priority: prio,
     };
     // SAFETY: a syscall on a thread id with a valid `param`.
     if unsafe { libc::sched_setscheduler(tid, policy, &param) } < 0 {
         return Err(sys("sched_setscheduler", tid));
+    }
+    if let Some(n) = nice {
+        // SAFETY: a plain syscall on a thread id.
+        if unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, n) } < 0 {
+            return Err(sys("setpriority", tid));
+        }
     }
     Ok(())
 }
@@ -135,6 +200,13 @@ mod tests {
             assert!(parse(bad).is_err(), "{bad}");
         }
         assert!(is_realtime("fifo:1") && !is_realtime("idle"));
+        assert_eq!(parse_full("batch nice:5").unwrap().2, Some(5));
+        assert_eq!(policy_part("batch nice:5"), "batch");
+        for bad in ["other nice:20", "other nice:x", "fifo nice:1"] {
+            assert!(parse_full(bad).is_err(), "{bad}");
+        }
+        assert!(raises("other", "fifo:1") && !raises("fifo:1 nice:3", "fifo:1"));
+        assert!(raises("other nice:0", "other nice:-5") && !raises("idle nice:5", "other nice:5"));
     }
 
     #[test]
@@ -150,7 +222,8 @@ mod tests {
             (before, now, get(tid).unwrap())
         });
         let (before, now, after) = h.join().unwrap();
-        assert_eq!(now, IDLE);
+        // The nice part is the test runner's (nice 19 under `heavy`).
+        assert_eq!(policy_part(&now), IDLE);
         assert_eq!(before, after);
     }
 }

@@ -16,7 +16,11 @@ use qosd_core::knobs::PRIORITY_IDLE;
 fn policies(pid: u32) -> Vec<(i32, String)> {
     tids(pid)
         .into_iter()
-        .map(|t| (t, schedpolicy::get(t).unwrap()))
+        // The policy part: the nice is the runner's (19 under `heavy`).
+        .map(|t| {
+            let p = schedpolicy::get(t).unwrap();
+            (t, schedpolicy::policy_part(&p).to_owned())
+        })
         .collect()
 }
 
@@ -57,7 +61,7 @@ fn real_sched_idle_fallback_covers_every_thread_and_restores_exactly() {
     schedpolicy::set(t, schedpolicy::OTHER).unwrap();
     a.apply(&app, &idle).unwrap();
     assert_eq!(
-        schedpolicy::get(t).unwrap(),
+        schedpolicy::policy_part(&schedpolicy::get(t).unwrap()),
         schedpolicy::IDLE,
         "new thread {t}"
     );

@@ -16,7 +16,9 @@ pub const PRIORITY_IDLE: u32 = 1;
 pub const PRIORITY_NORMAL: u32 = 2;
 /// [`Resource::CpuPriority`]: a latency-critical app's threads real-time
 /// (`SCHED_FIFO` 1 with reset-on-fork) inside an RT budget for its group;
-/// see docs/sharing-rt.md. Not yet in the knob's range (issue 20).
+/// see docs/sharing-rt.md. Opt-in: no class defaults to it, and the
+/// policy's range stops at normal (the gate that asks for it is the
+/// loop's, issue 20); a config or `qosd set` may give it.
 pub const PRIORITY_REALTIME: u32 = 3;
 
 /// [`Resource::Hedge`]: requests not hedged.
@@ -226,14 +228,18 @@ pub static KNOBS: [Knob; 7] = [
         pooled: false,
         share_key: "cpu_priority",
         api_key: "cpu_priority",
-        config_range: (PRIORITY_IDLE, PRIORITY_NORMAL, "1 (idle) or 2 (normal)"),
+        config_range: (
+            PRIORITY_IDLE,
+            PRIORITY_REALTIME,
+            "1 (idle), 2 (normal) or 3 (realtime)",
+        ),
         rule_metric: None,
         metric: MetricSpec {
             name: "qosd_app_cpu_priority",
-            help: "CPU priority class of the app's group: 1 idle class (best-effort), 2 normal weight.",
+            help: "CPU priority class of the app: 1 idle class (best-effort), 2 normal weight, 3 realtime (SCHED_FIFO 1 in an RT budget).",
             scale: 1.0,
         },
-        set_usage: "qosd set priority --pid PID --class idle|normal",
+        set_usage: "qosd set priority --pid PID --class idle|normal|realtime",
         share: |s| s.cpu_priority,
         set_share: |s, v| s.cpu_priority = v,
         in_alloc: |a| a.cpu_priority.is_some(),

@@ -78,8 +78,9 @@ pub struct Allocation {
     /// worth of time per period, whichever CPUs it runs on).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_quota_milli: Option<u32>,
-    /// CPU priority class: [`crate::knobs::PRIORITY_IDLE`] or
-    /// [`crate::knobs::PRIORITY_NORMAL`].
+    /// CPU priority class: [`crate::knobs::PRIORITY_IDLE`],
+    /// [`crate::knobs::PRIORITY_NORMAL`] or
+    /// [`crate::knobs::PRIORITY_REALTIME`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_priority: Option<u32>,
     /// Hedging: [`crate::knobs::HEDGE_OFF`] or [`crate::knobs::HEDGE_ON`].

@@ -135,7 +135,7 @@ fn set_level_sets_a_knob_by_its_name_and_refuses_what_the_table_refuses() {
 
     for (knob, lvl, says) in [
         ("cores", "1", "not set by a level"),
-        ("cpu_priority", "3", "1 (idle) or 2 (normal)"),
+        ("cpu_priority", "4", "1 (idle), 2 (normal) or 3 (realtime)"),
         ("memory_bandwidth", "101", "1 to 100"),
         ("nosuch", "1", "is not a knob"),
     ] {

@@ -50,9 +50,13 @@ pub fn check_entry(root: &Root, e: &Entry) -> Result<()> {
             bad("cgroup file", back_to)
         }
         Entry::Net { argv, .. } => crate::netns::check_undo(argv),
-        // qosd never leaves a thread real-time: a state file may not make one.
-        Entry::Sched { threads, .. } => match threads.iter().find(|(_, p)| {
-            crate::schedpolicy::is_realtime(p) || crate::schedpolicy::parse(p).is_err()
+        Entry::Sched {
+            pid,
+            start_time,
+            threads,
+            ..
+        } => match threads.iter().find(|(tid, p)| {
+            crate::schedpolicy::parse_full(p).is_err() || raises(root, *pid, *start_time, *tid, p)
         }) {
             Some((tid, p)) => Err(Error::Invalid(format!(
                 "state file entry refused: scheduling policy {p:?} for thread {tid} is not one qosd restores"
@@ -71,6 +75,22 @@ pub fn check_entry(root: &Root, e: &Entry) -> Result<()> {
         }
         _ => Ok(()),
     }
+}
+
+/// Whether restoring `want` on thread `tid` of `pid` would raise it (make
+/// it real-time, or lower its nice: [`crate::schedpolicy::raises`]). qosd
+/// journals a real-time original only for a thread it left alone (it
+/// never changes one), so an honest entry restores such a thread to the
+/// policy it has now; one that would make any live thread of the process
+/// real-time was not written by qosd. A thread or process that is gone
+/// is not touched by the restore, so it cannot be raised.
+fn raises(root: &Root, pid: i32, start_time: u64, tid: i32, want: &str) -> bool {
+    if !crate::proc::same_process(root, pid, start_time)
+        || !crate::proc::tids(root, pid).is_ok_and(|t| t.contains(&tid))
+    {
+        return false;
+    }
+    crate::schedpolicy::get(tid).is_ok_and(|now| crate::schedpolicy::raises(&now, want))
 }
 
 #[cfg(test)]

@@ -64,10 +64,20 @@ pub(super) fn sched(
     start_time: &u64,
     threads: &[(i32, String)],
 ) -> Result<Vec<Change>> {
+    // Never raises a thread (see `schedpolicy::raises`): a listed thread
+    // whose original is real-time was left alone, and an unlisted one
+    // must not inherit a real-time main thread's policy.
+    let set = |tid, want: &str| match crate::schedpolicy::get(tid) {
+        Ok(now) if crate::schedpolicy::raises(&now, want) => {
+            tracing::warn!("pid {pid} thread {tid}: left at {now}, not raised to {want}");
+            Ok(())
+        }
+        _ => crate::schedpolicy::set(tid, want),
+    };
     let ops = UndoOps {
         what: "scheduling policy",
         get: &crate::schedpolicy::get,
-        set: &crate::schedpolicy::set,
+        set: &set,
     };
     each_thread(root, dry_run, resource, *pid, *start_time, threads, &ops)
 }

@@ -189,6 +189,9 @@ pub enum PriorityArg {
     Idle,
     /// `cpu.idle` 0 (else the default weight).
     Normal,
+    /// Every thread `SCHED_FIFO` 1 with reset-on-fork, in the app's group
+    /// with an RT budget (`cpu.rt_runtime_us`) where the kernel has one.
+    Realtime,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -427,6 +430,7 @@ fn apply(acts: &mut Actuators, knob: &Knob, quota: Option<u32>) -> anyhow::Resul
                 cpu_priority: Some(match class {
                     PriorityArg::Idle => qosd_core::knobs::PRIORITY_IDLE,
                     PriorityArg::Normal => qosd_core::knobs::PRIORITY_NORMAL,
+                    PriorityArg::Realtime => qosd_core::knobs::PRIORITY_REALTIME,
                 }),
                 ..Default::default()
             },

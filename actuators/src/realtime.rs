@@ -1,0 +1,213 @@
+//! The realtime value of the CPU priority knob ([`PRIORITY_REALTIME`],
+//! docs/sharing-rt.md): every thread of a latency-critical app at
+//! `SCHED_FIFO` 1 with `SCHED_RESET_ON_FORK` (threads and children made
+//! later start at the default policy; the next reassert picks them up), in
+//! its `qosd-<app>` cpu group, which first gets an RT budget where the
+//! kernel has RT group scheduling (`cpu.rt_runtime_us`: the app's RT time
+//! per period per CPU, the rest of the period left to the fair class).
+//! Each thread's policy, priority and nice are journalled before the
+//! change; threads that were real-time before qosd are left alone.
+//!
+//! [`PRIORITY_REALTIME`]: qosd_core::knobs::PRIORITY_REALTIME
+
+use std::path::Path;
+
+use qosd_core::Resource;
+
+use crate::error::{Error, Result};
+use crate::journal::Entry;
+use crate::priority::Backend;
+use crate::root::{read_file, Root};
+use crate::Ctx;
+
+const R: Resource = Resource::CpuPriority;
+
+/// The policy qosd gives the threads ([`crate::schedpolicy`] text).
+pub const POLICY: &str = "fifo:1+reset_on_fork";
+/// The group's RT budget file (cgroup v1 `cpu`, `CONFIG_RT_GROUP_SCHED`).
+pub const BUDGET_FILE: &str = "cpu.rt_runtime_us";
+/// Overrides [`DEFAULT_BUDGET_US`] (µs per `cpu.rt_period_us`, 1 s).
+pub const BUDGET_ENV: &str = "QOSD_RT_BUDGET_US";
+/// 60 % of each CPU per period: the gate keeps an app real-time only below
+/// about 60 % of its CPUs (docs/sharing-rt.md), so an app the gate lets be
+/// real-time is not throttled by its own budget, while the fair class
+/// (the batch job, qosd, sshd) keeps 400 ms of every second on every CPU
+/// even if the app spins. One such app fits under the root's 950 000; a
+/// second is refused by the kernel (the children's sum would exceed it)
+/// with a clear error, rather than both sharing a smaller bound silently.
+pub const DEFAULT_BUDGET_US: u64 = 600_000;
+// Below the root's default 950 000, or no app could get it.
+const _: () = assert!(DEFAULT_BUDGET_US < 950_000);
+
+/// How realtime is applied on the knob's backend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rt {
+    /// RT group scheduling (v1 `cpu`): the group gets `budget_us` first.
+    Budget { budget_us: u64 },
+    /// No RT group scheduling: threads may be real-time in any group; the
+    /// node-wide `sched_rt_runtime_us` is the only bound.
+    Plain,
+}
+
+impl Rt {
+    /// The caps text of an available realtime.
+    pub fn describe(&self) -> String {
+        match self {
+            Rt::Budget { budget_us } => format!(
+                "realtime: available ({POLICY} on every thread, group RT budget {budget_us} µs \
+                 per period in {BUDGET_FILE})"
+            ),
+            Rt::Plain => format!(
+                "realtime: available ({POLICY} on every thread; no RT group scheduling, \
+                 bounded by the node's sched_rt_runtime_us)"
+            ),
+        }
+    }
+}
+
+/// The budget: `$QOSD_RT_BUDGET_US` or the default.
+fn budget_us() -> std::result::Result<u64, String> {
+    match std::env::var(BUDGET_ENV) {
+        Err(_) => Ok(DEFAULT_BUDGET_US),
+        Ok(v) => match v.trim().parse::<u64>() {
+            Ok(b) if (1..=1_000_000).contains(&b) => Ok(b),
+            _ => Err(format!("${BUDGET_ENV}={v:?}: expected 1..=1000000 µs")),
+        },
+    }
+}
+
+/// Whether the process has CAP_SYS_NICE (bit 23 of `CapEff`).
+fn has_cap_sys_nice() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|h| u64::from_str_radix(h.trim(), 16).ok())
+        })
+        .is_some_and(|c| c & (1 << 23) != 0)
+}
+
+/// Whether the kernel has RT group scheduling: a v1 `cpu` hierarchy with
+/// `cpu.rt_runtime_us`, or `CONFIG_RT_GROUP_SCHED=y` in its config.
+fn rt_group_sched(root: &Root) -> bool {
+    if crate::cgroup::cgroup1_with(root, "cpu", BUDGET_FILE).is_ok() {
+        return true;
+    }
+    let release = read_file(&root.path("/proc/sys/kernel/osrelease")).unwrap_or_default();
+    read_file(&root.path(format!("/boot/config-{}", release.trim())))
+        .is_ok_and(|c| c.lines().any(|l| l == "CONFIG_RT_GROUP_SCHED=y"))
+}
+
+/// Whether realtime can be applied on `backend`, or why not.
+pub fn probe(root: &Root, backend: &Backend) -> std::result::Result<Rt, String> {
+    if !has_cap_sys_nice() {
+        return Err("no CAP_SYS_NICE: the kernel refuses SCHED_FIFO".into());
+    }
+    let group_sched = rt_group_sched(root);
+    match backend {
+        Backend::Group {
+            v2: false, mount, ..
+        } if mount.join(BUDGET_FILE).exists() => Ok(Rt::Budget {
+            budget_us: budget_us()?,
+        }),
+        Backend::Group { v2: true, .. } if group_sched => Err(
+            "cgroup v2 with RT group scheduling: the kernel has no per-group RT budget there \
+             and refuses real-time threads in a non-root cpu group"
+                .into(),
+        ),
+        Backend::SchedIdle if group_sched => Err(
+            "RT group scheduling without a cpu group for qosd: a thread in a group with no RT \
+             budget cannot be made real-time"
+                .into(),
+        ),
+        _ => Ok(Rt::Plain),
+    }
+}
+
+/// Gives `group` its budget (before any real-time thread can be in it).
+pub fn give_budget(ctx: &mut Ctx, rt: &Rt, group: &Path) -> Result<()> {
+    let Rt::Budget { budget_us } = rt else {
+        return Ok(());
+    };
+    let file = group.join(BUDGET_FILE);
+    // The kernel frees a removed group's budget after an RCU grace period:
+    // a budget written within ~100 ms of removing one (a restore, then a
+    // set) is refused with EINVAL though the sum fits. Retried for 1 s.
+    let einval = |e: &Error| matches!(e, Error::Io { source, .. } if source.raw_os_error() == Some(libc::EINVAL));
+    let mut tries = 0;
+    let mut write = || loop {
+        match ctx.write(R, &file, &budget_us.to_string(), false) {
+            Err(e) if einval(&e) && tries < 50 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            r => return r,
+        }
+    };
+    write().map_err(|e| {
+        let parent = group.parent().map(|p| p.join(BUDGET_FILE));
+        let parent = parent.and_then(|p| read_file(&p).ok()).unwrap_or_default();
+        Error::Unavailable {
+            resource: R,
+            reason: format!(
+                "realtime: the kernel refused an RT budget of {budget_us} µs ({e}); the \
+                     groups' budgets may not exceed their parent's {} µs (${BUDGET_ENV} sets it)",
+                parent.trim()
+            ),
+        }
+    })
+}
+
+/// Makes every thread of `pids` real-time (after [`give_budget`] and the
+/// move into the group).
+pub fn promote(ctx: &mut Ctx, pids: &[i32]) -> Result<()> {
+    for &pid in pids {
+        ctx.set_sched_policy(R, pid, POLICY).map_err(|e| match e {
+            Error::Sys { op, tid, source } => Error::Unavailable {
+                resource: R,
+                reason: format!("realtime: {op} {POLICY} on pid {pid} thread {tid}: {source}"),
+            },
+            e => e,
+        })?;
+    }
+    Ok(())
+}
+
+/// Puts every thread qosd made real-time in `pids` back to what was
+/// journalled, then the group's budget back to 0 (the kernel refuses 0
+/// while real-time tasks are in the group: EBUSY).
+pub fn demote(ctx: &mut Ctx, group: Option<&Path>, pids: &[i32]) -> Result<()> {
+    let ours = |e: &Entry| matches!(e, Entry::Sched { resource: R, pid, .. } if pids.contains(pid));
+    // Only an app qosd made real-time (its main thread at qosd's policy):
+    // an idle app's `SCHED_IDLE` entries stay for its next reassert.
+    let rt_now = pids.iter().any(|&p| {
+        crate::schedpolicy::get(p).is_ok_and(|t| crate::schedpolicy::policy_part(&t) == POLICY)
+    });
+    if rt_now && ctx.journal().entries().iter().any(ours) {
+        let (_, errors) = ctx.restore_where(ours);
+        if let Some(e) = errors.into_iter().next() {
+            return Err(e);
+        }
+    }
+    let Some(file) = group.map(|g| g.join(BUDGET_FILE)) else {
+        return Ok(());
+    };
+    match read_file(&file) {
+        Ok(b) if b.trim() != "0" => ctx.write(R, &file, "0", false),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_policy_parses_and_is_realtime() {
+        let (p, prio) = crate::schedpolicy::parse(POLICY).unwrap();
+        assert_eq!(p & !0x4000_0000, libc::SCHED_FIFO);
+        assert_ne!(p & 0x4000_0000, 0);
+        assert_eq!(prio, 1);
+    }
+}

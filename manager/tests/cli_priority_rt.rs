@@ -1,0 +1,304 @@
+//! The CPU priority knob's realtime value through the CLI, on this
+//! machine's real scheduler and v1 `cpu` hierarchy with RT group
+//! scheduling (root): `qosd caps` says realtime is available exactly when
+//! the kernel lets a thread in a budgeted group be `SCHED_FIFO` (checked
+//! here by hand); `qosd set priority --class realtime` puts every thread of
+//! a multi-threaded process at `fifo:1+reset_on_fork` in its group with the
+//! RT budget, a thread made later is not real-time; `qosd restore`, SIGTERM
+//! of `--hold`, and SIGKILL then `qosd restore` put every thread's policy,
+//! priority and nice back exactly (a `batch` thread and a nice-5 thread
+//! included) and remove the group; a forged state file that would make a
+//! thread real-time is refused and changes nothing.
+
+mod support;
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, Stdio};
+
+use nix::sys::signal::Signal;
+use support::*;
+
+const CPU: &str = "/sys/fs/cgroup/cpu";
+
+/// A python process with two extra threads (one `SCHED_BATCH`, one at
+/// nice 5); each line on its stdin makes one more thread, whose id it
+/// prints.
+struct Threads {
+    child: Child,
+    out: BufReader<std::process::ChildStdout>,
+}
+
+const SCRIPT: &str = r#"
+import os, sys, threading, time
+def park(): time.sleep(120)
+def start():
+    t = threading.Thread(target=park, daemon=True); t.start()
+    while t.native_id is None: time.sleep(0.01)
+    return t.native_id
+a = start(); b = start()
+os.sched_setscheduler(a, os.SCHED_BATCH, os.sched_param(0))
+os.setpriority(os.PRIO_PROCESS, b, 5)
+print("ready", flush=True)
+for line in sys.stdin:
+    print(start(), flush=True)
+"#;
+
+impl Threads {
+    fn start() -> Self {
+        let mut child = Command::new("/usr/bin/python3")
+            .args(["-c", SCRIPT])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("python3");
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut l = String::new();
+        out.read_line(&mut l).unwrap();
+        assert_eq!(l.trim(), "ready");
+        Threads { child, out }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// A new thread, made by the (real-time) main thread.
+    fn new_thread(&mut self) -> u32 {
+        writeln!(self.child.stdin.as_mut().unwrap()).unwrap();
+        let mut l = String::new();
+        self.out.read_line(&mut l).unwrap();
+        l.trim().parse().unwrap()
+    }
+}
+
+impl Drop for Threads {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// (tid, policy, rt priority, nice) of every thread, from /proc's stat.
+fn sched_state(pid: u32) -> Vec<(u32, u32, u32, i32)> {
+    let mut v = Vec::new();
+    for t in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+    {
+        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+        let f: Vec<&str> = stat
+            .rsplit_once(')')
+            .unwrap()
+            .1
+            .split_whitespace()
+            .collect();
+        // Fields 19 (nice), 40 (rt_priority), 41 (policy), counted from 1;
+        // `f` starts at field 3.
+        let tid = t.file_name().to_str().unwrap().parse().unwrap();
+        v.push((
+            tid,
+            f[38].parse().unwrap(),
+            f[37].parse().unwrap(),
+            f[16].parse().unwrap(),
+        ));
+    }
+    v.sort_unstable();
+    v
+}
+
+/// `chrt -p TID`'s policy line (it names `SCHED_RESET_ON_FORK`).
+fn chrt(tid: u32) -> String {
+    let o = Command::new("chrt")
+        .args(["-p", &tid.to_string()])
+        .output()
+        .unwrap();
+    text(&o.stdout)
+}
+
+fn is_ours(tid: u32) -> bool {
+    let c = chrt(tid);
+    c.contains("SCHED_FIFO|SCHED_RESET_ON_FORK") && c.contains("priority: 1")
+}
+
+/// The process's group in the v1 `cpu` hierarchy.
+fn cpu_group(pid: u32) -> String {
+    cgroups(pid)
+        .lines()
+        .find_map(|l| {
+            let (_, rest) = l.split_once(':')?;
+            let (ctl, path) = rest.split_once(':')?;
+            ctl.split(',').any(|c| c == "cpu").then(|| path.to_owned())
+        })
+        .unwrap()
+}
+
+fn set(st: &str, extra: &[&str], pid: &str, class: &str) -> Vec<String> {
+    let mut v: Vec<String> = ["set", "--state-file", st].map(String::from).to_vec();
+    v.extend(extra.iter().map(|s| s.to_string()));
+    v.extend(["priority", "--pid", pid, "--class", class].map(String::from));
+    v
+}
+
+/// What the kernel allows here, by hand: a `sleep` in a fresh group is
+/// refused `SCHED_FIFO` with no budget, allowed with one.
+fn kernel_allows_rt_in_a_group() -> bool {
+    let g = format!("{CPU}/qosd-rtprobe-test");
+    let _ = std::fs::create_dir(&g);
+    let mut sleep = Command::new("sleep").arg("30").spawn().unwrap();
+    let pid = sleep.id().to_string();
+    std::fs::write(format!("{g}/cgroup.procs"), &pid).unwrap();
+    let fifo = || {
+        Command::new("chrt")
+            .args(["-f", "-p", "1", &pid])
+            .status()
+            .unwrap()
+            .success()
+    };
+    let without = fifo();
+    std::fs::write(format!("{g}/cpu.rt_runtime_us"), "10000").unwrap();
+    let with = fifo();
+    Command::new("chrt")
+        .args(["-o", "-p", "0", &pid])
+        .status()
+        .unwrap();
+    std::fs::write(format!("{CPU}/cgroup.procs"), &pid).unwrap();
+    let _ = sleep.kill();
+    let _ = sleep.wait();
+    std::fs::remove_dir(&g).unwrap();
+    assert!(
+        !without,
+        "a group with no RT budget took a SCHED_FIFO thread"
+    );
+    with
+}
+
+#[test]
+fn real_priority_realtime_set_restore_sigterm_sigkill_and_forged_state() {
+    let caps = qosd(&["caps", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&caps.stdout).unwrap();
+    let reason = v["cpu_priority"]["reason"].as_str().unwrap().to_owned();
+    let allows = std::path::Path::new(&format!("{CPU}/cpu.rt_runtime_us")).exists()
+        && kernel_allows_rt_in_a_group();
+    assert_eq!(reason.contains("realtime: available"), allows, "{reason}");
+    assert!(
+        allows,
+        "this machine has RT group scheduling in v1 cpu: {reason}"
+    );
+
+    let mut app = Threads::start();
+    let pid = app.pid();
+    let before = sched_state(pid);
+    assert!(before.len() >= 3, "{before:?}");
+    assert!(
+        before.iter().any(|t| t.1 == 3) && before.iter().any(|t| t.3 == 5),
+        "{before:?}"
+    );
+    let group0 = cpu_group(pid);
+    let d = tempfile::tempdir().unwrap();
+    let s = d.path().join("s.json");
+    let st = s.to_str().unwrap();
+    let p = pid.to_string();
+
+    // A budget above the parent's: the kernel refuses it (EINVAL), the
+    // set fails naming the file, and nothing is left changed.
+    let out = Command::new(QOSD)
+        .args(set(st, &[], &p, "realtime"))
+        .env("QOSD_RT_BUDGET_US", "960000")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("cpu.rt_runtime_us"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(sched_state(pid), before);
+    assert_eq!(cpu_group(pid), group0);
+    assert!(!s.exists());
+
+    // One-shot set: every thread ours, the group's budget set; a thread
+    // made afterwards by a real-time thread starts at SCHED_OTHER.
+    let out = qosd(&set(st, &[], &p, "realtime"));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    for (tid, ..) in &before {
+        assert!(is_ours(*tid), "thread {tid}: {}", chrt(*tid));
+    }
+    let group = cpu_group(pid);
+    assert!(group.starts_with("/qosd-"), "{group}");
+    let budget = std::fs::read_to_string(format!("{CPU}{group}/cpu.rt_runtime_us")).unwrap();
+    assert_eq!(budget.trim(), "600000");
+    let late = app.new_thread();
+    assert!(chrt(late).contains("SCHED_OTHER"), "{}", chrt(late));
+    let out = qosd(&["caps"]);
+    assert!(text(&out.stdout).contains("realtime: available"));
+
+    // Normal on the realtime app: each thread back to its original (the
+    // late one to the main thread's), then the budget to 0.
+    let out = qosd(&set(st, &[], &p, "normal"));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        before.iter().all(|b| sched_state(pid).contains(b)),
+        "{:?}",
+        sched_state(pid)
+    );
+    assert!(!chrt(late).contains("SCHED_FIFO"), "{}", chrt(late));
+    let budget = std::fs::read_to_string(format!("{CPU}{group}/cpu.rt_runtime_us")).unwrap();
+    assert_eq!(budget.trim(), "0");
+
+    // `qosd restore`: policy, priority, nice back on every thread; the
+    // group gone.
+    let out = qosd(&["restore", "--state-file", st]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let restored = |now: Vec<(u32, u32, u32, i32)>| before.iter().all(|b| now.contains(b));
+    assert!(
+        restored(sched_state(pid)),
+        "{before:?} vs {:?}",
+        sched_state(pid)
+    );
+    assert_eq!(cpu_group(pid), group0);
+    assert!(!std::path::Path::new(&format!("{CPU}{group}")).exists());
+    assert!(!s.exists());
+
+    // --hold, SIGKILL: stays real-time; keep the state file for a forgery;
+    // then `qosd restore`.
+    let args = set(st, &["--hold"], &p, "realtime");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (mut child, _out) = hold(&args);
+    assert!(is_ours(pid));
+    kill(&child, Signal::SIGKILL);
+    child.wait().unwrap();
+    assert!(is_ours(pid), "a killed qosd restores nothing itself");
+    let honest = std::fs::read_to_string(&s).unwrap();
+    let out = qosd(&["restore", "--state-file", st]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(restored(sched_state(pid)), "{:?}", sched_state(pid));
+    assert!(!std::path::Path::new(&format!("{CPU}{group}")).exists());
+
+    // The same state file with the originals forged to real-time: the
+    // threads are SCHED_OTHER/batch now, so restoring it would raise them.
+    let forged = honest
+        .replace("\"other", "\"fifo:50")
+        .replace("\"batch", "\"rr:50");
+    assert_ne!(forged, honest, "{honest}");
+    std::fs::write(&s, &forged).unwrap();
+    let now = sched_state(pid);
+    let out = qosd(&["restore", "--state-file", st]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("refused"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(sched_state(pid), now);
+    std::fs::remove_file(&s).unwrap();
+
+    // --hold, SIGTERM: qosd restores on its own.
+    let (mut child, _out) = hold(&args);
+    assert!(is_ours(pid));
+    kill(&child, Signal::SIGTERM);
+    assert!(child.wait().unwrap().success());
+    assert!(restored(sched_state(pid)), "{:?}", sched_state(pid));
+    assert_eq!(cpu_group(pid), group0);
+    assert!(!std::path::Path::new(&format!("{CPU}{group}")).exists());
+    assert!(!s.exists());
+}
