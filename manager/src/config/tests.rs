@@ -417,3 +417,18 @@ fn sensors_aggregate_is_kernel_records_or_unset() {
     assert_eq!(e.line, 13, "{e}");
     assert!(e.to_string().contains("kernal"), "{e}");
 }
+
+#[test]
+fn a_latency_critical_app_asks_for_real_time_and_is_admitted_normal() {
+    let c = parse(&GOOD.replacen(
+        "initial: { nr_cores: 2 }",
+        "initial: { nr_cores: 2, cpu_priority: 3 }",
+        1,
+    ))
+    .expect("realtime for an lc app");
+    assert!(c.apps[0].wants_realtime());
+    assert!(!c.apps[1].wants_realtime());
+    let s = c.apps[0].initial_share();
+    assert_eq!(s.cpu_priority, qosd_core::knobs::PRIORITY_NORMAL);
+    assert_eq!(s.nr_cores, 2);
+}
