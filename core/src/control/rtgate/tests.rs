@@ -43,14 +43,14 @@ fn step(g: &mut RtGate, used: Option<f64>, prio: u32) -> (u32, Vec<Decision>) {
 #[test]
 fn on_below_the_lower_bound_off_above_the_upper() {
     let mut g = RtGate::new(["app".to_owned()]);
-    // 0.42 of 2 CPUs = 0.21 < 0.5: real time, one decision saying so.
+    // 0.42 of 2 CPUs = 0.21 < 0.6: real time, one decision saying so.
     let (lvl, d) = step(&mut g, Some(0.42), PRIORITY_NORMAL);
     assert_eq!(lvl, PRIORITY_REALTIME);
     assert_eq!(d.len(), 1);
     assert_eq!((d[0].from, d[0].to), (PRIORITY_NORMAL, PRIORITY_REALTIME));
     assert!(d[0].reason.contains("0.21"), "{}", d[0].reason);
-    // 1.4 of 2 = 0.7 > 0.65: normal at once.
-    let (lvl, d) = step(&mut g, Some(1.4), PRIORITY_REALTIME);
+    // 1.5 of 2 = 0.75 > 0.7: normal at once.
+    let (lvl, d) = step(&mut g, Some(1.5), PRIORITY_REALTIME);
     assert_eq!(lvl, PRIORITY_NORMAL);
     assert_eq!(d[0].kind, DecisionKind::Downsize);
 }
@@ -58,7 +58,7 @@ fn on_below_the_lower_bound_off_above_the_upper() {
 #[test]
 fn hysteresis_between_the_bounds_keeps_the_level() {
     let mut g = RtGate::new(["app".to_owned()]);
-    // 1.2 of 2 = 0.6: between the bounds; off stays off.
+    // 1.2 of 2 = 0.6: not below 0.6, not above 0.7; off stays off.
     assert_eq!(step(&mut g, Some(1.2), PRIORITY_NORMAL).0, PRIORITY_NORMAL);
     assert_eq!(
         step(&mut g, Some(0.8), PRIORITY_NORMAL).0,
@@ -69,7 +69,7 @@ fn hysteresis_between_the_bounds_keeps_the_level() {
     assert_eq!(lvl, PRIORITY_REALTIME);
     assert!(d.is_empty());
     assert_eq!(
-        step(&mut g, Some(1.31), PRIORITY_REALTIME).0,
+        step(&mut g, Some(1.45), PRIORITY_REALTIME).0,
         PRIORITY_NORMAL
     );
 }
@@ -125,7 +125,7 @@ fn the_cpus_held_are_the_quota_when_it_is_lower() {
         }),
         ..node()
     };
-    // 0.3 CPUs of a 0.5-CPU quota = 0.6: not below 0.5.
+    // 0.3 CPUs of a 0.5-CPU quota = 0.6: not below 0.6 (2 cores: 0.15).
     g.gate(&snap(Some(0.3)), &mut p, &caps);
     assert_eq!(p.allocations["app"].cpu_priority, PRIORITY_NORMAL);
 }
