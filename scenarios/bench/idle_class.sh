@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sharing a CPU (issue 20): an LC server (qosd's HTTP fixture, 1 ms of CPU
-# per request, at 50 % of the rate it completes alone when offered its
+# per request, at LOAD_PCT (50) % of the rate it completes alone when offered its
 # nominal capacity nproc/1 ms: on a loaded machine that is less) beside a batch
 # job that wants every CPU (`qosd batch`, one hashing thread per CPU).
 # Client p99 (`qosd load`, Poisson arrivals) in three cases, interleaved in
@@ -25,27 +25,37 @@
 #   +lcfifo     SCHED_FIFO priority 1 on every thread of the server (chrt -a;
 #   +lcrr       SCHED_RR 1) its per-connection threads, spawned by its accept
 #               thread, inherit the policy (no reset-on-fork)
+#   +lcqosd     qosd itself: a \`qosd run\` daemon managing the server as an LC
+#               app with \`initial: { cpu_priority: 3 }\` (only the priority knob
+#               enabled), so its real-time gate makes the server's threads
+#               fifo:1+reset_on_fork in a group with an RT budget while its CPU
+#               use allows (connection threads made later at the next
+#               reassert); the daemon is stopped (SIGTERM: restore) after the
+#               run. The output gives the server threads' classes mid-run.
 # e.g. CASES="alone idle idle+sidle idle+q0.6p100 alone+lcfifo idle+lcfifo". Each
 # run starts from \`qosd restore\` (and SCHED_OTHER for the job's and the server's
 # threads) and applies its case; the
 # job's ops/s is read from its progress lines during each run.
-# Usage: scenarios/bench/idle_class.sh [QOSD]   (root; ROUNDS=3 SECS=8 by default)
+# Usage: scenarios/bench/idle_class.sh [QOSD]   (root; ROUNDS=3 SECS=8 LOAD_PCT=50 by default)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 QOSD=${1:-target/release/qosd}
 FIXTURE=${FIXTURE:-target/release/qosd-fixture}
 ROUNDS=${ROUNDS:-3}
 SECS=${SECS:-8}
+LOAD_PCT=${LOAD_PCT:-50}
+[[ $LOAD_PCT =~ ^[0-9]+$ ]] && (( LOAD_PCT >= 1 && LOAD_PCT <= 100 )) ||
+  { echo "idle_class: LOAD_PCT=$LOAD_PCT: expected 1..100 (% of the capacity measured alone)" >&2; exit 2; }
 TRACE=${TRACE:-0}
 DECOMPOSE=${DECOMPOSE:-1}
 [ "$TRACE" = 1 ] && DECOMPOSE=1
 OUT=${OUT:-target/idle_class}
 read -ra cases <<<"${CASES:-alone idle normal}"
 for c in "${cases[@]}"; do
-  [[ $c =~ ^(alone|idle|normal)(\+(sidle|q[0-9]+(\.[0-9]+)?p[0-9]+|cpus[0-9,-]+|lcfifo|lcrr))*$ ]] ||
-    { echo "idle_class: bad case '$c' in CASES: alone|idle|normal, then +sidle, +qCPUSpMS (e.g. +q0.6p10), +cpusLIST, +lcfifo, +lcrr" >&2; exit 2; }
-  if [[ $c == alone+* && ! $c =~ ^alone(\+lc(fifo|rr))+$ ]]; then
-    echo "idle_class: bad case '$c' in CASES: alone takes only the server's modifiers (+lcfifo, +lcrr)" >&2; exit 2
+  [[ $c =~ ^(alone|idle|normal)(\+(sidle|q[0-9]+(\.[0-9]+)?p[0-9]+|cpus[0-9,-]+|lcfifo|lcrr|lcqosd))*$ ]] ||
+    { echo "idle_class: bad case '$c' in CASES: alone|idle|normal, then +sidle, +qCPUSpMS (e.g. +q0.6p10), +cpusLIST, +lcfifo, +lcrr, +lcqosd" >&2; exit 2; }
+  if [[ $c == alone+* && ! $c =~ ^alone(\+lc(fifo|rr|qosd))+$ ]]; then
+    echo "idle_class: bad case '$c' in CASES: alone takes only the server's modifiers (+lcfifo, +lcrr, +lcqosd)" >&2; exit 2
   fi
 done
 . scenarios/bench/lib/sched_decomp.sh
@@ -57,8 +67,14 @@ work_us=1000
 nominal=$(( ncpu * 1000000 / work_us ))
 port=$(( 20000 + RANDOM % 20000 ))
 st=$(mktemp -d)
-srv= job=
+srv= job= qd=
+# The +lcqosd daemon: stopped with SIGTERM (its own restore), waited for.
+stop_daemon() {
+  [ -n "$qd" ] || return 0
+  kill -TERM "$qd" 2>/dev/null; wait "$qd" 2>/dev/null || true; qd=
+}
 cleanup() {
+  stop_daemon
   # A bpftrace left attached (TRACE=1, the bench stopped mid-run) would tax
   # every context switch of the node until killed.
   [ -n "${BT_PID:-}" ] && { kill -INT "$BT_PID" 2>/dev/null; sleep 1; kill "$BT_PID" 2>/dev/null; wait "$BT_PID" 2>/dev/null || true; }
@@ -87,7 +103,7 @@ top() { grep -o "\"$2\":[0-9.e+-]*" <<<"$1" | head -1 | cut -d: -f2; }
 j=$("$QOSD" load --target "127.0.0.1:$port" --protocol http --rps "$nominal" --arrival poisson \
     --connections 8 --keepalive --duration 4 --json)
 cap=$(top "$j" achieved_rps); cap=${cap%.*}
-rps=$(( cap / 2 ))
+rps=$(( cap * LOAD_PCT / 100 ))
 sleep 2
 
 declare -A p99s dec niced opss
@@ -101,11 +117,13 @@ apply_case() {
   local m base=${1%%+*} mods=
   [[ $1 == *+* ]] && mods=${1#*+}
   kill -STOP "$job"
+  stop_daemon
   "$QOSD" restore --state-file "$st/state.json" >/dev/null 2>&1 || true
   chrt -a -o -p 0 "$job" >/dev/null
   chrt -a -o -p 0 "$srv" >/dev/null
   if [[ +$mods+ == *+lcfifo+* ]]; then chrt -a -f -p 1 "$srv" >/dev/null; fi
   if [[ +$mods+ == *+lcrr+* ]]; then chrt -a -r -p 1 "$srv" >/dev/null; fi
+  if [[ +$mods+ == *+lcqosd+* ]]; then start_daemon; fi
   [ "$base" = alone ] && return
   [ "$base" = idle ] && "$QOSD" set --state-file "$st/state.json" priority --pid "$job" --class idle >/dev/null
   local IFS=+
@@ -119,6 +137,38 @@ apply_case() {
   done
   kill -CONT "$job"
 }
+# The +lcqosd daemon's config: the server as an LC app asking for real
+# time, only the priority knob enabled (the policy moves nothing else).
+cat >"$st/qosd.yaml" <<YAML
+apps:
+  - name: fixture
+    match: { pid: $srv }
+    class: lc
+    target: { p99: 50ms }
+    resources: { initial: { cpu_priority: 3 } }
+policy: $PWD/policies/parties.yaml
+monitor_interval_ms: 100
+decide_interval_ms: 500
+actuators: { enabled: [cpu_priority] }
+sensors: { power: false }
+api: { listen: "127.0.0.1:$(( port + 1 ))", token_file: $st/api.token }
+state_file: $st/daemon-state.json
+YAML
+# Starts it and waits (10 s at most) until the gate has made the server's
+# main thread real-time.
+start_daemon() {
+  "$QOSD" run --config "$st/qosd.yaml" >"$st/daemon.log" 2>&1 & qd=$!
+  for _ in $(seq 100); do
+    [ "$(ps -o cls= -p "$srv" | tr -d ' ')" = FF ] && return
+    kill -0 "$qd" 2>/dev/null || break
+    sleep 0.1
+  done
+  echo "idle_class: +lcqosd: the server is not real-time 10 s after qosd run started:" >&2
+  tail -5 "$st/daemon.log" >&2; exit 1
+}
+# The server threads' classes now, e.g. "FF:9 TS:1".
+classes() { ps -L -o cls= -p "$srv" | sort | uniq -c | awk '{printf "%s%s:%s", (NR > 1 ? " " : ""), $2, $1}'; }
+declare -A cls
 [ "$TRACE" = 1 ] && { [ "$ncpu" = 2 ] || { echo "idle_class: TRACE=1 needs 2 CPUs" >&2; exit 1; }
                       mkdir -p "$OUT"; }
 # One load run of case $1 (round $2): its JSON in $LOAD_JSON. With DECOMPOSE,
@@ -163,7 +213,10 @@ for r in $(seq 0 $(( ROUNDS - 1 ))); do
     apply_case "$c"
     sleep 0.5
     t0=$(date +%s%N) n0=$(node_ticks) o0=$(ops)
+    sp=
+    [[ $c == *+lcqosd* ]] && { (sleep "$(( SECS / 2 ))"; classes >"$st/cls") & sp=$!; }
     run_load "$c" "$r"; j=$LOAD_JSON
+    [ -n "$sp" ] && { wait "$sp"; cls[$c]+="$(cat "$st/cls"); "; }
     p99s[$c]+="$(field "$j" latency_us p99) "
     # The job's ops/s during the run (its progress lines, 200 ms apart).
     opss[$c]+="$(awk -v a="$o0" -v b="$(ops)" 'BEGIN {split(a, x, " "); split(b, y, " ");
@@ -200,6 +253,7 @@ label() {
       cpus*) out+=" + CPUs ${m#cpus}" ;;
       lcfifo) out+=" + server SCHED_FIFO 1" ;;
       lcrr) out+=" + server SCHED_RR 1" ;;
+      lcqosd) out+=" + server real-time by \`qosd run\` (cpu_priority 3)" ;;
     esac
   done
   echo "$out"
@@ -208,7 +262,7 @@ cat <<MD
 ## Sharing a CPU: an LC server beside a batch job in the idle class
 
 \`scenarios/bench/idle_class.sh\`: qosd's HTTP fixture (${work_us} µs of CPU per request) at ${rps} rps
-(50 % of the ${cap} rps it completed when offered its nominal capacity, ${nominal} rps on $ncpu CPUs, alone), Poisson arrivals, 8 keep-alive connections, ${SECS} s per
+(${LOAD_PCT} % of the ${cap} rps it completed when offered its nominal capacity, ${nominal} rps on $ncpu CPUs, alone), Poisson arrivals, 8 keep-alive connections, ${SECS} s per
 run, beside \`qosd batch --threads $ncpu\` (a hashing thread per CPU). Cases interleaved in ${ROUNDS}
 rounds; medians over rounds of the client p99. Load average at the end: $(cut -d" " -f1-3 /proc/loadavg)
 (other work on the machine competes with the server in every case; "others' niced CPUs" is the
@@ -222,6 +276,8 @@ $(for c in "${cases[@]}"; do
 done)
 
 Goal (issue 20): idle class within 1.2× of alone.
+$(for c in "${cases[@]}"; do [ -n "${cls[$c]:-}" ] && echo "
+Server threads' classes in the middle of each +lcqosd run, $c: ${cls[$c]}"; done)
 
 MD
 [ "$DECOMPOSE" = 1 ] || exit 0

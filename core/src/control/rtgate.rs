@@ -33,6 +33,9 @@ pub struct RtGate {
     off_above: f64,
     wants: BTreeSet<String>,
     on: BTreeSet<String>,
+    /// The node's online CPUs: what an app holds when no knob bounds it
+    /// and the node's caps do not count cores (the cores knob disabled).
+    online_cpus: Option<f64>,
 }
 
 impl RtGate {
@@ -53,7 +56,16 @@ impl RtGate {
             off_above: off_above.max(on_below),
             wants: wants.into_iter().collect(),
             on: BTreeSet::new(),
+            online_cpus: None,
         }
+    }
+
+    /// The node's online CPUs, the CPUs an app holds when neither its
+    /// allocation nor the node's caps say (with only the priority knob
+    /// enabled, the caps count no cores).
+    pub fn with_online_cpus(mut self, n: usize) -> RtGate {
+        self.online_cpus = (n > 0).then_some(n as f64);
+        self
     }
 
     /// True when no app wants real time (the gate does nothing).
@@ -75,7 +87,7 @@ impl RtGate {
                 continue;
             };
             let used = snap.app(name).and_then(|a| a.cpus_used);
-            let held = cpus_held(Some(share), caps);
+            let held = cpus_held(Some(share), caps).or(self.online_cpus);
             let ratio = used.zip(held.filter(|h| *h > 0.0)).map(|(u, h)| u / h);
             let was = self.on.contains(name);
             let now = match ratio {

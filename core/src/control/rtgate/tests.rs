@@ -129,3 +129,26 @@ fn the_cpus_held_are_the_quota_when_it_is_lower() {
     g.gate(&snap(Some(0.3)), &mut p, &caps);
     assert_eq!(p.allocations["app"].cpu_priority, PRIORITY_NORMAL);
 }
+
+/// With only the priority knob enabled the caps count no cores and the
+/// share none: the gate judges by the node's online CPUs, and without them
+/// has no bound, so never real time.
+#[test]
+fn with_no_cores_knob_the_online_cpus_are_what_the_app_holds() {
+    let caps = NodeCaps {
+        nr_cores: 0,
+        ..node()
+    };
+    let run = |g: &mut RtGate, used: f64| {
+        let mut p = plan(PRIORITY_NORMAL);
+        p.allocations.get_mut("app").unwrap().nr_cores = 0;
+        g.gate(&snap(Some(used)), &mut p, &caps);
+        p.allocations["app"].cpu_priority
+    };
+    let mut g = RtGate::new(["app".to_owned()]);
+    assert_eq!(run(&mut g, 0.2), PRIORITY_NORMAL);
+    let mut g = RtGate::new(["app".to_owned()]).with_online_cpus(2);
+    // 0.8 of 2 CPUs = 0.4 < 0.6: on; 1.5 of 2 = 0.75 > 0.7: off.
+    assert_eq!(run(&mut g, 0.8), PRIORITY_REALTIME);
+    assert_eq!(run(&mut g, 1.5), PRIORITY_NORMAL);
+}
