@@ -226,7 +226,7 @@ fn real_priority_realtime_set_restore_sigterm_sigkill_and_forged_state() {
     let group = cpu_group(pid);
     assert!(group.starts_with("/qosd-"), "{group}");
     let budget = std::fs::read_to_string(format!("{CPU}{group}/cpu.rt_runtime_us")).unwrap();
-    assert_eq!(budget.trim(), "600000");
+    assert_eq!(budget.trim(), "900000");
     let late = app.new_thread();
     assert!(chrt(late).contains("SCHED_OTHER"), "{}", chrt(late));
     let out = qosd(&["caps"]);

@@ -86,7 +86,8 @@ impl RtGate {
             let Some(share) = plan.allocations.get_mut(name) else {
                 continue;
             };
-            let used = snap.app(name).and_then(|a| a.cpus_used);
+            // A reading of -0.00 (clock noise) is 0.
+            let used = snap.app(name).and_then(|a| a.cpus_used).map(|u| u.max(0.0));
             let held = cpus_held(Some(share), caps).or(self.online_cpus);
             let ratio = used.zip(held.filter(|h| *h > 0.0)).map(|(u, h)| u / h);
             let was = self.on.contains(name);
