@@ -172,7 +172,11 @@ pub fn detect(p: &Probe) -> Detected {
             .map(|()| Backend::SchedIdle)
     });
     let plugin = backend.map(|backend| {
-        let rt = realtime::probe(root, &backend);
+        let group = match &backend {
+            Backend::Group { v2, mount, .. } => Some((*v2, mount.as_path())),
+            Backend::SchedIdle => None,
+        };
+        let rt = realtime::probe(root, group);
         let line = match &rt {
             Ok(rt) => format!("; {}", rt.describe()),
             Err(why) => format!("; realtime: not available: {why}"),

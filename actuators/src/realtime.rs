@@ -16,7 +16,6 @@ use qosd_core::Resource;
 
 use crate::error::{Error, Result};
 use crate::journal::Entry;
-use crate::priority::Backend;
 use crate::root::{read_file, Root};
 use crate::Ctx;
 
@@ -104,24 +103,24 @@ fn rt_group_sched(root: &Root) -> bool {
         .is_ok_and(|c| c.lines().any(|l| l == "CONFIG_RT_GROUP_SCHED=y"))
 }
 
-/// Whether realtime can be applied on `backend`, or why not.
-pub fn probe(root: &Root, backend: &Backend) -> std::result::Result<Rt, String> {
+/// Whether realtime can be applied on the priority knob's backend, or why
+/// not: `group` is its cpu hierarchy (cgroup v2?, mount), `None` for the
+/// per-thread `SCHED_IDLE` backend.
+pub fn probe(root: &Root, group: Option<(bool, &Path)>) -> std::result::Result<Rt, String> {
     if !has_cap_sys_nice() {
         return Err("no CAP_SYS_NICE: the kernel refuses SCHED_FIFO".into());
     }
     let group_sched = rt_group_sched(root);
-    match backend {
-        Backend::Group {
-            v2: false, mount, ..
-        } if mount.join(BUDGET_FILE).exists() => Ok(Rt::Budget {
+    match group {
+        Some((false, mount)) if mount.join(BUDGET_FILE).exists() => Ok(Rt::Budget {
             budget_us: budget_us()?,
         }),
-        Backend::Group { v2: true, .. } if group_sched => Err(
+        Some((true, _)) if group_sched => Err(
             "cgroup v2 with RT group scheduling: the kernel has no per-group RT budget there \
              and refuses real-time threads in a non-root cpu group"
                 .into(),
         ),
-        Backend::SchedIdle if group_sched => Err(
+        None if group_sched => Err(
             "RT group scheduling without a cpu group for qosd: a thread in a group with no RT \
              budget cannot be made real-time"
                 .into(),
