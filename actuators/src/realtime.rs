@@ -80,16 +80,9 @@ fn budget_us() -> std::result::Result<u64, String> {
     }
 }
 
-/// Whether the process has CAP_SYS_NICE (bit 23 of `CapEff`).
+/// Whether the process has CAP_SYS_NICE (capability 23).
 fn has_cap_sys_nice() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("CapEff:"))
-                .and_then(|h| u64::from_str_radix(h.trim(), 16).ok())
-        })
-        .is_some_and(|c| c & (1 << 23) != 0)
+    qosd_core::sys::effective_caps().is_some_and(|c| c & (1 << 23) != 0)
 }
 
 /// Whether the kernel has RT group scheduling: a v1 `cpu` hierarchy with

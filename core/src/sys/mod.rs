@@ -35,6 +35,15 @@ impl SysError {
     }
 }
 
+/// This process's effective capabilities (`CapEff` of /proc/self/status,
+/// a bit per `CAP_*` number); `None` when unreadable. Always the real
+/// process's, not a [`Root`]'s: it is what the kernel checks.
+pub fn effective_caps() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let hex = status.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
+    u64::from_str_radix(hex.trim(), 16).ok()
+}
+
 /// True for the errors a vanished process's `/proc` files give.
 pub fn gone(e: &std::io::Error) -> bool {
     e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH)

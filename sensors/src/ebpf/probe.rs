@@ -12,15 +12,9 @@ const CAP_BPF: u32 = 39;
 const BTF: &str = "/sys/kernel/btf/vmlinux";
 const TRACEFS: [&str; 2] = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"];
 
-fn effective_caps() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("CapEff:"))?;
-    u64::from_str_radix(line["CapEff:".len()..].trim(), 16).ok()
-}
-
 /// Privileges, BTF and tracefs: everything the tracer needs from the node.
 pub fn check_environment() -> Result<(), TraceError> {
-    let caps = effective_caps().unwrap_or(0);
+    let caps = qosd_core::sys::effective_caps().unwrap_or(0);
     let has = |c: u32| caps & (1 << c) != 0;
     if !(has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON))) {
         return Err(TraceError::Environment(
