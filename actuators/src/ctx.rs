@@ -481,6 +481,18 @@ impl Ctx {
         })
     }
 
+    /// Undoes the entries `which` selects as part of an apply (newest
+    /// first; each change reported like a write): the first error, if any.
+    /// Returns whether anything was undone.
+    pub fn undo_where(&mut self, which: impl Fn(&Entry) -> bool) -> Result<bool> {
+        let (changes, errors) = self.restore_where(which);
+        let any = !changes.is_empty();
+        for c in changes {
+            self.note(c);
+        }
+        errors.into_iter().next().map_or(Ok(any), Err)
+    }
+
     /// Restores the entries `which` selects, newest first.
     pub fn restore_where(&mut self, which: impl Fn(&Entry) -> bool) -> (Vec<Change>, Vec<Error>) {
         let r = self.journal.restore_where(which);
