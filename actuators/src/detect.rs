@@ -64,7 +64,11 @@ pub(crate) fn detect_all(cfg: &Config) -> (Caps, Vec<Box<dyn Actuator>>, NodeCap
     let p = Probe { root, cfg, topo };
     let mut caps = BTreeMap::new();
     let mut plugins = Vec::new();
-    let mut node = NodeCaps::default();
+    let mut node = NodeCaps {
+        // The node's size, whichever knobs work.
+        nr_cpus: p.topo.as_ref().map_or(0, |t| t.cpus.len() as u32),
+        ..NodeCaps::default()
+    };
     for (r, detect) in DETECTORS {
         let (k, plugin) = detect(&p);
         if let Some(plugin) = plugin {
@@ -100,5 +104,24 @@ mod tests {
         let keys: Vec<&String> = json.as_object().unwrap().keys().collect();
         let names: Vec<&str> = Resource::ALL.iter().map(|r| r.name()).collect();
         assert_eq!(keys, names);
+        assert_eq!(node.nr_cpus, 0, "no topology, no size");
+    }
+
+    /// The node's online CPUs are its size whatever knobs work: a tree with
+    /// only a CPU list offers no knob, and still 3 CPUs.
+    #[test]
+    fn the_online_cpus_are_counted_without_any_knob() {
+        let dir = tempfile::tempdir().unwrap();
+        let cpu = dir.path().join("sys/devices/system/cpu");
+        std::fs::create_dir_all(&cpu).unwrap();
+        std::fs::write(cpu.join("online"), "0-2\n").unwrap();
+        let cfg = Config {
+            root: dir.path().to_owned(),
+            state_file: Some(dir.path().join("state.json")),
+            ..Config::default()
+        };
+        let (_, plugins, node) = detect_all(&cfg);
+        assert!(plugins.is_empty());
+        assert_eq!((node.nr_cpus, node.nr_cores), (3, 0));
     }
 }

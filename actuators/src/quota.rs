@@ -198,6 +198,21 @@ impl QuotaActuator {
     }
 }
 
+impl QuotaActuator {
+    /// Lifts the group's quota (its period and burst stay).
+    fn write_unlimited(&self, ctx: &mut Ctx, group: &Path) -> Result<()> {
+        let (quota, period) = self.group_quota(group)?;
+        if quota.is_none() {
+            return Ok(());
+        }
+        if self.v2 {
+            ctx.write(R, &group.join("cpu.max"), &format!("max {period}"), false)
+        } else {
+            ctx.write(R, &group.join("cpu.cfs_quota_us"), "-1", false)
+        }
+    }
+}
+
 /// Milli-CPUs to a quota in µs per `period_us`, and back (rounded to the
 /// nearest milli-CPU).
 pub fn quota_us(milli: u32, period_us: u64) -> u64 {
@@ -241,6 +256,17 @@ impl Actuator for QuotaActuator {
             )));
         }
         let group = self.mount.join(plan.app.group_name());
+        let pids = &plan.app.pids;
+        if milli == max {
+            // Every online CPU is no limit: the group's quota unlimited,
+            // and the app back where it was found unless another knob
+            // holds the group (cgroup::leave_if_unused).
+            if group.is_dir() {
+                self.write_unlimited(ctx, &group)?;
+                cgroup::leave_if_unused(ctx, &self.mount, &group, pids)?;
+            }
+            return Ok(());
+        }
         if self.v2 {
             cgroup::enable_for_groups(ctx, R, &self.mount, "cpu")?;
         }
@@ -260,7 +286,6 @@ impl Actuator for QuotaActuator {
             )));
         }
         self.write_quota(ctx, &group, q, period, found)?;
-        let pids = &plan.app.pids;
         cgroup::move_pids(ctx, R, &self.mount, &group, self.controller(), pids)
     }
 

@@ -226,3 +226,81 @@ fn bad_quota_changes_nothing() {
     }
     assert!(!d.path().join("state.json").exists());
 }
+
+/// A quota of every online CPU limits nothing: the app goes back to the
+/// group it was found in (a group at one entity's weight is only a cost:
+/// `cgroup::leave_if_unused`), and a later cap moves it in again; a group
+/// another knob holds (the idle class) keeps it. Restore is exact either
+/// way.
+#[test]
+fn lifted_quota_leaves_the_group_unless_held() {
+    use qosd_core::knobs::PRIORITY_IDLE;
+    let d = tempfile::tempdir().unwrap();
+    let state = d.path().join("state.json");
+    let cfg = Config {
+        state_file: Some(state.clone()),
+        ..Config::default()
+    };
+    let mut a = Actuators::new(&cfg).unwrap();
+    let all = a.topology().unwrap().cpus.len() as u32 * 1000;
+    let quota = |m: u32| Allocation {
+        cpu_quota_milli: Some(m),
+        ..Default::default()
+    };
+    let spin = Spinner::start();
+    let pid = spin.pid();
+    let before_cg = cpu_cgroup(pid);
+    let app = AppTarget::new("quota-lift", vec![pid]);
+    let in_group = || cpu_cgroup(pid).ends_with(&format!("/{}", app.group_name()));
+
+    // Every CPU from the start: nothing to limit, nothing made.
+    a.apply(&app, &quota(all)).unwrap();
+    assert_eq!(cpu_cgroup(pid), before_cg, "no group for no limit");
+    a.apply(&app, &quota(500)).unwrap();
+    assert!(in_group(), "capped: in its group: {}", cpu_cgroup(pid));
+    let changes = a.apply(&app, &quota(all)).unwrap();
+    assert_eq!(
+        cpu_cgroup(pid),
+        before_cg,
+        "lifted: back where it was found"
+    );
+    assert!(
+        changes.iter().any(|c| c.to_string().contains("cgroup")),
+        "the move back is reported: {changes:?}"
+    );
+    assert_eq!(
+        a.read(&app).unwrap().cpu_quota_milli,
+        None,
+        "no limit in force"
+    );
+    a.apply(&app, &quota(700)).unwrap();
+    assert!(in_group(), "capped again: in its group again");
+    assert_eq!(a.read(&app).unwrap().cpu_quota_milli, Some(700));
+
+    // The idle class holds the group: a lifted quota leaves it there.
+    let idle = Allocation {
+        cpu_priority: Some(PRIORITY_IDLE),
+        ..Default::default()
+    };
+    if a.caps()
+        .get(qosd_actuators::Resource::CpuPriority)
+        .backend
+        .as_deref()
+        != Some("sched_idle")
+    {
+        a.apply(&app, &idle).unwrap();
+        a.apply(&app, &quota(all)).unwrap();
+        assert!(
+            in_group(),
+            "held by the idle class: stays: {}",
+            cpu_cgroup(pid)
+        );
+    }
+    a.restore_all().unwrap();
+    assert_eq!(
+        cpu_cgroup(pid),
+        before_cg,
+        "restored: back in its own cgroup"
+    );
+    assert!(!state.exists());
+}

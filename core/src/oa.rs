@@ -183,11 +183,15 @@ pub fn cpus_of(share: &Share, node: &NodeCaps) -> Option<f64> {
 
 /// CPUs an app can run on: its allocation's ([`cpus_of`]), or all the
 /// node's where nothing bounds it (not managed, or no cores or quota
-/// knob); `None` when the node's size is not known either.
+/// knob): its online CPUs ([`NodeCaps::nr_cpus`]), else the cores the
+/// cores knob hands out; `None` when the node's size is not known.
 pub fn cpus_held(share: Option<&Share>, node: &NodeCaps) -> Option<f64> {
-    share
-        .and_then(|s| cpus_of(s, node))
-        .or_else(|| (node.nr_cores > 0).then(|| f64::from(node.nr_cores)))
+    share.and_then(|s| cpus_of(s, node)).or_else(|| {
+        [node.nr_cpus, node.nr_cores]
+            .into_iter()
+            .find(|n| *n > 0)
+            .map(f64::from)
+    })
 }
 
 #[cfg(test)]
@@ -262,6 +266,22 @@ mod tests {
         };
         assert_eq!(cpus_held(Some(&unbounded), &n), Some(8.0));
         assert_eq!(cpus_held(Some(&quota), &n), Some(0.5));
+        // The cores knob off (its count 0): the node's online CPUs. They
+        // come first where both are known: the knob counts physical cores,
+        // and an unbounded app runs on every CPU.
+        let no_cores = NodeCaps {
+            nr_cores: 0,
+            nr_cpus: 6,
+            ..n
+        };
+        assert_eq!(cpus_held(Some(&unbounded), &no_cores), Some(6.0));
+        assert_eq!(cpus_held(None, &no_cores), Some(6.0));
+        assert_eq!(cpus_held(Some(&quota), &no_cores), Some(0.5));
+        let unknown = NodeCaps {
+            nr_cpus: 0,
+            ..no_cores
+        };
+        assert_eq!(cpus_held(None, &unknown), None);
         let o = Oa::of_interval(400.0, Some(0.8), Some(&quota), &n).unwrap();
         assert!((o.util - 1.6).abs() < 1e-12);
         assert_eq!(Oa::of_interval(400.0, None, Some(&quota), &n), None);

@@ -150,6 +150,11 @@ pub struct QuotaRange {
 pub struct NodeCaps {
     /// Cores the manager may hand out; 0 when no core actuator works.
     pub nr_cores: u32,
+    /// The node's online CPUs, whatever knobs work or are enabled (0: not
+    /// known): what an app holds when no knob bounds it
+    /// ([`crate::oa::cpus_held`]).
+    #[serde(default)]
+    pub nr_cpus: u32,
     /// LLC ways; 0 when there is no cache allocation (CAT).
     pub nr_ways: u32,
     pub freq: Option<FreqRange>,

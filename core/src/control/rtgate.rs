@@ -1,7 +1,8 @@
 //! The real-time gate (issue 20, docs/sharing-rt.md): a latency-critical
 //! app configured to want real time (`cpu_priority: 3`) gets
 //! [`PRIORITY_REALTIME`] only while its measured CPU use is well below the
-//! CPUs it holds (its cores, its quota, or the node when neither), and
+//! CPUs it holds (its cores, its quota, or the node's online CPUs when
+//! neither: [`cpus_held`]), and
 //! [`PRIORITY_NORMAL`] at once above, or while the reading is missing: an
 //! RT app near saturation would starve every fair task on its CPUs and hit
 //! its group's RT budget. The loop runs it on each decision's plan, after
@@ -33,9 +34,6 @@ pub struct RtGate {
     off_above: f64,
     wants: BTreeSet<String>,
     on: BTreeSet<String>,
-    /// The node's online CPUs: what an app holds when no knob bounds it
-    /// and the node's caps do not count cores (the cores knob disabled).
-    online_cpus: Option<f64>,
 }
 
 impl RtGate {
@@ -56,16 +54,7 @@ impl RtGate {
             off_above: off_above.max(on_below),
             wants: wants.into_iter().collect(),
             on: BTreeSet::new(),
-            online_cpus: None,
         }
-    }
-
-    /// The node's online CPUs, the CPUs an app holds when neither its
-    /// allocation nor the node's caps say (with only the priority knob
-    /// enabled, the caps count no cores).
-    pub fn with_online_cpus(mut self, n: usize) -> RtGate {
-        self.online_cpus = (n > 0).then_some(n as f64);
-        self
     }
 
     /// True when no app wants real time (the gate does nothing).
@@ -88,7 +77,7 @@ impl RtGate {
             };
             // A reading of -0.00 (clock noise) is 0.
             let used = snap.app(name).and_then(|a| a.cpus_used).map(|u| u.max(0.0));
-            let held = cpus_held(Some(share), caps).or(self.online_cpus);
+            let held = cpus_held(Some(share), caps);
             let ratio = used.zip(held.filter(|h| *h > 0.0)).map(|(u, h)| u / h);
             let was = self.on.contains(name);
             let now = match ratio {

@@ -166,15 +166,12 @@ impl Controller {
         node.pods.locked_at_start = node.apps.iter().map(|a| a.cfg.name.clone()).collect();
         let mut ctl = ControlLoop::new(policy);
         // Apps a reload adds stay normal until the next start.
-        ctl.set_rt_gate(
-            qosd_core::control::RtGate::new(
-                node.apps
-                    .iter()
-                    .filter(|a| a.cfg.wants_realtime())
-                    .map(|a| a.cfg.name.clone()),
-            )
-            .with_online_cpus(node.act.nr_online_cpus()),
-        );
+        ctl.set_rt_gate(qosd_core::control::RtGate::new(
+            node.apps
+                .iter()
+                .filter(|a| a.cfg.wants_realtime())
+                .map(|a| a.cfg.name.clone()),
+        ));
         Controller {
             node,
             rec: ApiRecorder::new(shared, dry_run),

@@ -329,3 +329,30 @@ fn a_quota_change_moves_the_nodes_unit_by_default() {
         )]
     );
 }
+
+/// With no knob bounding the app (the cores knob off, no quota) a rule on
+/// operational analysis judges it on the node's online CPUs.
+#[test]
+fn utilisation_without_a_cpu_knob_is_of_the_nodes_cpus() {
+    const BUSY: &str = "name: t\nsettings: { victims: [free_pool] }\nrules:\n  - name: busy\n    \
+         when: [\"util > 0.7\"]\n    then: [{ resource: frequency, change: +1 }]\n";
+    // 1000 req/s using 1.5 CPUs: U 0.75 on 2 CPUs, 0.375 on 4.
+    let mut a = lc("a", Some(0.3));
+    a.cpus_used = Some(1.5);
+    let s = snap(vec![a]);
+    let cur = allocs(&[("a", 0, 0, 2000, 0)]);
+    let fired = |nr_cpus: u32| {
+        let node = qosd_core::NodeCaps {
+            nr_cpus,
+            ..node(0, 0, true, false)
+        };
+        changes(&policy(BUSY).decide(0, &s, &cur, &node))
+    };
+    assert_eq!(
+        fired(2),
+        vec![ch("a", FREQ, DecisionKind::Upsize, 2000, 2100)]
+    );
+    assert!(fired(4).is_empty());
+    // The node's size unknown: no utilisation, the rule does not fire.
+    assert!(fired(0).is_empty());
+}

@@ -56,6 +56,7 @@ impl Policy for StaticPolicy {
 pub fn node_caps(node: &SimNode) -> NodeCaps {
     NodeCaps {
         nr_cores: if node.shared_cpus { 0 } else { node.nr_cores },
+        nr_cpus: node.nr_cores,
         nr_ways: node.nr_ways,
         freq: Some(FreqRange {
             min_mhz: node.freq_min_mhz,

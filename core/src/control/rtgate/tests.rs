@@ -131,24 +131,27 @@ fn the_cpus_held_are_the_quota_when_it_is_lower() {
 }
 
 /// With only the priority knob enabled the caps count no cores and the
-/// share none: the gate judges by the node's online CPUs, and without them
-/// has no bound, so never real time.
+/// share none: the gate judges by the node's online CPUs
+/// (`NodeCaps::nr_cpus`), and without them has no bound, so never real
+/// time.
 #[test]
 fn with_no_cores_knob_the_online_cpus_are_what_the_app_holds() {
-    let caps = NodeCaps {
-        nr_cores: 0,
-        ..node()
-    };
-    let run = |g: &mut RtGate, used: f64| {
+    let run = |g: &mut RtGate, used: f64, nr_cpus: u32| {
+        let caps = NodeCaps {
+            nr_cores: 0,
+            nr_cpus,
+            ..node()
+        };
         let mut p = plan(PRIORITY_NORMAL);
         p.allocations.get_mut("app").unwrap().nr_cores = 0;
         g.gate(&snap(Some(used)), &mut p, &caps);
         p.allocations["app"].cpu_priority
     };
     let mut g = RtGate::new(["app".to_owned()]);
-    assert_eq!(run(&mut g, 0.2), PRIORITY_NORMAL);
-    let mut g = RtGate::new(["app".to_owned()]).with_online_cpus(2);
+    assert_eq!(run(&mut g, 0.2, 0), PRIORITY_NORMAL);
     // 0.8 of 2 CPUs = 0.4 < 0.6: on; 1.5 of 2 = 0.75 > 0.7: off.
-    assert_eq!(run(&mut g, 0.8), PRIORITY_REALTIME);
-    assert_eq!(run(&mut g, 1.5), PRIORITY_NORMAL);
+    assert_eq!(run(&mut g, 0.8, 2), PRIORITY_REALTIME);
+    assert_eq!(run(&mut g, 1.5, 2), PRIORITY_NORMAL);
+    // The same 1.5 CPUs on a 4-CPU node: 0.375, on again.
+    assert_eq!(run(&mut g, 1.5, 4), PRIORITY_REALTIME);
 }
