@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use qosd_core::Resource;
 
 use crate::error::{Error, Result};
-use crate::root::Root;
+use crate::journal::Entry;
+use crate::root::{read_file, Root};
 use crate::{proc, AppTarget, Ctx};
 
 /// A mounted filesystem from `/proc/self/mounts`: (mount point, fstype, options).
@@ -118,6 +119,39 @@ pub fn move_pids(
         )?;
     }
     Ok(())
+}
+
+/// Puts `pids` back in the groups qosd found them in under `mount` and
+/// removes `group` if qosd made it, by undoing (and so consuming) their
+/// move entries in this hierarchy and the group's own entry, newest
+/// first: a later restore does not repeat them, and a crash midway leaves
+/// entries whose undo is harmless to repeat (a process already back, a
+/// group already gone). Processes in the group that qosd did not move
+/// (children made there) go to its parent as the group is removed.
+pub fn leave_group(ctx: &mut Ctx, mount: &Path, group: &Path, pids: &[i32]) -> Result<()> {
+    let ours = |e: &Entry| match e {
+        Entry::Moved { pid, back_to, .. } => pids.contains(pid) && back_to.starts_with(mount),
+        Entry::CreatedDir { path, .. } => path == group,
+        _ => false,
+    };
+    if !ctx.journal().entries().iter().any(ours) {
+        return Ok(());
+    }
+    ctx.undo_where(ours)
+}
+
+/// Whether a knob other than the CPU priority holds `group` (its
+/// `qosd-<app>` group): a CFS quota in force (v1 `cpu.cfs_quota_us` not
+/// -1, v2 `cpu.max` not `max`), or, on cgroup v2 where the cores knob
+/// shares the group, a cpuset. A group not made (a dry run) holds nothing.
+pub fn held_by_others(group: &Path, v2: bool) -> bool {
+    let read = |f: &str| read_file(&group.join(f)).map(|s| s.trim().to_owned());
+    if v2 {
+        read("cpu.max").is_ok_and(|s| !s.starts_with("max"))
+            || read("cpuset.cpus").is_ok_and(|s| !s.is_empty())
+    } else {
+        read("cpu.cfs_quota_us").is_ok_and(|s| s != "-1")
+    }
 }
 
 /// The app's first process: the one whose group a knob reads back.

@@ -481,6 +481,18 @@ impl Ctx {
         })
     }
 
+    /// Within a change: puts back what the entries `which` selects
+    /// recorded (consuming them, newest first) and notes it among the
+    /// change's steps; the first failure is returned. What is put back
+    /// stays put back if the change fails later (it is the original).
+    pub fn undo_where(&mut self, which: impl Fn(&Entry) -> bool) -> Result<()> {
+        let (changes, errors) = self.restore_where(which);
+        for c in changes {
+            self.note(c);
+        }
+        errors.into_iter().next().map_or(Ok(()), Err)
+    }
+
     /// Restores the entries `which` selects, newest first.
     pub fn restore_where(&mut self, which: impl Fn(&Entry) -> bool) -> (Vec<Change>, Vec<Error>) {
         let r = self.journal.restore_where(which);

@@ -182,10 +182,7 @@ pub fn demote(ctx: &mut Ctx, group: Option<&Path>, pids: &[i32]) -> Result<()> {
         crate::schedpolicy::get(p).is_ok_and(|t| crate::schedpolicy::policy_part(&t) == POLICY)
     });
     if rt_now && ctx.journal().entries().iter().any(ours) {
-        let (_, errors) = ctx.restore_where(ours);
-        if let Some(e) = errors.into_iter().next() {
-            return Err(e);
-        }
+        ctx.undo_where(ours)?;
     }
     let Some(file) = group.map(|g| g.join(BUDGET_FILE)) else {
         return Ok(());

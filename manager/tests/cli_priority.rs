@@ -84,17 +84,74 @@ fn real_priority_set_restore_and_sigkill_then_restore_are_exact() {
     assert_eq!(cpu_idle_of(&pid), before);
     assert!(!Path::new(&group).exists() && !s.exists());
 
+    // Normal on an app qosd found at normal makes no group; normal after
+    // idle puts the process back in the group it was found in and removes
+    // qosd's group (the journal's move and group entries consumed: the
+    // restore after it has nothing left to move).
+    let out = qosd(&set(st, &[], &pid, "normal"));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(cpu_idle_of(&pid), before);
+    assert!(!Path::new(&group).exists());
+    let out = qosd(&set(st, &[], &pid, "idle"));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(cpu_idle_of(&pid), idle);
+    let out = qosd(&set(st, &[], &pid, "normal"));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(cpu_idle_of(&pid), before);
+    assert!(!Path::new(&group).exists());
+    if s.exists() {
+        let left = std::fs::read_to_string(&s).unwrap();
+        assert!(
+            !left.contains("\"moved\"") && !left.contains("\"created_dir\""),
+            "{left}"
+        );
+    }
+    let out = qosd(&["restore", "--state-file", st]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(!s.exists());
+
+    // With a CPU quota in force the quota knob holds the group: normal
+    // after idle stays there, at normal; the restore removes it.
+    for args in [
+        vec![
+            "set",
+            "--state-file",
+            st,
+            "quota",
+            "--pid",
+            &pid,
+            "--quota",
+            "1.5",
+        ],
+        set(st, &[], &pid, "idle")
+            .iter()
+            .map(String::as_str)
+            .collect(),
+        set(st, &[], &pid, "normal")
+            .iter()
+            .map(String::as_str)
+            .collect(),
+    ] {
+        let out = qosd(&args);
+        assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+    }
+    let (in_group, quota) = cpu_file_of(&pid, if v2 { "cpu.max" } else { "cpu.cfs_quota_us" });
+    assert_eq!(in_group, format!("/qosd-pid{pid}"));
+    assert!(!quota.starts_with("max") && quota != "-1", "{quota}");
+    assert_eq!(cpu_idle_of(&pid), (in_group, "0".to_owned()));
+    let out = qosd(&["restore", "--state-file", st]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(cpu_idle_of(&pid), before);
+    assert!(!Path::new(&group).exists() && !s.exists());
+
     // --hold, SIGTERM: qosd restores on its own.
     let (mut child, _out) = hold(
-        &set(st, &["--hold"], &pid, "normal")
+        &set(st, &["--hold"], &pid, "idle")
             .iter()
             .map(String::as_str)
             .collect::<Vec<_>>(),
     );
-    assert_eq!(
-        cpu_idle_of(&pid),
-        (format!("/qosd-pid{pid}"), "0".to_owned())
-    );
+    assert_eq!(cpu_idle_of(&pid), idle);
     kill(&child, nix::sys::signal::Signal::SIGTERM);
     assert!(child.wait().unwrap().success());
     assert_eq!(cpu_idle_of(&pid), before);

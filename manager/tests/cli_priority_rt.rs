@@ -4,7 +4,9 @@
 //! the kernel lets a thread in a budgeted group be `SCHED_FIFO` (checked
 //! here by hand); `qosd set priority --class realtime` puts every thread of
 //! a multi-threaded process at `fifo:1+reset_on_fork` in its group with the
-//! RT budget, a thread made later is not real-time; `qosd restore`, SIGTERM
+//! RT budget, a thread made later is not real-time; `--class normal` puts
+//! the threads and the process back where they were found and removes the
+//! group (a crash midway restores exactly); `qosd restore`, SIGTERM
 //! of `--hold`, and SIGKILL then `qosd restore` put every thread's policy,
 //! priority and nice back exactly (a `batch` thread and a nice-5 thread
 //! included) and remove the group; a forged state file that would make a
@@ -233,7 +235,10 @@ fn real_priority_realtime_set_restore_sigterm_sigkill_and_forged_state() {
     assert!(text(&out.stdout).contains("realtime: available"));
 
     // Normal on the realtime app: each thread back to its original (the
-    // late one to the main thread's), then the budget to 0.
+    // late one to the main thread's), the budget to 0, the process back in
+    // the group it was found in and qosd's group removed; the journal's
+    // entries for all that are consumed.
+    let journalled = std::fs::read_to_string(&s).unwrap();
     let out = qosd(&set(st, &[], &p, "normal"));
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(
@@ -242,11 +247,27 @@ fn real_priority_realtime_set_restore_sigterm_sigkill_and_forged_state() {
         sched_state(pid)
     );
     assert!(!chrt(late).contains("SCHED_FIFO"), "{}", chrt(late));
-    let budget = std::fs::read_to_string(format!("{CPU}{group}/cpu.rt_runtime_us")).unwrap();
-    assert_eq!(budget.trim(), "0");
+    assert_eq!(cpu_group(pid), group0);
+    assert!(!std::path::Path::new(&format!("{CPU}{group}")).exists());
+    assert!(!s.exists(), "{:?}", std::fs::read_to_string(&s));
 
-    // `qosd restore`: policy, priority, nice back on every thread; the
-    // group gone.
+    // A crash in the middle of that (the state file as it was before
+    // normal: nothing consumed yet), then `qosd restore`: every undo
+    // repeats harmlessly, nothing moves.
+    let now = sched_state(pid);
+    std::fs::write(&s, &journalled).unwrap();
+    let out = qosd(&["restore", "--state-file", st]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(sched_state(pid), now);
+    assert_eq!(cpu_group(pid), group0);
+    assert!(!s.exists());
+
+    // Realtime again, then `qosd restore`: policy, priority, nice back on
+    // every thread; the group gone.
+    let out = qosd(&set(st, &[], &p, "realtime"));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(is_ours(pid), "{}", chrt(pid));
+    assert_eq!(cpu_group(pid), group);
     let out = qosd(&["restore", "--state-file", st]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let restored = |now: Vec<(u32, u32, u32, i32)>| before.iter().all(|b| now.contains(b));

@@ -32,6 +32,10 @@
 #               use allows (connection threads made later at the next
 #               reassert); the daemon is stopped (SIGTERM: restore) after the
 #               run. The output gives the server threads' classes mid-run.
+#   +lcback     the server made real-time and then normal again by hand
+#               (\`qosd set priority --class realtime\`, then \`--class normal\`,
+#               as the gate does when the app's CPU use rises): where that
+#               leaves it (its own group, or back where it was found)
 # e.g. CASES="alone idle idle+sidle idle+q0.6p100 alone+lcfifo idle+lcfifo". Each
 # run starts from \`qosd restore\` (and SCHED_OTHER for the job's and the server's
 # threads) and applies its case; the
@@ -52,10 +56,10 @@ DECOMPOSE=${DECOMPOSE:-1}
 OUT=${OUT:-target/idle_class}
 read -ra cases <<<"${CASES:-alone idle normal}"
 for c in "${cases[@]}"; do
-  [[ $c =~ ^(alone|idle|normal)(\+(sidle|q[0-9]+(\.[0-9]+)?p[0-9]+|cpus[0-9,-]+|lcfifo|lcrr|lcqosd))*$ ]] ||
-    { echo "idle_class: bad case '$c' in CASES: alone|idle|normal, then +sidle, +qCPUSpMS (e.g. +q0.6p10), +cpusLIST, +lcfifo, +lcrr, +lcqosd" >&2; exit 2; }
-  if [[ $c == alone+* && ! $c =~ ^alone(\+lc(fifo|rr|qosd))+$ ]]; then
-    echo "idle_class: bad case '$c' in CASES: alone takes only the server's modifiers (+lcfifo, +lcrr, +lcqosd)" >&2; exit 2
+  [[ $c =~ ^(alone|idle|normal)(\+(sidle|q[0-9]+(\.[0-9]+)?p[0-9]+|cpus[0-9,-]+|lcfifo|lcrr|lcqosd|lcback))*$ ]] ||
+    { echo "idle_class: bad case '$c' in CASES: alone|idle|normal, then +sidle, +qCPUSpMS (e.g. +q0.6p10), +cpusLIST, +lcfifo, +lcrr, +lcqosd, +lcback" >&2; exit 2; }
+  if [[ $c == alone+* && ! $c =~ ^alone(\+lc(fifo|rr|qosd|back))+$ ]]; then
+    echo "idle_class: bad case '$c' in CASES: alone takes only the server's modifiers (+lcfifo, +lcrr, +lcqosd, +lcback)" >&2; exit 2
   fi
 done
 . scenarios/bench/lib/sched_decomp.sh
@@ -124,6 +128,10 @@ apply_case() {
   if [[ +$mods+ == *+lcfifo+* ]]; then chrt -a -f -p 1 "$srv" >/dev/null; fi
   if [[ +$mods+ == *+lcrr+* ]]; then chrt -a -r -p 1 "$srv" >/dev/null; fi
   if [[ +$mods+ == *+lcqosd+* ]]; then start_daemon; fi
+  if [[ +$mods+ == *+lcback+* ]]; then
+    "$QOSD" set --state-file "$st/state.json" priority --pid "$srv" --class realtime >/dev/null
+    "$QOSD" set --state-file "$st/state.json" priority --pid "$srv" --class normal >/dev/null
+  fi
   [ "$base" = alone ] && return
   [ "$base" = idle ] && "$QOSD" set --state-file "$st/state.json" priority --pid "$job" --class idle >/dev/null
   local IFS=+
@@ -254,6 +262,7 @@ label() {
       lcfifo) out+=" + server SCHED_FIFO 1" ;;
       lcrr) out+=" + server SCHED_RR 1" ;;
       lcqosd) out+=" + server real-time by \`qosd run\` (cpu_priority 3)" ;;
+      lcback) out+=" + server set realtime, then normal" ;;
     esac
   done
   echo "$out"
