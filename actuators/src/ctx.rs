@@ -107,6 +107,12 @@ impl Ctx {
         }
     }
 
+    /// Notes a step done outside `ctx` (e.g. a lowering of inherited real
+    /// time, which needs no journal entry) among the change's steps.
+    pub fn noted(&mut self, c: Change) {
+        self.note(c)
+    }
+
     fn note(&mut self, c: Change) {
         if self.dry_run {
             tracing::info!("dry run: would change {c}");

@@ -3,13 +3,15 @@
 //! scheduling (root): `qosd caps` says realtime is available exactly when
 //! the kernel lets a thread in a budgeted group be `SCHED_FIFO` (checked
 //! here by hand); `qosd set priority --class realtime` puts every thread of
-//! a multi-threaded process at `fifo:1+reset_on_fork` in its group with the
-//! RT budget, a thread made later is not real-time; `--class normal` puts
-//! the threads and the process back where they were found and removes the
-//! group (a crash midway restores exactly); `qosd restore`, SIGTERM
+//! a multi-threaded process at `fifo:1` in its group with the RT budget, a
+//! thread and a child process made later inherit it; `--class normal` puts
+//! the threads and the process back where they were found, lowers what
+//! inherited, and removes the group (a crash midway restores exactly);
+//! `qosd restore`, SIGTERM
 //! of `--hold`, and SIGKILL then `qosd restore` put every thread's policy,
 //! priority and nice back exactly (a `batch` thread and a nice-5 thread
-//! included) and remove the group; a forged state file that would make a
+//! included), lower the threads and children made meanwhile to
+//! `SCHED_OTHER`, and remove the group; a forged state file that would make a
 //! thread real-time is refused and changes nothing.
 
 mod support;
@@ -42,7 +44,14 @@ os.sched_setscheduler(a, os.SCHED_BATCH, os.sched_param(0))
 os.setpriority(os.PRIO_PROCESS, b, 5)
 print("ready", flush=True)
 for line in sys.stdin:
-    print(start(), flush=True)
+    if line.strip() == "fork":
+        child = os.fork()
+        if child == 0:
+            time.sleep(120)
+            os._exit(0)
+        print(child, flush=True)
+    else:
+        print(start(), flush=True)
 "#;
 
 impl Threads {
@@ -66,10 +75,29 @@ impl Threads {
 
     /// A new thread, made by the (real-time) main thread.
     fn new_thread(&mut self) -> u32 {
-        writeln!(self.child.stdin.as_mut().unwrap()).unwrap();
+        self.ask("")
+    }
+
+    /// A child process (a sleeping fork of the main thread), killed by
+    /// the caller.
+    fn fork(&mut self) -> Killed {
+        Killed(self.ask("fork"))
+    }
+
+    fn ask(&mut self, line: &str) -> u32 {
+        writeln!(self.child.stdin.as_mut().unwrap(), "{line}").unwrap();
         let mut l = String::new();
         self.out.read_line(&mut l).unwrap();
         l.trim().parse().unwrap()
+    }
+}
+
+/// A child process of the app, killed when dropped.
+struct Killed(u32);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.0 as i32), Signal::SIGKILL);
     }
 }
 
@@ -117,9 +145,15 @@ fn chrt(tid: u32) -> String {
     text(&o.stdout)
 }
 
+/// At qosd's policy: `SCHED_FIFO` 1, no reset-on-fork (children inherit).
 fn is_ours(tid: u32) -> bool {
     let c = chrt(tid);
-    c.contains("SCHED_FIFO|SCHED_RESET_ON_FORK") && c.contains("priority: 1")
+    c.contains("SCHED_FIFO\n") && c.contains("priority: 1")
+}
+
+fn is_rt(tid: u32) -> bool {
+    let c = chrt(tid);
+    c.contains("SCHED_FIFO") || c.contains("SCHED_RR")
 }
 
 /// The process's group in the v1 `cpu` hierarchy.
@@ -219,7 +253,8 @@ fn real_priority_realtime_set_restore_sigterm_sigkill_and_forged_state() {
     assert!(!s.exists());
 
     // One-shot set: every thread ours, the group's budget set; a thread
-    // made afterwards by a real-time thread starts at SCHED_OTHER.
+    // and a child process made afterwards inherit the policy (in the
+    // group, so the budget bounds them too).
     let out = qosd(&set(st, &[], &p, "realtime"));
     assert!(out.status.success(), "{}", text(&out.stderr));
     for (tid, ..) in &before {
@@ -230,7 +265,10 @@ fn real_priority_realtime_set_restore_sigterm_sigkill_and_forged_state() {
     let budget = std::fs::read_to_string(format!("{CPU}{group}/cpu.rt_runtime_us")).unwrap();
     assert_eq!(budget.trim(), "900000");
     let late = app.new_thread();
-    assert!(chrt(late).contains("SCHED_OTHER"), "{}", chrt(late));
+    assert!(is_ours(late), "{}", chrt(late));
+    let child = app.fork();
+    assert!(is_ours(child.0), "{}", chrt(child.0));
+    assert_eq!(cpu_group(child.0), group);
     let out = qosd(&["caps"]);
     assert!(text(&out.stdout).contains("realtime: available"));
 
@@ -246,7 +284,9 @@ fn real_priority_realtime_set_restore_sigterm_sigkill_and_forged_state() {
         "{:?}",
         sched_state(pid)
     );
-    assert!(!chrt(late).contains("SCHED_FIFO"), "{}", chrt(late));
+    assert!(!is_rt(late), "{}", chrt(late));
+    assert!(!is_rt(child.0), "{}", chrt(child.0));
+    assert!(chrt(child.0).contains("SCHED_OTHER"), "{}", chrt(child.0));
     assert_eq!(cpu_group(pid), group0);
     assert!(!std::path::Path::new(&format!("{CPU}{group}")).exists());
     assert!(!s.exists(), "{:?}", std::fs::read_to_string(&s));
@@ -286,6 +326,9 @@ fn real_priority_realtime_set_restore_sigterm_sigkill_and_forged_state() {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let (mut child, _out) = hold(&args);
     assert!(is_ours(pid));
+    let late = app.new_thread();
+    let forked = app.fork();
+    assert!(is_ours(late) && is_ours(forked.0), "{}", chrt(forked.0));
     kill(&child, Signal::SIGKILL);
     child.wait().unwrap();
     assert!(is_ours(pid), "a killed qosd restores nothing itself");
@@ -293,6 +336,8 @@ fn real_priority_realtime_set_restore_sigterm_sigkill_and_forged_state() {
     let out = qosd(&["restore", "--state-file", st]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(restored(sched_state(pid)), "{:?}", sched_state(pid));
+    assert!(!is_rt(late), "{}", chrt(late));
+    assert!(!is_rt(forked.0), "{}", chrt(forked.0));
     assert!(!std::path::Path::new(&format!("{CPU}{group}")).exists());
 
     // The same state file with the originals forged to real-time: the
@@ -316,9 +361,12 @@ fn real_priority_realtime_set_restore_sigterm_sigkill_and_forged_state() {
     // --hold, SIGTERM: qosd restores on its own.
     let (mut child, _out) = hold(&args);
     assert!(is_ours(pid));
+    let late = app.new_thread();
+    let forked = app.fork();
     kill(&child, Signal::SIGTERM);
     assert!(child.wait().unwrap().success());
     assert!(restored(sched_state(pid)), "{:?}", sched_state(pid));
+    assert!(!is_rt(late) && !is_rt(forked.0), "{}", chrt(forked.0));
     assert_eq!(cpu_group(pid), group0);
     assert!(!std::path::Path::new(&format!("{CPU}{group}")).exists());
     assert!(!s.exists());

@@ -40,7 +40,9 @@
 # run starts from \`qosd restore\` (and SCHED_OTHER for the job's and the server's
 # threads) and applies its case; the
 # job's ops/s is read from its progress lines during each run.
-# Usage: scenarios/bench/idle_class.sh [QOSD]   (root; ROUNDS=3 SECS=8 LOAD_PCT=50 by default)
+# KEEPALIVE=0 sends each request on a new connection (the fixture makes two
+# threads per connection, so every request runs on new threads).
+# Usage: scenarios/bench/idle_class.sh [QOSD]   (root; ROUNDS=3 SECS=8 LOAD_PCT=50 KEEPALIVE=1 by default)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 QOSD=${1:-target/release/qosd}
@@ -50,6 +52,10 @@ SECS=${SECS:-8}
 LOAD_PCT=${LOAD_PCT:-50}
 [[ $LOAD_PCT =~ ^[0-9]+$ ]] && (( LOAD_PCT >= 1 && LOAD_PCT <= 100 )) ||
   { echo "idle_class: LOAD_PCT=$LOAD_PCT: expected 1..100 (% of the capacity measured alone)" >&2; exit 2; }
+KEEPALIVE=${KEEPALIVE:-1}
+[[ $KEEPALIVE =~ ^[01]$ ]] || { echo "idle_class: KEEPALIVE=$KEEPALIVE: expected 0 or 1" >&2; exit 2; }
+conns=(--keepalive) conn_text="8 keep-alive connections"
+[ "$KEEPALIVE" = 0 ] && conns=() conn_text="a new connection per request (at most 8 open)"
 TRACE=${TRACE:-0}
 DECOMPOSE=${DECOMPOSE:-1}
 [ "$TRACE" = 1 ] && DECOMPOSE=1
@@ -186,7 +192,7 @@ declare -A cls
 # row (nice_cpus: CPUs' worth of niced work, others' nice-19 builds).
 run_load() {
   local args=(--target "127.0.0.1:$port" --protocol http --rps "$rps" --arrival poisson
-              --connections 8 --keepalive --duration "$SECS" --json)
+              --connections 8 "${conns[@]}" --duration "$SECS" --json)
   if [ "$DECOMPOSE" != 1 ]; then LOAD_JSON=$("$QOSD" load "${args[@]}"); return; fi
   local f="$st/load.json" cl bt= start; start=$(date +%s%N)
   "$QOSD" load "${args[@]}" >"$f" & cl=$!
@@ -271,7 +277,7 @@ cat <<MD
 ## Sharing a CPU: an LC server beside a batch job in the idle class
 
 \`scenarios/bench/idle_class.sh\`: qosd's HTTP fixture (${work_us} µs of CPU per request) at ${rps} rps
-(${LOAD_PCT} % of the ${cap} rps it completed when offered its nominal capacity, ${nominal} rps on $ncpu CPUs, alone), Poisson arrivals, 8 keep-alive connections, ${SECS} s per
+(${LOAD_PCT} % of the ${cap} rps it completed when offered its nominal capacity, ${nominal} rps on $ncpu CPUs, alone), Poisson arrivals, ${conn_text}, ${SECS} s per
 run, beside \`qosd batch --threads $ncpu\` (a hashing thread per CPU). Cases interleaved in ${ROUNDS}
 rounds; medians over rounds of the client p99. Load average at the end: $(cut -d" " -f1-3 /proc/loadavg)
 (other work on the machine competes with the server in every case; "others' niced CPUs" is the

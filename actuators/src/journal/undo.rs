@@ -67,8 +67,13 @@ pub(super) fn sched(
     // Never raises a thread (see `schedpolicy::raises`): a listed thread
     // whose original is real-time was left alone, and an unlisted one
     // must not inherit a real-time main thread's policy.
+    // A thread at exactly qosd's real-time policy that would be raised
+    // (its want real-time too) inherited qosd's policy: lowered instead.
     let set = |tid, want: &str| match crate::schedpolicy::get(tid) {
         Ok(now) if crate::schedpolicy::raises(&now, want) => {
+            if crate::schedpolicy::policy_part(&now) == crate::realtime::POLICY {
+                return crate::schedpolicy::set(tid, crate::schedpolicy::OTHER);
+            }
             tracing::warn!("pid {pid} thread {tid}: left at {now}, not raised to {want}");
             Ok(())
         }
@@ -150,6 +155,9 @@ pub(super) fn created_dir(
         return Ok(out);
     }
     if !dry_run {
+        // What inherited qosd's real time in the group (children, threads
+        // made later) must not leave it real-time.
+        out.extend(crate::realtime::lower_in_group(root, path)?);
         remove_group_dir(path)?;
     }
     out.push(Change::new(
