@@ -4,7 +4,7 @@
 //! has that flag, and ` nice:N` when the thread's nice value is not 0 (so
 //! that a restore puts the nice back too). The CPU priority knob's last
 //! backend puts a best-effort app's threads in `SCHED_IDLE` where the kernel
-//! offers no cpu group; its realtime value makes them `fifo:1+reset_on_fork`.
+//! offers no cpu group; its realtime value makes them `fifo:1` (inherited by threads made later).
 
 use crate::error::{Error, Result};
 

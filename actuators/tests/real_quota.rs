@@ -11,6 +11,10 @@ use std::time::{Duration, Instant};
 
 use qosd_actuators::{Actuators, Allocation, AppTarget, Config};
 
+/// The tests that make groups in the real hierarchy run one at a time:
+/// one compares the hierarchy's top directory before and after.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// A one-process CPU spinner, killed on drop.
 pub struct Spinner(pub Child);
 
@@ -93,6 +97,7 @@ fn top_of(mount: &PathBuf) -> (Vec<String>, Vec<String>) {
 
 #[test]
 fn quota_caps_a_real_process_and_restores_exactly() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let d = tempfile::tempdir().unwrap();
     let state = d.path().join("state.json");
     let cfg = Config {
@@ -196,6 +201,7 @@ fn quota_caps_a_real_process_and_restores_exactly() {
 
 #[test]
 fn bad_quota_changes_nothing() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let d = tempfile::tempdir().unwrap();
     let cfg = Config {
         state_file: Some(d.path().join("state.json")),
@@ -235,6 +241,7 @@ fn bad_quota_changes_nothing() {
 #[test]
 fn lifted_quota_leaves_the_group_unless_held() {
     use qosd_core::knobs::PRIORITY_IDLE;
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let d = tempfile::tempdir().unwrap();
     let state = d.path().join("state.json");
     let cfg = Config {

@@ -229,8 +229,11 @@ impl<P: Policy> ControlLoop<P> {
     /// interval, decide, apply a plan that changes anything (or let the
     /// node reassert what is in force), tell the policy what was applied,
     /// and record the decision with its "cannot meet QoS" apps. A policy may ask
-    /// for a decision at other ticks too ([`Policy::wants_decision`]); the
-    /// interval (timeline row) stays the node's decision interval.
+    /// for a decision at other ticks too ([`Policy::wants_decision`]), and so
+    /// may the real-time gate when an app must lose real time now
+    /// ([`RtGate::wants_off`]: then the plan keeps the allocation but for
+    /// the gate's change, and the policy is not asked); the interval
+    /// (timeline row) stays the node's decision interval.
     pub fn tick(
         &mut self,
         node: &mut dyn Node,
@@ -240,17 +243,25 @@ impl<P: Policy> ControlLoop<P> {
         let sensed = node.sense(&tick);
         self.counters.monitor_ticks += 1;
         self.policy.observe(tick.now_ms, &sensed.snapshot);
-        if !tick.decide && !self.policy.wants_decision(tick.now_ms) {
+        let caps = node.caps();
+        let policy_decides = tick.decide || self.policy.wants_decision(tick.now_ms);
+        if !policy_decides
+            && !self
+                .rt_gate
+                .wants_off(&sensed.snapshot, node.current(), &caps)
+        {
             return (sensed, None);
         }
         if tick.decide {
             rec.interval(tick.now_ms, &sensed.interval, node.current(), &sensed);
         }
         let current = node.current().clone();
-        let caps = node.caps();
-        let mut plan = self
-            .policy
-            .decide(tick.now_ms, &sensed.snapshot, &current, &caps);
+        let mut plan = if policy_decides {
+            self.policy
+                .decide(tick.now_ms, &sensed.snapshot, &current, &caps)
+        } else {
+            Plan::keep(&current)
+        };
         self.rt_gate.gate(&sensed.snapshot, &mut plan, &caps);
         self.counters.decisions += 1;
         self.counters.reverts += plan

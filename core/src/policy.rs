@@ -117,6 +117,11 @@ pub struct AppState {
     /// gives the service demand of operational analysis ([`crate::oa`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpus_used: Option<f64>,
+    /// The same over the last monitoring tick alone (noisy; what the
+    /// real-time gate reads between decisions, [`crate::control::RtGate`]);
+    /// `None` where not measured per tick, or when this tick's read failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus_used_tick: Option<f64>,
     /// Power attributed to the app, in watts, if a power sensor runs.
     pub power_w: Option<f64>,
     /// The range the policy must keep this app's allocation in.
@@ -138,6 +143,7 @@ impl AppState {
             nr_samples: 0,
             cpu_util: 0.0,
             cpus_used: None,
+            cpus_used_tick: None,
             power_w: None,
             limits: Limits::default(),
         }

@@ -8,6 +8,7 @@
 pub mod api;
 pub mod hedge;
 pub mod kube;
+pub mod realtime;
 pub mod units;
 
 use std::collections::BTreeSet;
@@ -22,6 +23,7 @@ use crate::yamlfile::{self, FileError, Invalid, KeyPath};
 pub use api::{ApiConfig, DEFAULT_API_ADDR};
 pub use hedge::{HedgeConfig, HedgeStart};
 pub use kube::{KubernetesConfig, PodMatch};
+pub use realtime::RealtimeConfig;
 pub use units::Target;
 
 /// The whole file.
@@ -68,6 +70,9 @@ pub struct Config {
     /// only if some app matches pods).
     #[serde(default)]
     pub kubernetes: Option<KubernetesConfig>,
+    /// When LC apps asking for real time get it (the gate's bounds).
+    #[serde(default)]
+    pub realtime: RealtimeConfig,
 }
 
 fn default_policy() -> PathBuf {

@@ -28,9 +28,9 @@
 #   +lcqosd     qosd itself: a \`qosd run\` daemon managing the server as an LC
 #               app with \`initial: { cpu_priority: 3 }\` (only the priority knob
 #               enabled), so its real-time gate makes the server's threads
-#               fifo:1+reset_on_fork in a group with an RT budget while its CPU
-#               use allows (connection threads made later at the next
-#               reassert); the daemon is stopped (SIGTERM: restore) after the
+#               fifo:1 in a group with an RT budget while its CPU
+#               use allows (connection threads made later inherit it);
+#               the daemon is stopped (SIGTERM: restore) after the
 #               run. The output gives the server threads' classes mid-run.
 #   +lcback     the server made real-time and then normal again by hand
 #               (\`qosd set priority --class realtime\`, then \`--class normal\`,

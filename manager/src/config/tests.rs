@@ -432,3 +432,48 @@ fn a_latency_critical_app_asks_for_real_time_and_is_admitted_normal() {
     assert_eq!(s.cpu_priority, qosd_core::knobs::PRIORITY_NORMAL);
     assert_eq!(s.nr_cores, 2);
 }
+
+#[test]
+fn the_real_time_gates_bounds_are_keys_checked_at_their_place() {
+    let c = parse(GOOD).unwrap();
+    assert_eq!(c.realtime, super::RealtimeConfig::default());
+    assert_eq!((c.realtime.on_below, c.realtime.off_above), (0.6, 0.7));
+    let c = parse(&format!(
+        "{GOOD}realtime: {{ on_below: 0.4, off_above: 0.5 }}\n"
+    ))
+    .unwrap();
+    assert_eq!((c.realtime.on_below, c.realtime.off_above), (0.4, 0.5));
+    for (text, key, msg) in [
+        (
+            "realtime: { on_below: 0.7 }",
+            "realtime.on_below",
+            "below off_above (0.7)",
+        ),
+        (
+            "realtime: { on_below: 0.8, off_above: 0.5 }",
+            "realtime.on_below",
+            "below off_above",
+        ),
+        (
+            "realtime: { off_above: 1.5 }",
+            "realtime.off_above",
+            "in (0, 1]",
+        ),
+        (
+            "realtime: { on_below: 0 }",
+            "realtime.on_below",
+            "in (0, 1]",
+        ),
+        (
+            "realtime: { on_below: .nan }",
+            "realtime.on_below",
+            "in (0, 1]",
+        ),
+    ] {
+        let e = parse(&format!("{GOOD}{text}\n")).unwrap_err();
+        assert_eq!((e.line, e.key.as_str()), (13, key), "{text}: {e}");
+        assert!(e.col > 1 && e.msg.contains(msg), "{text}: {e}");
+    }
+    let e = parse(&format!("{GOOD}realtime: {{ off_abov: 0.8 }}\n")).unwrap_err();
+    assert!(e.to_string().contains("off_abov"), "{e}");
+}

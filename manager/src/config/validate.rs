@@ -59,6 +59,7 @@ impl Config {
         if let Some(p) = &self.state_file {
             file_path_ok(p).map_err(|m| Invalid::new(root.key("state_file"), m))?;
         }
+        self.realtime.validate(&root.key("realtime"))?;
         Ok(())
     }
 

@@ -25,7 +25,7 @@ use qosd_actuators::grouplock::{GroupLocks, PidClaims};
 use super::discover::Finder;
 use super::jobs::Jobs;
 use super::state::{SharedState, SloView};
-use crate::config::AppConfig;
+use crate::config::{AppConfig, RealtimeConfig};
 use crate::kube::PodRef;
 use crate::node::actuate::Actuation;
 use crate::node::sensing::{fed_tick, plugins, SenseApp, Sensing};
@@ -40,8 +40,10 @@ struct AppRt {
     note: Option<String>,
     /// Why a knob refused it (see `refuse.rs`); the knob stays off.
     refused: Option<String>,
-    /// Seconds since its per-pid CPU time was last read.
+    /// Seconds of the decision interval so far, and each pid's CPU
+    /// seconds in it (the procfs sensor reads them every tick).
     cpu_span_s: f64,
+    iv_cpu_by_pid: BTreeMap<i32, f64>,
     /// Its processes' requests and CPU time, per pid.
     per_pid: oa::PidMeter,
     /// The pods' containers it is (`match: { pod: ... }` and annotated
@@ -164,19 +166,22 @@ impl Controller {
         };
         let mut node = node;
         node.pods.locked_at_start = node.apps.iter().map(|a| a.cfg.name.clone()).collect();
-        let mut ctl = ControlLoop::new(policy);
-        // Apps a reload adds stay normal until the next start.
-        ctl.set_rt_gate(qosd_core::control::RtGate::new(
-            node.apps
-                .iter()
-                .filter(|a| a.cfg.wants_realtime())
-                .map(|a| a.cfg.name.clone()),
-        ));
-        Controller {
+        let mut c = Controller {
             node,
             rec: ApiRecorder::new(shared, dry_run),
-            ctl,
-        }
+            ctl: ControlLoop::new(policy),
+        };
+        c.set_realtime(&RealtimeConfig::default());
+        c
+    }
+
+    /// The real-time gate (`realtime:`'s bounds) for the configured apps
+    /// that ask for real time; apps a reload adds stay normal until the
+    /// next start.
+    pub fn set_realtime(&mut self, rt: &RealtimeConfig) {
+        let wants = self.node.apps.iter().filter(|a| a.cfg.wants_realtime());
+        self.ctl
+            .set_rt_gate(rt.gate(wants.map(|a| a.cfg.name.clone())));
     }
 
     /// Runs the best-effort apps' batch jobs (started on the next tick).
@@ -260,6 +265,7 @@ impl AppRt {
             note: None,
             refused: None,
             cpu_span_s: 0.0,
+            iv_cpu_by_pid: BTreeMap::new(),
             per_pid: Default::default(),
             containers: Vec::new(),
             from_pod: false,
@@ -335,14 +341,21 @@ impl DaemonNode {
             .collect()
     }
 
-    /// Each app's per-pid operational figures over the decision interval
-    /// that ends with this tick, from the procfs sensor's CPU time per pid.
-    fn per_pid_cpu(&mut self, dt_s: f64, readings: &[AppReading]) {
+    /// Each app's per-pid CPU time of the tick into its interval; on
+    /// decision ticks, its per-pid operational figures over the interval
+    /// that ends with this tick.
+    fn per_pid_cpu(&mut self, tick: &Tick, readings: &[AppReading]) {
         for (a, r) in self.apps.iter_mut().zip(readings) {
-            a.cpu_span_s += dt_s;
-            let by_pid = r.cpu_by_pid.as_deref().unwrap_or_default();
-            let secs = std::mem::take(&mut a.cpu_span_s);
-            a.per_pid.update(by_pid, self.tracer.as_deref(), secs);
+            a.cpu_span_s += tick.dt_s;
+            for &(pid, used) in r.cpu_by_pid.as_deref().unwrap_or_default() {
+                *a.iv_cpu_by_pid.entry(pid).or_default() += used;
+            }
+            if tick.decide {
+                let secs = std::mem::take(&mut a.cpu_span_s);
+                let by_pid: Vec<(i32, f64)> =
+                    std::mem::take(&mut a.iv_cpu_by_pid).into_iter().collect();
+                a.per_pid.update(&by_pid, self.tracer.as_deref(), secs);
+            }
         }
     }
 
@@ -351,11 +364,7 @@ impl DaemonNode {
     /// eBPF apps, both eBPF figures; CPU, power and the batch jobs' rates.
     fn measure(&mut self, tick: &Tick) -> Sensed {
         let (mut sensed, readings) = self.sensing.sense(tick, &self.act);
-        if tick.decide {
-            self.per_pid_cpu(tick.dt_s, &readings);
-        } else {
-            self.apps.iter_mut().for_each(|a| a.cpu_span_s += tick.dt_s);
-        }
+        self.per_pid_cpu(tick, &readings);
         let mut sh = self.shared.lock();
         if tick.decide {
             sh.power_error = self.sensing.sensors().error("power").map(str::to_owned);

@@ -233,6 +233,7 @@ pub fn controller(
         &cfg.actuators.root,
         cfg.actuators.dry_run,
     );
+    ctl.set_realtime(&cfg.realtime);
     if let Some(p) = power {
         ctl.set_power(p);
     }

@@ -1,9 +1,12 @@
 //! CPU time from `/proc` as a plugin: the CPU seconds each target's
 //! processes used since the previous sample (in all and per pid), and the
 //! node's utilisation.
-//! Sampled on decision ticks only: the figures are per decision interval
-//! (and `stat`, the fallback, counts in 10 ms ticks, too coarse for a
-//! 100 ms monitoring tick).
+//! Processes are sampled on every monitoring tick (their CPU clocks count
+//! in ns: the real-time gate reads a rise within a tick, issue 20); the
+//! node's figure only on decision ticks (`/proc/stat` counts in 10 ms
+//! ticks, too coarse for a 100 ms tick). A target none of whose processes
+//! gave a delta (all unreadable, or all seen for the first time) has no
+//! reading, not a reading of 0.
 
 use std::path::PathBuf;
 
@@ -39,20 +42,19 @@ impl Sensor for ProcfsSensor {
         &[Quantity::CpuTime]
     }
 
-    fn decision_ticks_only(&self) -> bool {
-        true
-    }
-
-    fn sample(&mut self, _tick: &Tick, targets: &[Target<'_>]) -> anyhow::Result<Measurements> {
+    fn sample(&mut self, tick: &Tick, targets: &[Target<'_>]) -> anyhow::Result<Measurements> {
         let mut m = Measurements::empty(targets.len());
         self.meters.resize_with(targets.len(), CpuMeter::default);
         for ((r, t), meter) in m.apps.iter_mut().zip(targets).zip(&mut self.meters) {
             let by_pid = meter.delta_by_pid(&self.procfs, t.pids);
-            r.cpu_s = Some(by_pid.iter().map(|(_, d)| d).sum());
+            r.cpu_s = (!by_pid.is_empty()).then(|| by_pid.iter().map(|(_, d)| d).sum());
             r.cpu_by_pid = Some(by_pid);
         }
         // The node's figure is a bonus: a process figure without it is
         // still worth having.
+        if !tick.decide {
+            return Ok(m);
+        }
         if let Ok(n) = self.procfs.node_cpu() {
             if let Some(before) = self.node.replace(n) {
                 m.node_cpu_util = Some(n.utilisation_since(&before));
@@ -83,9 +85,8 @@ mod tests {
         };
         let first = s.sample(&tick, &t).unwrap();
         assert_eq!(
-            first.apps[0].cpu_s,
-            Some(0.0),
-            "counts from the first sample on"
+            first.apps[0].cpu_s, None,
+            "no delta yet: counts from the first sample on"
         );
         assert_eq!(first.node_cpu_util, None);
         // Burn CPU until the kernel has counted a few ticks of it (bounded:
@@ -107,5 +108,19 @@ mod tests {
         assert_eq!(by_pid.len(), 1);
         assert_eq!((by_pid[0].0, Some(by_pid[0].1)), (me[0], m.apps[0].cpu_s));
         assert!(m.node_cpu_util.is_some_and(|u| (0.0..=1.0).contains(&u)));
+        // A monitoring tick reads the processes, not the node.
+        let between = Tick {
+            decide: false,
+            ..tick
+        };
+        let m = s.sample(&between, &t).unwrap();
+        assert!(m.apps[0].cpu_s.is_some() && m.node_cpu_util.is_none());
+        // Processes that cannot be read give no reading, not 0.
+        let gone = [Target {
+            pids: &[i32::MAX],
+            ..t[0]
+        }];
+        let m = s.sample(&between, &gone).unwrap();
+        assert_eq!(m.apps[0].cpu_s, None);
     }
 }

@@ -23,9 +23,16 @@ fn plan(prio: u32) -> Plan {
     }
 }
 
+/// `used` CPUs busy over the last tick and the last interval alike.
 fn snap(used: Option<f64>) -> Snapshot {
+    snap2(used, used)
+}
+
+/// `tick` CPUs busy over the last tick, `interval` over the last interval.
+fn snap2(tick: Option<f64>, interval: Option<f64>) -> Snapshot {
     let mut a = AppState::new("app", AppClass::Lc);
-    a.cpus_used = used;
+    a.cpus_used_tick = tick;
+    a.cpus_used = interval;
     Snapshot {
         apps: vec![a],
         ..Snapshot::default()
@@ -154,4 +161,119 @@ fn with_no_cores_knob_the_online_cpus_are_what_the_app_holds() {
     assert_eq!(run(&mut g, 1.5, 2), PRIORITY_NORMAL);
     // The same 1.5 CPUs on a 4-CPU node: 0.375, on again.
     assert_eq!(run(&mut g, 1.5, 4), PRIORITY_REALTIME);
+}
+
+/// A node measured per tick and per interval: the gate reads the higher,
+/// and nothing without this tick's reading (an interval's figure kept
+/// while the reads fail is stale).
+#[test]
+fn the_tick_reading_is_required_and_the_higher_one_counts() {
+    let mut g = RtGate::new(["app".to_owned()]);
+    let mut run = |tick, iv| {
+        let mut p = plan(PRIORITY_NORMAL);
+        g.gate(&snap2(tick, iv), &mut p, &node());
+        p.allocations["app"].cpu_priority
+    };
+    // The interval says 0.1 CPU but this tick gave nothing: not on.
+    assert_eq!(run(None, Some(0.1)), PRIORITY_NORMAL);
+    // A quiet tick in a busy interval: 1.3 of 2 = 0.65, not below 0.6.
+    assert_eq!(run(Some(0.2), Some(1.3)), PRIORITY_NORMAL);
+    assert_eq!(run(Some(0.2), Some(0.3)), PRIORITY_REALTIME);
+    // A busy tick in a quiet interval: 1.5 of 2 = 0.75, off.
+    assert_eq!(run(Some(1.5), Some(0.3)), PRIORITY_NORMAL);
+}
+
+/// Between decisions the gate asks for one only for an app that has real
+/// time and reads above the off bound, or reads nothing.
+#[test]
+fn wants_off_only_for_an_app_with_real_time_above_the_bound() {
+    let mut g = RtGate::new(["app".to_owned()]);
+    let cur = |prio| plan(prio).allocations;
+    // Not on yet: nothing to take back, whatever it reads.
+    assert!(!g.wants_off(&snap(Some(1.9)), &cur(PRIORITY_NORMAL), &node()));
+    step(&mut g, Some(0.2), PRIORITY_NORMAL);
+    let on = cur(PRIORITY_REALTIME);
+    // 1.4 of 2 = 0.7: not above; 1.42: above; no tick reading: off too.
+    assert!(!g.wants_off(&snap(Some(1.4)), &on, &node()));
+    assert!(g.wants_off(&snap(Some(1.42)), &on, &node()));
+    assert!(g.wants_off(&snap2(None, Some(0.2)), &on, &node()));
+    let no_knob = NodeCaps {
+        cpu_priority: false,
+        ..node()
+    };
+    assert!(!g.wants_off(&snap(Some(1.9)), &on, &no_knob));
+}
+
+/// The loop acts on the gate at a monitoring tick: a gate-only plan (the
+/// policy is not asked), applied and recorded as a decision.
+#[test]
+fn the_loop_turns_real_time_off_at_a_monitoring_tick() {
+    use crate::control::{Applied, ControlLoop, NoRecorder, Node, Sensed, Tick};
+    struct One {
+        cur: crate::policy::Allocations,
+        used: f64,
+    }
+    impl Node for One {
+        fn caps(&self) -> NodeCaps {
+            node()
+        }
+        fn current(&self) -> &crate::policy::Allocations {
+            &self.cur
+        }
+        fn sense(&mut self, _: &Tick) -> Sensed {
+            Sensed {
+                snapshot: snap(Some(self.used)),
+                ..Sensed::default()
+            }
+        }
+        fn apply(&mut self, _: &Tick, plan: &Plan) -> Applied {
+            self.cur = plan.allocations.clone();
+            Applied {
+                in_force: self.cur.clone(),
+                ..Applied::default()
+            }
+        }
+    }
+    /// Counts its decisions; keeps everything.
+    struct Counting(u32);
+    impl crate::policy::Policy for Counting {
+        fn name(&self) -> &str {
+            "counting"
+        }
+        fn decide(
+            &mut self,
+            _: u64,
+            _: &Snapshot,
+            c: &crate::policy::Allocations,
+            _: &NodeCaps,
+        ) -> Plan {
+            self.0 += 1;
+            Plan::keep(c)
+        }
+    }
+    let mut n = One {
+        cur: plan(PRIORITY_NORMAL).allocations,
+        used: 0.2,
+    };
+    let mut l = ControlLoop::new(Counting(0));
+    l.set_rt_gate(RtGate::new(["app".to_owned()]));
+    let t = |now_ms, decide| Tick {
+        now_ms,
+        dt_s: 0.1,
+        decide,
+    };
+    l.tick(&mut n, &mut NoRecorder, t(500, true));
+    assert_eq!(n.cur["app"].cpu_priority, PRIORITY_REALTIME);
+    // A quiet monitoring tick: no decision.
+    assert!(l.tick(&mut n, &mut NoRecorder, t(600, false)).1.is_none());
+    // The load rises: off at this very tick, the policy not asked.
+    n.used = 1.6;
+    let (_, e) = l.tick(&mut n, &mut NoRecorder, t(700, false));
+    let e = e.expect("a decision at the monitoring tick");
+    assert_eq!(n.cur["app"].cpu_priority, PRIORITY_NORMAL);
+    assert_eq!(e.plan.decisions.len(), 1);
+    assert!(e.plan.decisions[0].reason.contains("0.80"), "{:?}", e.plan);
+    assert_eq!(l.policy().0, 1);
+    // Off stays off between decisions: no more monitoring-tick decisions.
+    assert!(l.tick(&mut n, &mut NoRecorder, t(800, false)).1.is_none());
 }

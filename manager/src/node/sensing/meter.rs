@@ -45,9 +45,17 @@ pub(super) struct Meter {
     pub(super) offered_rps: Option<f64>,
     /// Seconds since its CPU time was last read.
     pub(super) cpu_span_s: f64,
+    /// CPU seconds read in this decision interval, and over how long.
+    iv_cpu_s: f64,
+    iv_cpu_span_s: f64,
     pub(super) cpu_util: f64,
-    /// CPUs' worth of time its processes used over the last reading.
+    /// CPUs' worth of time its processes used over the last decision
+    /// interval; `None` when nothing was read in it.
     pub(super) cpus_used: Option<f64>,
+    /// The same over the last monitoring tick alone; `None` when this
+    /// tick gave no reading (a stale figure is no figure: the real-time
+    /// gate must not trust one).
+    pub(super) cpus_used_tick: Option<f64>,
     /// CPUs' worth its allocation gives it (the gap is read at the same
     /// utilisation as calibrated).
     pub(super) cpus_held: Option<f64>,
@@ -72,8 +80,11 @@ impl Meter {
             iv_completed: 0,
             offered_rps: None,
             cpu_span_s: 0.0,
+            iv_cpu_s: 0.0,
+            iv_cpu_span_s: 0.0,
             cpu_util: 0.0,
             cpus_used: None,
+            cpus_used_tick: None,
             cpus_held: None,
             cpu_total_s: 0.0,
             power: None,
@@ -149,17 +160,8 @@ impl Meter {
         for (w, t) in self.server.iter_mut().zip(server) {
             w.push(t.hist, tick.dt_s, t.latest_ns);
         }
-        self.cpu_span_s += tick.dt_s;
         self.cpus_held = act.cpus_held(&a.name);
-        if let Some(used) = r.cpu_s {
-            self.cpu_total_s += used;
-            let nr_cpus = act.nr_cpus(&a.name);
-            let secs = std::mem::take(&mut self.cpu_span_s);
-            if secs > 0.0 {
-                self.cpu_util = (used / (secs * nr_cpus.max(1) as f64)).clamp(0.0, 1.0);
-                self.cpus_used = Some(used / secs);
-            }
-        }
+        self.feed_cpu(r.cpu_s, tick, act.nr_cpus(&a.name));
         if power {
             self.power = r.power.take();
         }
@@ -167,6 +169,31 @@ impl Meter {
         if let Some(p) = self.power.as_mut() {
             p.energy_per_request_j = qosd_sensors::power::energy_per_request_j(p.power_w, rps);
             r.power.clone_from(&self.power);
+        }
+    }
+
+    /// A tick's CPU seconds (`None`: no reading) into the tick's figure
+    /// and, on decision ticks, the interval's; `nr_cpus`: the CPUs the app
+    /// may run on (its utilisation is of them).
+    fn feed_cpu(&mut self, used: Option<f64>, tick: &Tick, nr_cpus: usize) {
+        self.cpu_span_s += tick.dt_s;
+        self.cpus_used_tick = None;
+        if let Some(used) = used {
+            self.cpu_total_s += used;
+            let secs = std::mem::take(&mut self.cpu_span_s);
+            if secs > 0.0 {
+                self.cpus_used_tick = Some(used / secs);
+                self.iv_cpu_s += used;
+                self.iv_cpu_span_s += secs;
+            }
+        }
+        if tick.decide {
+            let secs = std::mem::take(&mut self.iv_cpu_span_s);
+            let used = std::mem::take(&mut self.iv_cpu_s);
+            self.cpus_used = (secs > 0.0).then(|| used / secs);
+            if let Some(u) = self.cpus_used {
+                self.cpu_util = (u / nr_cpus.max(1) as f64).clamp(0.0, 1.0);
+            }
         }
     }
 
@@ -227,6 +254,7 @@ impl Meter {
             nr_samples: self.fed(a).requests(),
             cpu_util: self.cpu_util,
             cpus_used: self.cpus_used,
+            cpus_used_tick: self.cpus_used_tick,
             power_w: self.power.as_ref().map(|p| p.power_w),
             limits: a.limits,
         }
