@@ -78,11 +78,8 @@ nominal=$(( ncpu * 1000000 / work_us ))
 port=$(( 20000 + RANDOM % 20000 ))
 st=$(mktemp -d)
 srv= job= qd=
-# The +lcqosd daemon: stopped with SIGTERM (its own restore), waited for.
-stop_daemon() {
-  [ -n "$qd" ] || return 0
-  kill -TERM "$qd" 2>/dev/null; wait "$qd" 2>/dev/null || true; qd=
-}
+# The +lcqosd daemon (lib/lcqosd.sh): started per run, stopped after.
+. scenarios/bench/lib/lcqosd.sh
 cleanup() {
   stop_daemon
   # A bpftrace left attached (TRACE=1, the bench stopped mid-run) would tax
@@ -133,7 +130,7 @@ apply_case() {
   chrt -a -o -p 0 "$srv" >/dev/null
   if [[ +$mods+ == *+lcfifo+* ]]; then chrt -a -f -p 1 "$srv" >/dev/null; fi
   if [[ +$mods+ == *+lcrr+* ]]; then chrt -a -r -p 1 "$srv" >/dev/null; fi
-  if [[ +$mods+ == *+lcqosd+* ]]; then start_daemon; fi
+  if [[ +$mods+ == *+lcqosd+* ]]; then start_daemon idle_class; fi
   if [[ +$mods+ == *+lcback+* ]]; then
     "$QOSD" set --state-file "$st/state.json" priority --pid "$srv" --class realtime >/dev/null
     "$QOSD" set --state-file "$st/state.json" priority --pid "$srv" --class normal >/dev/null
@@ -151,35 +148,7 @@ apply_case() {
   done
   kill -CONT "$job"
 }
-# The +lcqosd daemon's config: the server as an LC app asking for real
-# time, only the priority knob enabled (the policy moves nothing else).
-cat >"$st/qosd.yaml" <<YAML
-apps:
-  - name: fixture
-    match: { pid: $srv }
-    class: lc
-    target: { p99: 50ms }
-    resources: { initial: { cpu_priority: 3 } }
-policy: $PWD/policies/parties.yaml
-monitor_interval_ms: 100
-decide_interval_ms: 500
-actuators: { enabled: [cpu_priority] }
-sensors: { power: false }
-api: { listen: "127.0.0.1:$(( port + 1 ))", token_file: $st/api.token }
-state_file: $st/daemon-state.json
-YAML
-# Starts it and waits (10 s at most) until the gate has made the server's
-# main thread real-time.
-start_daemon() {
-  "$QOSD" run --config "$st/qosd.yaml" >"$st/daemon.log" 2>&1 & qd=$!
-  for _ in $(seq 100); do
-    [ "$(ps -o cls= -p "$srv" | tr -d ' ')" = FF ] && return
-    kill -0 "$qd" 2>/dev/null || break
-    sleep 0.1
-  done
-  echo "idle_class: +lcqosd: the server is not real-time 10 s after qosd run started:" >&2
-  tail -5 "$st/daemon.log" >&2; exit 1
-}
+lcqosd_config "127.0.0.1:$(( port + 1 ))"
 # The server threads' classes now, e.g. "FF:9 TS:1".
 classes() { ps -L -o cls= -p "$srv" | sort | uniq -c | awk '{printf "%s%s:%s", (NR > 1 ? " " : ""), $2, $1}'; }
 declare -A cls

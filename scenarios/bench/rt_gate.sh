@@ -38,10 +38,7 @@ port=$(( 20000 + RANDOM % 20000 ))
 api="127.0.0.1:$(( port + 1 ))"
 st=$(mktemp -d)
 srv= job= qd= smp= mounted=
-stop_daemon() {
-  [ -n "$qd" ] || return 0
-  kill -TERM "$qd" 2>/dev/null; wait "$qd" 2>/dev/null || true; qd=
-}
+. scenarios/bench/lib/lcqosd.sh
 cleanup() {
   [ -n "$smp" ] && { kill "$smp" 2>/dev/null; wait "$smp" 2>/dev/null || true; }
   stop_daemon
@@ -76,21 +73,7 @@ rps=$(( cap * LOAD_PCT / 100 ))
 kill -CONT "$job"
 sleep 1
 
-cat >"$st/qosd.yaml" <<YAML
-apps:
-  - name: fixture
-    match: { pid: $srv }
-    class: lc
-    target: { p99: 50ms }
-    resources: { initial: { cpu_priority: 3 } }
-policy: $PWD/policies/parties.yaml
-monitor_interval_ms: 100
-decide_interval_ms: 500
-actuators: { enabled: [cpu_priority] }
-sensors: { power: false }
-api: { listen: "$api", token_file: $st/api.token }
-state_file: $st/daemon-state.json
-YAML
+lcqosd_config "$api"
 
 # Every 100 ms until killed (bounded by the run): wall ns, the fixture's CPU
 # ns so far (all threads), its FIFO threads, and its group's throttled rt_rqs.
@@ -116,14 +99,7 @@ echo "| round | load start → off decision | its reading | p99 first ${INTERVAL
 echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
 gates=
 for r in $(seq 1 "$ROUNDS"); do
-  "$QOSD" run --config "$st/qosd.yaml" >"$st/daemon.log" 2>&1 & qd=$!
-  for _ in $(seq 100); do
-    [ "$(ps -o cls= -p "$srv" | tr -d ' ')" = FF ] && break
-    kill -0 "$qd" 2>/dev/null || break
-    sleep 0.1
-  done
-  [ "$(ps -o cls= -p "$srv" | tr -d ' ')" = FF ] ||
-    { echo "rt_gate: the server is not real-time 10 s after qosd run started" >&2; tail -5 "$st/daemon.log" >&2; exit 1; }
+  start_daemon rt_gate
   sleep 1
   sampler >"$st/samples" & smp=$!
   sleep 0.3
