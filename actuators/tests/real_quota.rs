@@ -15,6 +15,16 @@ use qosd_actuators::{Actuators, Allocation, AppTarget, Config};
 /// one compares the hierarchy's top directory before and after.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+/// The actuators with their state file in `dir`, and its path.
+fn actuators_in(dir: &std::path::Path) -> (Actuators, PathBuf) {
+    let state = dir.join("state.json");
+    let cfg = Config {
+        state_file: Some(state.clone()),
+        ..Config::default()
+    };
+    (Actuators::new(&cfg).unwrap(), state)
+}
+
 /// A one-process CPU spinner, killed on drop.
 pub struct Spinner(pub Child);
 
@@ -99,12 +109,7 @@ fn top_of(mount: &PathBuf) -> (Vec<String>, Vec<String>) {
 fn quota_caps_a_real_process_and_restores_exactly() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let d = tempfile::tempdir().unwrap();
-    let state = d.path().join("state.json");
-    let cfg = Config {
-        state_file: Some(state.clone()),
-        ..Config::default()
-    };
-    let mut a = Actuators::new(&cfg).unwrap();
+    let (mut a, state) = actuators_in(d.path());
     let caps = a.caps().get(qosd_actuators::Resource::CpuQuota).clone();
     assert!(caps.available, "this machine has CFS bandwidth: {caps:?}");
     let v2 = caps.backend.as_deref() == Some("cgroup2");
@@ -203,11 +208,7 @@ fn quota_caps_a_real_process_and_restores_exactly() {
 fn bad_quota_changes_nothing() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let d = tempfile::tempdir().unwrap();
-    let cfg = Config {
-        state_file: Some(d.path().join("state.json")),
-        ..Config::default()
-    };
-    let mut a = Actuators::new(&cfg).unwrap();
+    let (mut a, _) = actuators_in(d.path());
     let spin = Spinner::start();
     let app = AppTarget::new("quota-bad", vec![spin.pid()]);
     let nr_cpus = a.topology().unwrap().cpus.len() as u32;
@@ -243,12 +244,7 @@ fn lifted_quota_leaves_the_group_unless_held() {
     use qosd_core::knobs::PRIORITY_IDLE;
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let d = tempfile::tempdir().unwrap();
-    let state = d.path().join("state.json");
-    let cfg = Config {
-        state_file: Some(state.clone()),
-        ..Config::default()
-    };
-    let mut a = Actuators::new(&cfg).unwrap();
+    let (mut a, state) = actuators_in(d.path());
     let all = a.topology().unwrap().cpus.len() as u32 * 1000;
     let quota = |m: u32| Allocation {
         cpu_quota_milli: Some(m),
