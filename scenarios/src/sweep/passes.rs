@@ -89,7 +89,7 @@ pub fn knee_passes(
         if !retry.is_empty() {
             c.fit_knee_passes(&client);
         }
-        let mut warnings = fit_warnings(c, &client);
+        let mut warnings = fit_warnings(c, &client, o.knee_passes);
         // Still warned: every fitted load once more, the knee fitted over
         // all passes pooled (`repeat_on_warning`).
         let mut before_us = None;
@@ -98,7 +98,7 @@ pub fn knee_passes(
             one_pass(steps, &fitted, o.knee_passes, measure)?;
             client = steps.iter().map(|l| l.client.clone()).collect();
             c.fit_knee_passes(&client);
-            warnings = fit_warnings(c, &client);
+            warnings = fit_warnings(c, &client, o.knee_passes + 1);
         }
         if !(retry.is_empty() && warnings.is_empty() && before_us.is_none()) {
             c.knee_check = Some(KneeCheck {
@@ -141,18 +141,23 @@ fn one_pass(
 }
 
 /// What stands against the knee fitted over `client`: a poor fit, loads
-/// whose passes disagree, passes' knees further apart than sampling allows.
-fn fit_warnings(c: &AppCalibration, client: &[Passes]) -> Vec<String> {
+/// whose passes disagree, passes' knees further apart than sampling allows
+/// or too few of `nr_passes` fitting alone.
+fn fit_warnings(c: &AppCalibration, client: &[Passes], nr_passes: usize) -> Vec<String> {
     let mut w = c
         .knee_fit
         .map(|f| check::warnings(&f, client, c.percentile))
         .unwrap_or_default();
     let se = c.knee_fit.and_then(|f| f.knee_se_us);
-    w.extend(
-        c.knee_spread
-            .as_ref()
-            .and_then(|k| check::spread_warning(k, se)),
-    );
+    w.extend(match &c.knee_spread {
+        Some(k) => check::spread_warning(k, se),
+        // The pool fitted, the passes alone did not all (seen beside
+        // two spinners): the knee stands, its spread is unknown.
+        None if nr_passes > 1 => Some(format!(
+            "no spread: fewer than 2 of the {nr_passes} passes fit a curve alone (a busy machine?)"
+        )),
+        None => None,
+    });
     w
 }
 
