@@ -209,10 +209,6 @@ pub struct KneeCheck {
     /// Why the fit was taken anyway (empty: nothing to say).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
-    /// The check warned, so every fitted load was measured once more: the
-    /// knee latency before that pass, µs (absent: no pass added).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub repeated_from_us: Option<f64>,
 }
 
 /// The loads (indices into `steps`) whose passes disagree, most lopsided
