@@ -13,7 +13,8 @@
 //! cases to (2+k)/(1+k) of the server's share (1.17 at the load average of
 //! 10 seen here on 2 CPUs), so a test at the top level would pass or fail
 //! with the neighbours' load. Inside one parent the ratio is 2 whatever the
-//! load outside. A pure wake-up (no work per round trip) is not a good
+//! load outside (the parent gets the highest weight, so that the load
+//! outside cannot take the spinner's place either). A pure wake-up (no work per round trip) is not a good
 //! probe either: the fair scheduler places a waking sleeper ahead of a
 //! spinner at normal weight too, so both cases look alike.
 //!
@@ -243,6 +244,17 @@ fn idle_spinner_leaves_the_round_trip_near_alone_normal_one_doubles_it() {
     if v2 {
         parent.write("cgroup.subtree_control", "+cpu");
     }
+    // The parent at the highest weight: with a spinner in it, the parent is
+    // always runnable and charged for the spinner's time, so at normal
+    // weight any busy task outside it (another session, the CI runner)
+    // would win the CPU from the server in the idle case but not in the
+    // alone case (a parent that slept is placed ahead). Seen on a CI
+    // machine: idle p90 6088 µs against 4027 alone, medians equal. At the
+    // highest weight the outside takes at most ~1/256 of the CPU in both.
+    parent.write(
+        if v2 { "cpu.weight" } else { "cpu.shares" },
+        if v2 { "10000" } else { "262144" },
+    );
     let lc = Group::new(&mount, parent.path.join("lc"));
     let be = Group::new(&mount, parent.path.join("be"));
     // The last CPU: both processes on it, whatever else runs there.

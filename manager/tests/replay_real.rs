@@ -56,26 +56,49 @@ fn real_replay_of_a_reduced_ramp() {
             .as_f64()
             .expect("eBPF latency at the knee"),
     );
-    // Below the client's, give or take the noise of one step's p99: it
-    // came out 8 % above once (1798 against 1667 µs) and 16 % above once
-    // (2548 against 2204 µs, 2026-11-26, after the pipelined-turn timing
-    // and TCP-stamp changes). Why eBPF can read above the client at all
-    // is open (docs/control.md, "Why eBPF's per-interval p99 came out
-    // above the client's"); the bar still catches a sensor that doubles.
     eprintln!("knee p99: eBPF {ebpf:.0} µs, client {client:.0} µs");
     // Two knee passes (the default): each pass's own knee goes beside the
-    // knee of their pooled requests.
-    let passes: Vec<f64> = s["knee_spread"]["repeats_us"]
+    // knee of their pooled requests; where a pass alone does not fit a
+    // curve (beside two spinners, once), the calibration says so.
+    match s["knee_spread"]["repeats_us"].as_array() {
+        Some(passes) => {
+            assert_eq!(passes.len(), 2, "{passes:?}");
+            assert!(
+                passes.iter().all(|k| k.as_f64().unwrap() > 0.0),
+                "{passes:?}"
+            );
+        }
+        None => assert!(
+            s["knee_check"]["warnings"]
+                .to_string()
+                .contains("no spread"),
+            "no knee_spread and no warning saying why: {s}"
+        ),
+    }
+    assert!(ebpf > 0.0, "eBPF {ebpf} µs, client {client} µs");
+    // The two knee figures are each read off a curve fitted to noisy
+    // steps. Quiet, eBPF came out 8 % and 16 % above the client (1798
+    // against 1667 µs; 2548 against 2204 µs); on a busy machine 2.7x
+    // (18 326 against 6 731 µs, two spinners beside the test); a CI
+    // machine failed the 1.25x bar this test had (2026-11-26, most likely
+    // this bar: the log cut the message). What must hold is per load: at
+    // the median calibrated load the server side is not above the
+    // clients' p99 of the same requests (a sensor that doubles is below 0
+    // at every load). One step can be: a backlog left by a saturated step
+    // drains into the next step's window on the server side only (why
+    // eBPF can read above the client at all: docs/control.md, "Why eBPF's
+    // per-interval p99 came out above the client's").
+    let mut gaps: Vec<f64> = s["gap"]
         .as_array()
-        .expect("knee_spread from the passes")
+        .expect("client/eBPF gap per load")
         .iter()
-        .map(|v| v.as_f64().unwrap())
+        .map(|g| g["gap_us"].as_f64().unwrap())
         .collect();
-    assert_eq!(passes.len(), 2, "{passes:?}");
-    assert!(passes.iter().all(|&k| k > 0.0), "{passes:?}");
+    gaps.sort_by(f64::total_cmp);
+    assert!(gaps.len() >= 3, "{gaps:?}");
     assert!(
-        ebpf > 0.0 && ebpf < 1.25 * client,
-        "eBPF {ebpf} µs, client {client} µs"
+        gaps[gaps.len() / 2] >= 0.0,
+        "client - eBPF p99 per calibrated load, median below 0: {gaps:?}"
     );
     let out = t.path().join("run");
     let o = qosd(&[

@@ -8,6 +8,15 @@
 //! runs there, whatever its priority, while a process that regulates its
 //! own CPU time to 90% of each period gets exactly that under moderate load. RAPL is a fake powercap tree in a
 //! temp dir (this machine has none), read by the very same code.
+//!
+//! Host steal: the program times slices on the rq clock, which runs on
+//! while the hypervisor has taken the vCPU away (steal); the children's
+//! duty cycles and `schedstat` count CPU time without it
+//! (CONFIG_PARAVIRT_TIME_ACCOUNTING). A child on a CPU that lost a share
+//! `s` of the interval to steal is seen on the CPU up to `s` longer, so the
+//! bounds below widen by the steal the kernel counted on that CPU meanwhile
+//! (`/proc/stat`, [`Steal`]). Seen on a CI machine: B at 0.288 of the time
+//! for a duty of 0.25 (about 13 % steal), where this one has ~0.3 %.
 
 use std::fs;
 use std::path::Path;
@@ -36,6 +45,35 @@ impl Drop for Children {
                 libc::waitpid(pid, std::ptr::null_mut(), 0);
             }
         }
+    }
+}
+
+/// Every CPU's steal time so far, seconds (`/proc/stat`'s per-CPU
+/// lines, 8th field, in USER_HZ ticks).
+struct Steal(Vec<f64>);
+
+impl Steal {
+    fn now() -> Steal {
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+        let stat = fs::read_to_string("/proc/stat").unwrap();
+        Steal(
+            stat.lines()
+                .filter(|l| l.starts_with("cpu") && !l.starts_with("cpu "))
+                .map(|l| {
+                    let steal = l.split_whitespace().nth(8).unwrap_or("0");
+                    steal.parse::<f64>().unwrap() / hz
+                })
+                .collect(),
+        )
+    }
+
+    /// The share of `interval_s` that `cpu` lost to steal since `self`,
+    /// plus one tick for the counter's resolution.
+    fn share_since(&self, cpu: usize, interval_s: f64) -> f64 {
+        // SAFETY: as above.
+        let tick = 1.0 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+        (Steal::now().0[cpu] - self.0[cpu] + tick) / interval_s
     }
 }
 
@@ -181,22 +219,41 @@ fn root_power_duty_cycles_match_on_cpu_shares() {
         (s, ((before.0 + after.0) / 2, (before.1 + after.1) / 2))
     };
     let (_, k0) = around(&mut sensor);
+    let steal = Steal::now();
     std::thread::sleep(Duration::from_secs(2));
     let (s, k1) = around(&mut sensor);
     eprintln!("{:?}", s.counters);
     let dt = s.interval_s * 1e9;
     let (fa, fb) = (cpu_fraction(&s, a), cpu_fraction(&s, b));
     let (ka, kb) = ((k1.0 - k0.0) as f64 / dt, (k1.1 - k0.1) as f64 / dt);
+    let (sa, sb) = (
+        steal.share_since(0, s.interval_s),
+        steal.share_since(1, s.interval_s),
+    );
     eprintln!(
-        "interval {:.3}s  A: bpf {fa:.4} kernel {ka:.4}  B: bpf {fb:.4} kernel {kb:.4}",
+        "interval {:.3}s  A: bpf {fa:.4} kernel {ka:.4} steal {sa:.3}  \
+         B: bpf {fb:.4} kernel {kb:.4} steal {sb:.3}",
         s.interval_s
     );
-    // Against the kernel's own accounting of the same processes.
-    assert!((fa - ka).abs() < 0.01, "A: bpf {fa} vs schedstat {ka}");
-    assert!((fb - kb).abs() < 0.01, "B: bpf {fb} vs schedstat {kb}");
+    // Against the kernel's own accounting of the same processes (the
+    // program's slices include what the host stole meanwhile).
+    assert!(
+        (fa - ka).abs() < 0.01 + sa,
+        "A: bpf {fa} vs schedstat {ka}, steal {sa}"
+    );
+    assert!(
+        (fb - kb).abs() < 0.01 + sb,
+        "B: bpf {fb} vs schedstat {kb}, steal {sb}"
+    );
     // Against the duty cycles they were given.
-    assert!((fa - 0.9).abs() < 0.03, "A ran {fa} of the time, duty 90%");
-    assert!((fb - 0.25).abs() < 0.03, "B ran {fb} of the time, duty 25%");
+    assert!(
+        (fa - 0.9).abs() < 0.03 + sa,
+        "A ran {fa} of the time, duty 90%, steal {sa}"
+    );
+    assert!(
+        (fb - 0.25).abs() < 0.03 + sb,
+        "B ran {fb} of the time, duty 25%, steal {sb}"
+    );
     // No SMT here: the weighted shares are the on-CPU times.
     let (pa, pb) = (s.process(a as u32).unwrap(), s.process(b as u32).unwrap());
     assert!((pb.power_w / pa.power_w - fb / fa).abs() < 0.01);
@@ -266,6 +323,7 @@ fn root_power_fake_rapl_is_exact_and_split_by_sched_shares() {
     assert_eq!(sensor.caps().domains, vec!["package-0", "package-0/core"]);
     std::thread::sleep(Duration::from_millis(300));
     sensor.sample().unwrap();
+    let steal = Steal::now();
     // 45 J on the package through the wrap, 30 J on the cores.
     std::thread::sleep(Duration::from_millis(1500));
     set_uj(r, "intel-rapl:0", 42_000_000);
@@ -295,10 +353,12 @@ fn root_power_fake_rapl_is_exact_and_split_by_sched_shares() {
         "A {:.3} W ({:.3} CPU)  B {:.3} W ({:.3} CPU)",
         pa.power_w, pa.cpus_used, pb.power_w, pb.cpus_used
     );
+    // Steal on either CPU moves the ratio by up to about its share.
+    let stolen = steal.share_since(0, s.interval_s) + steal.share_since(1, s.interval_s);
     let ratio = pb.power_w / pa.power_w;
     assert!(
-        (ratio - 0.25 / 0.9).abs() < 0.04,
-        "B/A = {ratio}, duty ratio 0.278"
+        (ratio - 0.25 / 0.9).abs() < 0.04 + stolen,
+        "B/A = {ratio}, duty ratio 0.278, steal {stolen}"
     );
     let app = s.app(&[a as u32], Some(1000.0));
     assert!(close(
@@ -376,8 +436,10 @@ fn root_power_sibling_overlap_is_measured_by_the_program() {
     assert!(sensor.caps().smt);
     std::thread::sleep(Duration::from_millis(300));
     sensor.sample().unwrap();
+    let steal = Steal::now();
     std::thread::sleep(Duration::from_secs(2));
     let s = sensor.sample().unwrap();
+    let sb = steal.share_since(1, s.interval_s);
     let thread_of = |pid: libc::pid_t| s.threads.iter().find(|t| t.tid == pid as u32).unwrap();
     let (ta, tb) = (thread_of(a), thread_of(b));
     let fb = tb.sib_busy_ns as f64 / tb.on_cpu_ns as f64;
@@ -387,8 +449,8 @@ fn root_power_sibling_overlap_is_measured_by_the_program() {
         ta.on_cpu_ns, ta.sib_busy_ns, tb.on_cpu_ns
     );
     assert!(
-        (tb.cpu_fraction - 0.25).abs() < 0.03,
-        "B ran {}",
+        (tb.cpu_fraction - 0.25).abs() < 0.03 + sb,
+        "B ran {}, steal {sb}",
         tb.cpu_fraction
     );
     assert!(fb > 0.95, "B ran beside A all the time, measured {fb}");

@@ -100,11 +100,16 @@ pub fn knee_passes(
             .map(|f| check::warnings(&f, &client, c.percentile))
             .unwrap_or_default();
         let se = c.knee_fit.and_then(|f| f.knee_se_us);
-        warnings.extend(
-            c.knee_spread
-                .as_ref()
-                .and_then(|k| check::spread_warning(k, se)),
-        );
+        warnings.extend(match &c.knee_spread {
+            Some(k) => check::spread_warning(k, se),
+            // The pool fitted, the passes alone did not all (seen beside
+            // two spinners): the knee stands, its spread is unknown.
+            None if o.knee_passes > 1 => Some(format!(
+                "no spread: fewer than 2 of the {} passes fit a curve alone (a busy machine?)",
+                o.knee_passes
+            )),
+            None => None,
+        });
         if !(retry.is_empty() && warnings.is_empty()) {
             c.knee_check = Some(KneeCheck {
                 retried_rps: retry
