@@ -98,6 +98,10 @@ pub struct Config {
     pub restore_on_drop: bool,
     /// What hedging means per app name (the hedge knob hedges only these).
     pub hedge: std::collections::BTreeMap<String, qosd_core::hedge::HedgeSpec>,
+    /// The RT budget of a realtime app's group, µs per `cpu.rt_period_us`
+    /// (1 s) per CPU, 1..=1000000 (the daemon's `realtime.budget_us`,
+    /// `qosd set --rt-budget-us`; default [`crate::realtime::DEFAULT_BUDGET_US`]).
+    pub rt_budget_us: u64,
 }
 
 impl Default for Config {
@@ -116,6 +120,7 @@ impl Default for Config {
             cpu_quota_burst_pct: DEFAULT_BURST_PCT,
             restore_on_drop: true,
             hedge: Default::default(),
+            rt_budget_us: crate::realtime::DEFAULT_BUDGET_US,
         }
     }
 }
@@ -151,6 +156,8 @@ impl Config {
                 self.root.display()
             )));
         }
+        crate::realtime::check_budget(self.rt_budget_us)
+            .map_err(|m| Error::Invalid(format!("realtime.budget_us: {m}")))?;
         if let Some(b) = self.pqos_cbm_bits {
             if !(1..=64).contains(&b) {
                 return Err(Error::Invalid(format!(

@@ -176,7 +176,7 @@ pub fn detect(p: &Probe) -> Detected {
             Backend::Group { v2, mount, .. } => Some((*v2, mount.as_path())),
             Backend::SchedIdle => None,
         };
-        let rt = realtime::probe(root, group);
+        let rt = realtime::probe(root, group, p.cfg.rt_budget_us);
         let line = match &rt {
             Ok(rt) => format!("; {}", rt.describe()),
             Err(why) => format!("; realtime: not available: {why}"),

@@ -37,8 +37,13 @@ const R: Resource = Resource::CpuPriority;
 pub const POLICY: &str = "fifo:1";
 /// The group's RT budget file (cgroup v1 `cpu`, `CONFIG_RT_GROUP_SCHED`).
 pub const BUDGET_FILE: &str = "cpu.rt_runtime_us";
-/// Overrides [`DEFAULT_BUDGET_US`] (µs per `cpu.rt_period_us`, 1 s).
+/// No longer read (the budget is `realtime.budget_us` in the daemon's
+/// config, `--rt-budget-us` for `qosd set`): set, it makes realtime
+/// unavailable with a reason naming both, rather than being ignored.
 pub const BUDGET_ENV: &str = "QOSD_RT_BUDGET_US";
+/// The budgets a group may have, µs per `cpu.rt_period_us` (1 s): the
+/// kernel's bound is the period.
+pub const BUDGET_RANGE_US: std::ops::RangeInclusive<u64> = 1..=1_000_000;
 /// 90 % of each CPU per period. The budget is per CPU and the app's load
 /// is not spread evenly over its CPUs: at 600 000 the fixture at 50 % of
 /// its capacity (0.5 of each CPU on average) was throttled on one CPU at
@@ -81,14 +86,39 @@ impl Rt {
     }
 }
 
-/// The budget: `$QOSD_RT_BUDGET_US` or the default.
-fn budget_us() -> std::result::Result<u64, String> {
-    match std::env::var(BUDGET_ENV) {
-        Err(_) => Ok(DEFAULT_BUDGET_US),
-        Ok(v) => match v.trim().parse::<u64>() {
-            Ok(b) if (1..=1_000_000).contains(&b) => Ok(b),
-            _ => Err(format!("${BUDGET_ENV}={v:?}: expected 1..=1000000 µs")),
-        },
+/// Whether `budget_us` is a budget a group may be given (the range only;
+/// the parent's budget is [`parent_budget_us`]'s), or why not.
+pub fn check_budget(budget_us: u64) -> std::result::Result<(), String> {
+    if BUDGET_RANGE_US.contains(&budget_us) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{budget_us} µs is not an RT budget in 1..=1000000 (µs of each 1 s period, per CPU)"
+        ))
+    }
+}
+
+/// The RT budget of the v1 `cpu` hierarchy's root group under `root` and
+/// its file, where the kernel has RT group scheduling: the bound of the
+/// sum of its children's budgets (the kernel refuses more: `EINVAL`).
+/// `None` where it cannot be read, or is -1 (RT throttling off: no bound).
+pub fn parent_budget_us(root: &Root) -> Option<(u64, std::path::PathBuf)> {
+    let mount = crate::cgroup::cgroup1_with(root, "cpu", BUDGET_FILE).ok()?;
+    let file = mount.join(BUDGET_FILE);
+    let v: i64 = read_file(&file).ok()?.trim().parse().ok()?;
+    u64::try_from(v).ok().map(|v| (v, file))
+}
+
+/// The budget a config asks for, unless `$QOSD_RT_BUDGET_US` (no longer
+/// read) is set: an operator who set it expects it to count.
+fn budget_us(configured: u64) -> std::result::Result<u64, String> {
+    match std::env::var_os(BUDGET_ENV) {
+        Some(v) => Err(format!(
+            "${BUDGET_ENV}={v:?} is set but no longer read: the budget is realtime.budget_us \
+             in the daemon's config, or --rt-budget-us for `qosd set` ({configured} µs \
+             here); unset it"
+        )),
+        None => check_budget(configured).map(|()| configured),
     }
 }
 
@@ -110,15 +140,20 @@ fn rt_group_sched(root: &Root) -> bool {
 
 /// Whether realtime can be applied on the priority knob's backend, or why
 /// not: `group` is its cpu hierarchy (cgroup v2?, mount), `None` for the
-/// per-thread `SCHED_IDLE` backend.
-pub fn probe(root: &Root, group: Option<(bool, &Path)>) -> std::result::Result<Rt, String> {
+/// per-thread `SCHED_IDLE` backend. `budget_us_cfg`: the configured
+/// budget ([`crate::Config::rt_budget_us`]).
+pub fn probe(
+    root: &Root,
+    group: Option<(bool, &Path)>,
+    budget_us_cfg: u64,
+) -> std::result::Result<Rt, String> {
     if !has_cap_sys_nice() {
         return Err("no CAP_SYS_NICE: the kernel refuses SCHED_FIFO".into());
     }
     let group_sched = rt_group_sched(root);
     match group {
         Some((false, mount)) if mount.join(BUDGET_FILE).exists() => Ok(Rt::Budget {
-            budget_us: budget_us()?,
+            budget_us: budget_us(budget_us_cfg)?,
         }),
         Some((true, _)) if group_sched => Err(
             "cgroup v2 with RT group scheduling: the kernel has no per-group RT budget there \
@@ -161,7 +196,8 @@ pub fn give_budget(ctx: &mut Ctx, rt: &Rt, group: &Path) -> Result<()> {
             resource: R,
             reason: format!(
                 "realtime: the kernel refused an RT budget of {budget_us} µs ({e}); the \
-                     groups' budgets may not exceed their parent's {} µs (${BUDGET_ENV} sets it)",
+                     groups' budgets may not exceed their parent's {} µs (realtime.budget_us \
+                     in the daemon's config, --rt-budget-us for `qosd set`)",
                 parent.trim()
             ),
         }

@@ -59,7 +59,9 @@ impl Config {
         if let Some(p) = &self.state_file {
             file_path_ok(p).map_err(|m| Invalid::new(root.key("state_file"), m))?;
         }
-        self.realtime.validate(&root.key("realtime"))?;
+        let used = self.apps.iter().any(AppConfig::wants_realtime);
+        self.realtime
+            .validate(&root.key("realtime"), &self.actuators.root, used)?;
         Ok(())
     }
 

@@ -56,6 +56,29 @@ pub fn run(
     if let Some(p) = power {
         power_lines(p);
     }
+    realtime_line(cfg);
+}
+
+/// The gate's bounds and the RT budget, when an app asks for real time.
+fn realtime_line(cfg: &Config) {
+    let wants: Vec<&str> = cfg
+        .apps
+        .iter()
+        .filter(|a| a.wants_realtime())
+        .map(|a| a.name.as_str())
+        .collect();
+    if wants.is_empty() {
+        return;
+    }
+    let rt = &cfg.realtime;
+    println!(
+        "realtime: {} (on below {} / off above {} of the CPUs held); group RT budget {} µs \
+         per 1 s period per CPU in cpu.rt_runtime_us (realtime.budget_us)",
+        wants.join(", "),
+        rt.on_below,
+        rt.off_above,
+        rt.budget_us
+    );
 }
 
 fn power_lines(p: &PowerSensor) {

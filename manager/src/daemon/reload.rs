@@ -86,6 +86,7 @@ fn restart_only(old: &Config, new: &Config) -> Vec<&'static str> {
     check("power", old.power == new.power);
     check("state_file", old.state_file == new.state_file);
     check("kubernetes", old.kubernetes == new.kubernetes);
+    check("realtime", old.realtime == new.realtime);
     v
 }
 

@@ -91,6 +91,7 @@ pub fn act_config(cfg: &Config) -> qosd_actuators::Config {
             .iter()
             .filter_map(|a| Some((a.name.clone(), a.hedge.as_ref()?.spec())))
             .collect(),
+        rt_budget_us: cfg.realtime.budget_us,
         ..Default::default()
     }
 }

@@ -29,6 +29,7 @@ pub mod hedge;
     qosd set quota --pid 1234 --quota 0.3                 CPU bandwidth: 0.3 CPU (cgroup qosd-pid1234)\n  \
     qosd set quota --pid 1234 --quota 0.5 --period-us 10000 --burst-pct 0   0.5 CPU per 10 ms, no burst\n  \
     qosd set priority --pid 1234 --class idle             idle scheduling class (cpu.idle, else lowest weight, else SCHED_IDLE)\n  \
+    qosd set priority --pid 1234 --class realtime --rt-budget-us 800000   SCHED_FIFO 1, group RT budget 0.8 s/s per CPU\n  \
     qosd set level cpu_quota --pid 1234 --level 300       any knob but cores, a level in its unit (here milli-CPUs)\n  \
     qosd set hedge --pid 1234 --service 10.0.0.5:53 --replica 10.0.0.6:53 --t-hedge-ms 10 --id-len 2\n  \
     qosd set --dry-run cores --pid 1234 --cpus 1          print what would change\n  \
@@ -53,6 +54,11 @@ pub struct Args {
     /// Change init (pid 1) too: its setting is the whole node's.
     #[arg(long, global = true)]
     pub force: bool,
+    /// Realtime only: the RT budget of the app's cpu group
+    /// (`cpu.rt_runtime_us`), µs of every 1 s period per CPU, 1-1000000
+    /// (the daemon's is `realtime.budget_us` in its config). Default 900000.
+    #[arg(long, value_name = "US", global = true)]
+    pub rt_budget_us: Option<u64>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -189,8 +195,9 @@ pub enum PriorityArg {
     Idle,
     /// `cpu.idle` 0 (else the default weight).
     Normal,
-    /// Every thread `SCHED_FIFO` 1 with reset-on-fork, in the app's group
-    /// with an RT budget (`cpu.rt_runtime_us`) where the kernel has one.
+    /// Every thread `SCHED_FIFO` 1 (inherited by threads made later), in
+    /// the app's group with an RT budget (`cpu.rt_runtime_us`,
+    /// `--rt-budget-us`) where the kernel has one.
     Realtime,
 }
 
@@ -229,6 +236,29 @@ fn check_period(p: Option<u64>) -> anyhow::Result<()> {
         )),
         _ => Ok(()),
     }
+}
+
+/// `--rt-budget-us` in range, and given only where it counts: a set to
+/// realtime (a budget that would be ignored is refused, not dropped).
+fn check_rt_budget(args: &Args) -> anyhow::Result<()> {
+    let Some(b) = args.rt_budget_us else {
+        return Ok(());
+    };
+    qosd_actuators::realtime::check_budget(b).map_err(|m| crate::usage!("--rt-budget-us: {m}"))?;
+    let realtime = match &args.knob {
+        Knob::Priority { class, .. } => matches!(class, PriorityArg::Realtime),
+        Knob::Level { knob, level, .. } => {
+            *knob == Resource::CpuPriority && *level == knobs::PRIORITY_REALTIME
+        }
+        _ => false,
+    };
+    if !realtime {
+        return Err(crate::usage!(
+            "--rt-budget-us: only a set to realtime gives a group an RT budget \
+             (`priority --class realtime`, `level cpu_priority --level 3`)"
+        ));
+    }
+    Ok(())
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -308,6 +338,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Knob::Level { knob, level, .. } = &args.knob {
         check_level(*knob, *level)?;
     }
+    check_rt_budget(&args)?;
     // Block the termination signals before changing anything, so that
     // with --hold a signal arriving mid-change waits and then restores.
     let sigs = if args.hold {
@@ -348,6 +379,9 @@ fn config(args: &Args) -> Config {
         dry_run: args.dry_run,
         state_file: args.state_file.clone(),
         restore_on_drop: false,
+        rt_budget_us: args
+            .rt_budget_us
+            .unwrap_or(qosd_actuators::realtime::DEFAULT_BUDGET_US),
         ..Config::default()
     };
     match &args.knob {
