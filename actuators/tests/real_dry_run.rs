@@ -27,24 +27,17 @@ impl Drop for App {
     }
 }
 
-/// Each thread's (tid, policy, nice) from `/proc`, and the process's v1
-/// `cpu` group.
-fn state(pid: u32) -> (Vec<(String, String, String)>, String) {
+/// Each thread's policy, priority and nice (qosd's text for them), and
+/// the process's v1 `cpu` group.
+fn state(pid: u32) -> (Vec<(String, String)>, String) {
     let mut threads = Vec::new();
     for t in std::fs::read_dir(format!("/proc/{pid}/task"))
         .unwrap()
         .flatten()
     {
-        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap();
-        let f: Vec<&str> = stat
-            .rsplit_once(')')
-            .unwrap()
-            .1
-            .split_whitespace()
-            .collect();
-        // Fields 19 (nice) and 41 (policy), counted from 1; `f` starts at 3.
         let tid = t.file_name().to_string_lossy().into_owned();
-        threads.push((tid, f[38].to_owned(), f[16].to_owned()));
+        let policy = qosd_actuators::schedpolicy::get(tid.parse().unwrap()).unwrap();
+        threads.push((tid, policy));
     }
     threads.sort();
     let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
