@@ -31,7 +31,7 @@ echo "   qosd replay scenarios/demo.yaml --policy static ${RES_ARGS[*]} --out $O
   --calibration "$OUT/parties/calibration.json" --out "$OUT/static"
 echo
 echo "== qosd compare $OUT/parties $OUT/static"
-"$QOSD" compare "$OUT/parties" "$OUT/static" --out "$OUT"
+"$QOSD" compare "$OUT/parties" "$OUT/static" --out "$OUT" | tee "$OUT/compare.txt"
 echo
 echo "Plots: $OUT/parties/timeline.png and $OUT/static/timeline.png (load, p99 vs"
 echo "target, CPU quota per app, the batch job's ops/s); $OUT/compare.png overlays them."
@@ -40,3 +40,9 @@ echo "More:"
 echo "  $QOSD replay scenarios/ramp.yaml --sim --out out/ramp-sim      the paper's ramp on a simulated 16-core node"
 echo "  $QOSD replay scenarios/demo.yaml --feedback client --out out/demo-client"
 echo "  $QOSD trace --pid \$(pidof -s memcached) --json                 follow any server live"
+# Last, where it is read: whether the target the table is scored against
+# rests on a calibration whose knee did not repeat (qosd compare's line).
+if grep -q '^calibration:' "$OUT/compare.txt"; then
+  echo
+  grep '^calibration:' "$OUT/compare.txt"
+fi

@@ -20,7 +20,7 @@ pub mod check;
 mod floor;
 pub(crate) mod knee;
 #[cfg(test)]
-mod recorded;
+pub(crate) mod recorded;
 pub use capacity::{BusyRates, CapacityFit};
 pub use check::{KneeCheck, DISAGREE_P, MAX_FIT_ERR_PCT, MAX_RETRIES};
 pub use floor::{PeakFloor, FLOOR_WARN_SHARE};

@@ -44,6 +44,7 @@ pub fn write_run(
     summary
         .meta
         .insert("calibration".into(), serde_json::to_value(cal)?);
+    summary.calibration_doubts = crate::calibrate::check::doubts(cal);
     std::fs::write(
         &files.summary_json,
         serde_json::to_string_pretty(&summary)? + "\n",
@@ -123,6 +124,9 @@ pub fn summary_table(s: &Summary) -> String {
     if s.energy_is_estimate {
         out.push_str("(energy is a model estimate, not a measurement)\n");
     }
+    for d in &s.calibration_doubts {
+        let _ = writeln!(out, "{d}");
+    }
     out
 }
 
@@ -181,6 +185,7 @@ pub fn compare(dirs: &[PathBuf], out: &Path) -> anyhow::Result<String> {
     let mut plots = Vec::new();
     let mut bands = Vec::new();
     let mut table = String::new();
+    let mut doubts: Vec<String> = Vec::new();
     let header = [
         "violation %",
         "fed viol. %",
@@ -202,6 +207,11 @@ pub fn compare(dirs: &[PathBuf], out: &Path) -> anyhow::Result<String> {
     );
     for d in dirs {
         let e = read_entry(d)?;
+        for c in e.runs.iter().flat_map(|r| &r.calibration_doubts) {
+            if !doubts.contains(c) {
+                doubts.push(c.clone());
+            }
+        }
         let agg = crate::seeds::aggregate(&e.runs);
         let n = e.runs.len();
         let mut line = |app: &str, f: &crate::seeds::Figures, ratio: Option<&MeanCi>| {
@@ -251,6 +261,11 @@ pub fn compare(dirs: &[PathBuf], out: &Path) -> anyhow::Result<String> {
     );
     table.push('\n');
     table.push_str(&crate::bands::table(&bands));
+    // Last, under both tables: the runs compared rest on these calibrations
+    // (`make demo`'s two runs share one: said once).
+    for d in doubts {
+        let _ = writeln!(table, "{d}");
+    }
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     plot::compare_plot(&out.join("compare"), &plots)?;
     Ok(table)

@@ -57,6 +57,9 @@ pub struct SweepOptions {
     /// measured ([`knee_passes`]); their requests are pooled per load, and
     /// each pass's own knee goes into `knee_spread`. 1: once, as before.
     pub knee_passes: usize,
+    /// When the knee check still warns after its retries, measure every
+    /// fitted load once more and fit the knee over all passes pooled.
+    pub repeat_on_warning: bool,
     /// Append each fitted load's passes to this file in the test
     /// fixture's format (`calibrate/passes_s8.txt`).
     pub record_passes: Option<std::path::PathBuf>,
@@ -107,6 +110,7 @@ impl Default for SweepOptions {
             knee_repeats: 0,
             fit_knee: true,
             knee_passes: KNEE_PASSES,
+            repeat_on_warning: false,
             record_passes: None,
         }
     }

@@ -282,6 +282,7 @@ impl Timeline {
             cannot_meet: self.cannot_meet,
             meta: self.meta.clone(),
             oracle,
+            calibration_doubts: Vec::new(),
             apps,
             total,
         }
@@ -425,6 +426,10 @@ pub struct Summary {
     /// target, interval by interval, and the run's core·s against it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub oracle: Option<Oracle>,
+    /// Why the run's calibration should not be trusted, one line per app
+    /// ([`crate::calibrate::check::doubts`]); empty: nothing to say.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub calibration_doubts: Vec<String>,
     pub apps: BTreeMap<String, AppSummary>,
     pub total: AppSummary,
 }

@@ -74,6 +74,11 @@ pub struct Args {
     #[arg(long, default_value_t = sweep::KNEE_PASSES as u32,
           value_parser = clap::value_parser!(u32).range(1..=10))]
     pub knee_passes: u32,
+    /// When the knee check still warns after its retries (passes apart,
+    /// a poor fit): measure every fitted load once more (one more pass,
+    /// ~14 s on the demo) and fit the knee over all passes pooled.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub repeat_on_warning: bool,
     /// Requests a step holds at least (it grows up to 4 × --step-s); e.g.
     /// 1000 for a p99 that rests on 10 requests. 0: every step --step-s.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
@@ -148,6 +153,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             min_samples: args.min_samples,
             fit_knee: args.knee == Knee::Fitted,
             knee_passes: args.knee_passes as usize,
+            repeat_on_warning: args.repeat_on_warning,
             record_passes: args.record_passes.clone(),
             ..Default::default()
         };

@@ -171,6 +171,13 @@ fn print_knee(c: &AppCalibration, steps: bool) {
                 at.join(", ")
             );
         }
+        if let Some(b) = k.repeated_from_us {
+            eprintln!(
+                "  -> the check warned at a knee of {:.3} ms: every fitted load measured once \
+                 more, the knee fitted over all passes",
+                b / 1000.0
+            );
+        }
         for w in &k.warnings {
             eprintln!("  WARNING: knee taken anyway (calibration.json: knee_check): {w}");
         }

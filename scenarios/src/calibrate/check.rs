@@ -80,6 +80,52 @@ pub fn allowed_spread_pct(spread: &KneeSpread, knee_se_us: Option<f64>) -> f64 {
     }
 }
 
+/// What a replay's summary and `qosd compare` say of a calibration that
+/// should not set a target, one line per app: its knee check warned, or
+/// its knee's repeats (the passes' knees) lie further apart than
+/// [`SPREAD_WARN_PCT`], the ±10 % the calibration is meant to repeat
+/// within. A run scored against such a target cannot be told from a run on
+/// a good one by its table alone (session 12: knees of 3.87 to 12.96 ms
+/// on one host within 20 minutes). Empty when there is nothing to say.
+pub fn doubts(cal: &super::Calibration) -> Vec<String> {
+    cal.apps
+        .iter()
+        .filter_map(|(app, c)| doubt(app, c))
+        .collect()
+}
+
+fn doubt(app: &str, c: &super::AppCalibration) -> Option<String> {
+    let warned = c.knee_check.as_ref().map_or(0, |k| k.warnings.len());
+    let spread = c.knee_spread.as_ref();
+    if warned == 0 && spread.is_none_or(|k| k.spread_pct <= SPREAD_WARN_PCT) {
+        return None;
+    }
+    let mut why = Vec::new();
+    if let Some(k) = spread {
+        let each: Vec<String> = k
+            .repeats_us
+            .iter()
+            .map(|v| format!("{:.1}", v / 1000.0))
+            .collect();
+        why.push(format!(
+            "{app}'s knee passes {} ms, spread ±{:.0} %",
+            each.join(" / "),
+            k.spread_pct
+        ));
+    } else {
+        why.push(format!("{app}'s knee {:.1} ms", c.knee_latency_us / 1000.0));
+    }
+    if warned > 0 {
+        let s = if warned == 1 { "" } else { "s" };
+        why.push(format!("{warned} knee check warning{s} (calibration.json)"));
+    }
+    Some(format!(
+        "calibration: {}: the target rests on a noisy calibration; re-run `qosd calibrate` on a \
+         quiet machine or pin `target: {{ ms: N }}`",
+        why.join(", ")
+    ))
+}
+
 /// One pass set apart from a load's others.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Disagreement {
@@ -163,6 +209,10 @@ pub struct KneeCheck {
     /// Why the fit was taken anyway (empty: nothing to say).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+    /// The check warned, so every fitted load was measured once more: the
+    /// knee latency before that pass, µs (absent: no pass added).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repeated_from_us: Option<f64>,
 }
 
 /// The loads (indices into `steps`) whose passes disagree, most lopsided

@@ -71,14 +71,8 @@ pub fn knee_passes(
     let fitted: Vec<usize> = (0..steps.len())
         .filter(|&i| CurveFit::fits(steps[i].point(), c.capacity_rps))
         .collect();
-    for pass in 1..o.knee_passes {
-        let down = pass % 2 == 1;
-        for k in 0..fitted.len() {
-            let i = fitted[if down { fitted.len() - 1 - k } else { k }];
-            let (p, h, s) = measure(steps[i].asked_rps, steps[i].seed, StepKind::Pass(pass + 1))?;
-            steps[i].client.push((p, h));
-            steps[i].server.push(s);
-        }
+    for n in 1..o.knee_passes {
+        one_pass(steps, &fitted, n, measure)?;
     }
     let mut client: Vec<Passes> = steps.iter().map(|l| l.client.clone()).collect();
     c.fit_knee_passes(&client);
@@ -95,28 +89,25 @@ pub fn knee_passes(
         if !retry.is_empty() {
             c.fit_knee_passes(&client);
         }
-        let mut warnings = c
-            .knee_fit
-            .map(|f| check::warnings(&f, &client, c.percentile))
-            .unwrap_or_default();
-        let se = c.knee_fit.and_then(|f| f.knee_se_us);
-        warnings.extend(match &c.knee_spread {
-            Some(k) => check::spread_warning(k, se),
-            // The pool fitted, the passes alone did not all (seen beside
-            // two spinners): the knee stands, its spread is unknown.
-            None if o.knee_passes > 1 => Some(format!(
-                "no spread: fewer than 2 of the {} passes fit a curve alone (a busy machine?)",
-                o.knee_passes
-            )),
-            None => None,
-        });
-        if !(retry.is_empty() && warnings.is_empty()) {
+        let mut warnings = fit_warnings(c, &client, o.knee_passes);
+        // Still warned: every fitted load once more, the knee fitted over
+        // all passes pooled (`repeat_on_warning`).
+        let mut before_us = None;
+        if o.repeat_on_warning && !warnings.is_empty() {
+            before_us = Some(c.knee_latency_us);
+            one_pass(steps, &fitted, o.knee_passes, measure)?;
+            client = steps.iter().map(|l| l.client.clone()).collect();
+            c.fit_knee_passes(&client);
+            warnings = fit_warnings(c, &client, o.knee_passes + 1);
+        }
+        if !(retry.is_empty() && warnings.is_empty() && before_us.is_none()) {
             c.knee_check = Some(KneeCheck {
                 retried_rps: retry
                     .iter()
                     .map(|&i| steps[i].point().offered_rps)
                     .collect(),
                 warnings,
+                repeated_from_us: before_us,
             });
         }
     }
@@ -127,6 +118,47 @@ pub fn knee_passes(
         }
     }
     Ok(())
+}
+
+/// Measures pass `n` (0-based) of the `fitted` loads, alternately down
+/// and up the loads, each on its load's arrivals, as each load's `n`-th
+/// pass (before a retry it may hold).
+fn one_pass(
+    steps: &mut [Load],
+    fitted: &[usize],
+    n: usize,
+    measure: &mut Measure,
+) -> Result<(), LoadError> {
+    let down = n % 2 == 1;
+    for k in 0..fitted.len() {
+        let i = fitted[if down { fitted.len() - 1 - k } else { k }];
+        let (p, h, s) = measure(steps[i].asked_rps, steps[i].seed, StepKind::Pass(n + 1))?;
+        let at = n.min(steps[i].client.len());
+        steps[i].client.insert(at, (p, h));
+        steps[i].server.insert(at, s);
+    }
+    Ok(())
+}
+
+/// What stands against the knee fitted over `client`: a poor fit, loads
+/// whose passes disagree, passes' knees further apart than sampling allows
+/// or too few of `nr_passes` fitting alone.
+fn fit_warnings(c: &AppCalibration, client: &[Passes], nr_passes: usize) -> Vec<String> {
+    let mut w = c
+        .knee_fit
+        .map(|f| check::warnings(&f, client, c.percentile))
+        .unwrap_or_default();
+    let se = c.knee_fit.and_then(|f| f.knee_se_us);
+    w.extend(match &c.knee_spread {
+        Some(k) => check::spread_warning(k, se),
+        // The pool fitted, the passes alone did not all (seen beside
+        // two spinners): the knee stands, its spread is unknown.
+        None if nr_passes > 1 => Some(format!(
+            "no spread: fewer than 2 of the {nr_passes} passes fit a curve alone (a busy machine?)"
+        )),
+        None => None,
+    });
+    w
 }
 
 /// The server side's figures, from its latencies pooled per load over the
@@ -223,3 +255,7 @@ fn record(path: &std::path::Path, pole_rps: f64, loads: &[&Load]) -> std::io::Re
 #[cfg(test)]
 #[path = "seed_tests.rs"]
 mod seed_tests;
+
+#[cfg(test)]
+#[path = "doubt_tests.rs"]
+mod doubt_tests;
