@@ -8,8 +8,8 @@ use qosd_core::Resource;
 
 use crate::error::{Error, Result};
 use crate::journal::Entry;
-use crate::root::{read_file, Root};
-use crate::{proc, AppTarget, Ctx};
+use crate::root::Root;
+use crate::{AppTarget, Ctx};
 
 /// A mounted filesystem from `/proc/self/mounts`: (mount point, fstype, options).
 fn mounts(root: &Root) -> Vec<(String, String, String)> {
@@ -105,8 +105,7 @@ pub fn move_pids(
     pids: &[i32],
 ) -> Result<()> {
     for &pid in pids {
-        let current = proc::cgroup_of(&ctx.root, pid, controller)?;
-        let from = mount.join(current.trim_start_matches('/'));
+        let from = ctx.group_of(pid, mount, controller)?;
         if from == group {
             continue;
         }
@@ -155,11 +154,20 @@ const NEUTRAL: &[(&str, &str)] = &[
     ("cpuset.cpus", ""),
 ];
 
+/// What a knob file of [`NEUTRAL`] reads in a group just made (the first
+/// word where the kernel writes more): a dry run's reads of a group it
+/// made ([`crate::ctx::Dry`]).
+pub fn fresh_value(file: &Path) -> Option<&'static str> {
+    let name = file.file_name()?.to_str()?;
+    NEUTRAL.iter().find(|(f, _)| *f == name).map(|(_, v)| *v)
+}
+
 /// Whether no knob holds `group` any more: every file of [`NEUTRAL`] it
-/// has reads its neutral value. A group not made (a dry run) holds nothing.
-pub fn limits_nothing(group: &Path) -> bool {
+/// has reads its neutral value (as `ctx` reads it: in a dry run, what
+/// the run has written).
+pub fn limits_nothing(ctx: &Ctx, group: &Path) -> bool {
     NEUTRAL.iter().all(|(file, neutral)| {
-        read_file(&group.join(file)).map_or(true, |v| {
+        ctx.read(&group.join(file)).map_or(true, |v| {
             v.split_whitespace().next().unwrap_or("") == *neutral
         })
     })
@@ -175,7 +183,7 @@ pub fn limits_nothing(group: &Path) -> bool {
 /// (docs/sharing.md, "A group that limits nothing"). A later limit makes
 /// the group and moves the processes in again.
 pub fn leave_if_unused(ctx: &mut Ctx, mount: &Path, group: &Path, pids: &[i32]) -> Result<()> {
-    if limits_nothing(group) {
+    if limits_nothing(ctx, group) {
         leave_group(ctx, mount, group, pids)?;
     }
     Ok(())

@@ -12,6 +12,8 @@ use crate::root::{read_file, write_file, Root};
 use crate::{proc, Change};
 
 mod commands;
+mod dry;
+pub use dry::Dry;
 
 /// How [`Ctx::each_thread`] reads and writes one per-thread setting.
 struct ThreadOps<'a> {
@@ -21,6 +23,8 @@ struct ThreadOps<'a> {
     set: &'a dyn Fn(i32) -> Result<()>,
     /// A thread whose current value says leave it alone.
     skip: &'a dyn Fn(&str) -> bool,
+    /// The scheduling policy: a dry run reads and keeps it ([`Dry`]).
+    sched: bool,
 }
 
 pub struct Ctx {
@@ -35,6 +39,8 @@ pub struct Ctx {
     /// removing the directory restores them).
     created: Vec<PathBuf>,
     changes: Vec<Change>,
+    /// What this dry run has done, as a real run would find it.
+    dry: Dry,
 }
 
 impl Ctx {
@@ -55,7 +61,47 @@ impl Ctx {
             txn_journal_len: 0,
             created,
             changes: Vec::new(),
+            dry: Dry::default(),
         }
+    }
+
+    /// Reads a file (already prefixed) as a real run would find it now:
+    /// in a dry run, with what the run has written, made and removed.
+    pub fn read(&self, p: &Path) -> Result<String> {
+        match self.dry_run {
+            true => self.dry.read(p),
+            false => read_file(p),
+        }
+    }
+
+    /// Whether a directory is there, as [`Ctx::read`] would find it.
+    pub fn is_dir(&self, p: &Path) -> bool {
+        match self.dry_run {
+            true => self.dry.is_dir(p),
+            false => p.is_dir(),
+        }
+    }
+
+    /// Thread `tid`'s scheduling policy, as [`Ctx::read`] would find it.
+    pub fn sched_of(&self, tid: i32) -> Result<String> {
+        match self.dry_run {
+            true => self.dry.sched(tid),
+            false => crate::schedpolicy::get(tid),
+        }
+    }
+
+    /// The group (directory under `mount`) `pid` is in, as [`Ctx::read`]
+    /// would find it; `controller` names the v1 hierarchy.
+    pub fn group_of(&self, pid: i32, mount: &Path, controller: Option<&str>) -> Result<PathBuf> {
+        if let Some(g) = self
+            .dry_run
+            .then(|| self.dry.group_of(pid, mount))
+            .flatten()
+        {
+            return Ok(g.clone());
+        }
+        let current = proc::cgroup_of(&self.root, pid, controller)?;
+        Ok(mount.join(current.trim_start_matches('/')))
     }
 
     pub fn journal(&self) -> &Journal {
@@ -86,13 +132,15 @@ impl Ctx {
         let mut failures = Vec::new();
         let undone = self.txn.len();
         for e in std::mem::take(&mut self.txn).into_iter().rev() {
-            if let Err(u) = e.undo(&self.root, self.dry_run) {
+            let dry = self.dry_run.then_some(&mut self.dry);
+            if let Err(u) = e.undo(&self.root, dry) {
                 failures.push(u.to_string());
             }
         }
         self.changes.clear();
         let len = self.txn_journal_len;
-        self.created.retain(|p| p.exists());
+        let created = std::mem::take(&mut self.created);
+        self.created = created.into_iter().filter(|p| self.is_dir(p)).collect();
         if let Err(e) = self.journal.truncate(len) {
             failures.push(e.to_string());
         }
@@ -138,7 +186,7 @@ impl Ctx {
         best_effort: bool,
     ) -> Result<()> {
         let own = self.in_created_dir(path);
-        let prior = match read_file(path) {
+        let prior = match self.read(path) {
             Ok(s) => s,
             // Inside a group qosd just made (not made at all in a dry run).
             Err(_) if own => String::new(),
@@ -157,8 +205,9 @@ impl Ctx {
         if !own {
             self.journal.record(entry.clone())?;
         }
-        if !self.dry_run {
-            write_file(path, value, own)?;
+        match self.dry_run {
+            true => self.dry.wrote(path, value),
+            false => write_file(path, value, own)?,
         }
         // A file of a group made by this change goes with the group.
         if !(own && prior.is_empty()) {
@@ -171,7 +220,7 @@ impl Ctx {
     /// Creates a group directory (cgroup or resctrl) unless it exists.
     /// Returns whether it was created.
     pub fn mkdir(&mut self, resource: Resource, path: &Path) -> Result<bool> {
-        if path.is_dir() {
+        if self.is_dir(path) {
             return Ok(false);
         }
         let entry = Entry::CreatedDir {
@@ -179,7 +228,9 @@ impl Ctx {
             path: path.to_owned(),
         };
         let first = self.journal.record(entry.clone())?;
-        if !self.dry_run {
+        if self.dry_run {
+            self.dry.made(path, true);
+        } else {
             std::fs::create_dir(path).map_err(|e| Error::io("creating", path, e))?;
             if !first {
                 // Made before and gone now: someone else removed it.
@@ -242,6 +293,7 @@ impl Ctx {
             get: &|tid| proc::get_affinity(tid).map(|c| qosd_core::cpulist::format(&c)),
             set: &|tid| proc::set_affinity(tid, cpus),
             skip: &|_| false,
+            sched: false,
         };
         self.each_thread(resource, pid, &want, &ops, &entry)
     }
@@ -271,6 +323,7 @@ impl Ctx {
                 }
                 rt
             },
+            sched: true,
         };
         self.each_thread(resource, pid, policy, &ops, &entry)
     }
@@ -309,7 +362,11 @@ impl Ctx {
             }
             let mut prior = Vec::new();
             for &tid in &fresh {
-                match (ops.get)(tid) {
+                let got = match ops.sched {
+                    true => self.sched_of(tid),
+                    false => (ops.get)(tid),
+                };
+                match got {
                     Ok(c) => prior.push((tid, c)),
                     Err(e) if gone(&e) => {}
                     Err(e) => return Err(e),
@@ -323,7 +380,11 @@ impl Ctx {
                 if before == want || (ops.skip)(&before) {
                     continue;
                 }
-                if !self.dry_run {
+                if self.dry_run {
+                    if ops.sched {
+                        self.dry.set_sched(tid, &before, want);
+                    }
+                } else {
                     match (ops.set)(tid) {
                         Ok(()) => {}
                         Err(e) if gone(&e) => continue,
@@ -370,7 +431,9 @@ impl Ctx {
         if first {
             self.journal.record(entry.clone())?;
         }
-        if !self.dry_run {
+        if self.dry_run {
+            self.dry.moved(pid, mount, into.parent().unwrap_or(into));
+        } else {
             write_file(into, &format!("{pid}\n"), self.in_created_dir(into)).map_err(
                 |e| match e {
                     Error::Io { ref source, .. } if source.raw_os_error() == Some(libc::ESRCH) => {
@@ -422,8 +485,9 @@ impl Ctx {
 
     /// Restores the entries `which` selects, newest first.
     pub fn restore_where(&mut self, which: impl Fn(&Entry) -> bool) -> (Vec<Change>, Vec<Error>) {
-        let r = self.journal.restore_where(which);
-        self.created.retain(|p| p.exists());
+        let r = self.journal.restore_with(which, &mut self.dry);
+        let created = std::mem::take(&mut self.created);
+        self.created = created.into_iter().filter(|p| self.is_dir(p)).collect();
         r
     }
 }

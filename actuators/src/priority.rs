@@ -213,7 +213,8 @@ fn normal(
     group: &Path,
 ) -> Result<()> {
     let pids = &req.app.pids;
-    let exists = group.is_dir();
+    // As a real run would find it: a dry run reads what it has done.
+    let exists = ctx.is_dir(group);
     realtime::demote(ctx, exists.then_some(group), pids)?;
     if !exists {
         return Ok(());

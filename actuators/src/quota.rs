@@ -260,8 +260,9 @@ impl Actuator for QuotaActuator {
         if milli == max {
             // Every online CPU is no limit: the group's quota unlimited,
             // and the app back where it was found unless another knob
-            // holds the group (cgroup::leave_if_unused).
-            if group.is_dir() {
+            // holds the group (cgroup::leave_if_unused). A dry run asks
+            // whether its own earlier steps made the group.
+            if ctx.is_dir(&group) {
                 self.write_unlimited(ctx, &group)?;
                 cgroup::leave_if_unused(ctx, &self.mount, &group, pids)?;
             }

@@ -227,7 +227,8 @@ pub fn demote(ctx: &mut Ctx, group: Option<&Path>, pids: &[i32]) -> Result<()> {
     // Only an app qosd made real-time (its main thread at qosd's policy):
     // an idle app's `SCHED_IDLE` entries stay for its next reassert.
     let rt_now = pids.iter().any(|&p| {
-        crate::schedpolicy::get(p).is_ok_and(|t| crate::schedpolicy::policy_part(&t) == POLICY)
+        ctx.sched_of(p)
+            .is_ok_and(|t| crate::schedpolicy::policy_part(&t) == POLICY)
     });
     if rt_now && ctx.journal().entries().iter().any(ours) {
         ctx.undo_where(ours)?;
@@ -241,7 +242,7 @@ pub fn demote(ctx: &mut Ctx, group: Option<&Path>, pids: &[i32]) -> Result<()> {
         }
     }
     let file = group.join(BUDGET_FILE);
-    match read_file(&file) {
+    match ctx.read(&file) {
         Ok(b) if b.trim() != "0" => ctx.write(R, &file, "0", false),
         _ => Ok(()),
     }

@@ -7,6 +7,7 @@ use qosd_core::Resource;
 use serde::{Deserialize, Serialize};
 
 use super::undo;
+use crate::ctx::Dry;
 use crate::error::Result;
 use crate::netns::NetnsRef;
 use crate::root::Root;
@@ -110,8 +111,10 @@ impl Entry {
         })
     }
 
-    /// Puts this entry's original back. `dry_run` logs instead.
-    pub fn undo(&self, root: &Root, dry_run: bool) -> Result<Vec<Change>> {
+    /// Puts this entry's original back. A dry run (`dry`) logs instead,
+    /// reading and keeping what it has done there.
+    pub fn undo(&self, root: &Root, dry: Option<&mut Dry>) -> Result<Vec<Change>> {
+        let dry_run = dry.is_some();
         super::trust::check_entry(root, self)?;
         match self {
             Entry::File {
@@ -119,7 +122,7 @@ impl Entry {
                 path,
                 original,
                 best_effort,
-            } => undo::file(root, dry_run, resource, path, original, best_effort),
+            } => undo::file(root, dry, resource, path, original, best_effort),
             Entry::Affinity {
                 resource,
                 pid,
@@ -131,21 +134,19 @@ impl Entry {
                 pid,
                 start_time,
                 threads,
-            } => undo::sched(root, dry_run, resource, pid, start_time, threads),
-            Entry::CreatedDir { resource, path } => {
-                undo::created_dir(root, dry_run, resource, path)
-            }
+            } => undo::sched(root, dry, resource, pid, start_time, threads),
+            Entry::CreatedDir { resource, path } => undo::created_dir(root, dry, resource, path),
             Entry::Moved {
                 resource,
                 pid,
                 start_time,
                 back_to,
-            } => undo::moved(root, dry_run, resource, pid, start_time, back_to),
+            } => undo::moved(root, dry, resource, pid, start_time, back_to),
             Entry::EnabledController {
                 resource,
                 path,
                 controller,
-            } => undo::enabled_controller(root, dry_run, resource, path, controller),
+            } => undo::enabled_controller(root, dry.as_deref(), resource, path, controller),
             Entry::Command { resource, argv, .. } => undo::command(root, dry_run, resource, argv),
             Entry::Net {
                 knob, netns, argv, ..

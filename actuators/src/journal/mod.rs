@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 
+use crate::ctx::Dry;
 use crate::error::{Error, Result};
 use crate::root::Root;
 use crate::{statefile, Change};
@@ -137,6 +138,17 @@ impl Journal {
     /// the journal when they succeed. Keeps going past failures and returns
     /// them all.
     pub fn restore_where(&mut self, which: impl Fn(&Entry) -> bool) -> (Vec<Change>, Vec<Error>) {
+        self.restore_with(which, &mut Dry::default())
+    }
+
+    /// [`Journal::restore_where`]; a dry run reads and keeps what it has
+    /// done in `dry`, and drops the entries it restored from memory only
+    /// (the state file is not written), as a real run drops them.
+    pub fn restore_with(
+        &mut self,
+        which: impl Fn(&Entry) -> bool,
+        dry: &mut Dry,
+    ) -> (Vec<Change>, Vec<Error>) {
         let mut changes = Vec::new();
         let mut errors = Vec::new();
         let all = std::mem::take(&mut self.entries);
@@ -146,18 +158,13 @@ impl Journal {
                 keep.push(e.clone());
                 continue;
             }
-            match e.undo(&self.root, self.dry_run) {
+            match e.undo(&self.root, self.dry_run.then_some(&mut *dry)) {
                 Ok(c) => changes.extend(c),
                 Err(err) => {
                     errors.push(err);
                     keep.push(e.clone());
                 }
             }
-        }
-        if self.dry_run {
-            // Nothing was restored: the journal stays as it was.
-            self.entries = all;
-            return (changes, errors);
         }
         keep.reverse();
         self.entries = keep;

@@ -7,6 +7,7 @@ use std::path::Path;
 
 use qosd_core::Resource;
 
+use crate::ctx::Dry;
 use crate::error::{Error, Result};
 use crate::netns::NetnsRef;
 use crate::proc;
@@ -16,15 +17,21 @@ use crate::Change;
 /// A file's content written back (a failure is harmless where `best_effort`).
 pub(super) fn file(
     root: &Root,
-    dry_run: bool,
+    dry: Option<&mut Dry>,
     resource: &Resource,
     path: &Path,
     original: &str,
     best_effort: &bool,
 ) -> Result<Vec<Change>> {
     let mut out = Vec::new();
-    let now = read_file(path).unwrap_or_default();
-    if !dry_run {
+    let now = match &dry {
+        Some(d) => d.read(path),
+        None => read_file(path),
+    };
+    let now = now.unwrap_or_default();
+    if let Some(d) = dry {
+        d.wrote(path, original);
+    } else {
         match write_file(path, original, false) {
             Ok(()) => {}
             Err(e) if *best_effort => {
@@ -50,15 +57,19 @@ pub(super) fn affinity(
         what: "affinity",
         get: &|tid| proc::get_affinity(tid).map(|c| qosd_core::cpulist::format(&c)),
         set: &|tid, want| proc::set_affinity(tid, &qosd_core::cpulist::parse(want)?),
+        sched: false,
     };
-    each_thread(root, dry_run, resource, *pid, *start_time, threads, &ops)
+    // A dry run keeps no affinity: nothing decides on it.
+    let mut scratch = Dry::default();
+    let dry = dry_run.then_some(&mut scratch);
+    each_thread(root, dry, resource, *pid, *start_time, threads, &ops)
 }
 
 /// Each thread's scheduling policy put back (threads made later get the
 /// main thread's).
 pub(super) fn sched(
     root: &Root,
-    dry_run: bool,
+    dry: Option<&mut Dry>,
     resource: &Resource,
     pid: &i32,
     start_time: &u64,
@@ -83,8 +94,22 @@ pub(super) fn sched(
         what: "scheduling policy",
         get: &crate::schedpolicy::get,
         set: &set,
+        sched: true,
     };
-    each_thread(root, dry_run, resource, *pid, *start_time, threads, &ops)
+    each_thread(root, dry, resource, *pid, *start_time, threads, &ops)
+}
+
+/// The policy [`sched`]'s setter gives a thread at `now` asked for `want`
+/// (never a raise: qosd's own real time lowered to `SCHED_OTHER`, another
+/// left as it is), for a dry run to keep.
+fn dry_want(now: &str, want: &str) -> String {
+    if !crate::schedpolicy::raises(now, want) {
+        return want.to_owned();
+    }
+    match crate::schedpolicy::policy_part(now) == crate::realtime::POLICY {
+        true => crate::schedpolicy::OTHER.to_owned(),
+        false => now.to_owned(),
+    }
 }
 
 /// How [`each_thread`] reads and writes one per-thread setting.
@@ -92,13 +117,15 @@ struct UndoOps<'a> {
     what: &'static str,
     get: &'a dyn Fn(i32) -> Result<String>,
     set: &'a dyn Fn(i32, &str) -> Result<()>,
+    /// The scheduling policy: a dry run reads and keeps it ([`Dry`]).
+    sched: bool,
 }
 
 /// Puts one per-thread setting back on every thread of a process that is
 /// still the one qosd changed; a thread not listed gets the main thread's.
 fn each_thread(
     root: &Root,
-    dry_run: bool,
+    mut dry: Option<&mut Dry>,
     resource: &Resource,
     pid: i32,
     start_time: u64,
@@ -121,8 +148,16 @@ fn each_thread(
             .iter()
             .find(|(t, _)| *t == tid)
             .map_or(main.as_str(), |(_, c)| c.as_str());
-        let now = (ops.get)(tid);
-        if !dry_run {
+        let now = match &dry {
+            Some(d) if ops.sched => d.sched(tid),
+            _ => (ops.get)(tid),
+        };
+        if let Some(d) = dry.as_deref_mut() {
+            if ops.sched {
+                let before = now.as_deref().unwrap_or_default();
+                d.set_sched(tid, before, &dry_want(before, want));
+            }
+        } else {
             match (ops.set)(tid, want) {
                 Ok(()) => {}
                 // The thread exited meanwhile.
@@ -146,15 +181,17 @@ fn each_thread(
 /// A group qosd made, removed.
 pub(super) fn created_dir(
     root: &Root,
-    dry_run: bool,
+    dry: Option<&mut Dry>,
     resource: &Resource,
     path: &Path,
 ) -> Result<Vec<Change>> {
     let mut out = Vec::new();
-    if !path.exists() {
+    if !dry.as_ref().map_or(path.exists(), |d| d.is_dir(path)) {
         return Ok(out);
     }
-    if !dry_run {
+    if let Some(d) = dry {
+        d.made(path, false);
+    } else {
         // What inherited qosd's real time in the group (children, threads
         // made later) must not leave it real-time.
         out.extend(crate::realtime::lower_in_group(root, path)?);
@@ -172,7 +209,7 @@ pub(super) fn created_dir(
 /// A process qosd moved, back in the group it came from.
 pub(super) fn moved(
     root: &Root,
-    dry_run: bool,
+    dry: Option<&mut Dry>,
     resource: &Resource,
     pid: &i32,
     start_time: &u64,
@@ -182,7 +219,9 @@ pub(super) fn moved(
     if !proc::same_process(root, *pid, *start_time) {
         return Ok(out);
     }
-    if !dry_run {
+    if let Some(d) = dry {
+        d.moved_back(*pid, back_to.parent().unwrap_or(back_to));
+    } else {
         match write_file(back_to, &format!("{pid}\n"), false) {
             Ok(()) => {}
             // Exited between the check and the write.
@@ -202,17 +241,18 @@ pub(super) fn moved(
 /// A controller qosd enabled, disabled again unless others use it now.
 pub(super) fn enabled_controller(
     root: &Root,
-    dry_run: bool,
+    dry: Option<&Dry>,
     resource: &Resource,
     path: &Path,
     controller: &str,
 ) -> Result<Vec<Change>> {
     let mut out = Vec::new();
-    let now = read_file(path).unwrap_or_default();
+    let now = dry.map_or_else(|| read_file(path), |d| d.read(path));
+    let now = now.unwrap_or_default();
     if !now.split_whitespace().any(|c| c == controller) {
         return Ok(out);
     }
-    if !dry_run {
+    if dry.is_none() {
         match write_file(path, &format!("-{controller}"), false) {
             Ok(()) => {}
             // Groups qosd did not make use it now: disabling it
