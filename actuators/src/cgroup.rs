@@ -11,6 +11,9 @@ use crate::journal::Entry;
 use crate::root::Root;
 use crate::{AppTarget, Ctx};
 
+/// The table of what a group's knob files read when they limit nothing.
+pub(crate) mod neutral;
+
 /// A mounted filesystem from `/proc/self/mounts`: (mount point, fstype, options).
 fn mounts(root: &Root) -> Vec<(String, String, String)> {
     let Ok(s) = root.read("/proc/self/mounts") else {
@@ -139,34 +142,11 @@ pub fn leave_group(ctx: &mut Ctx, mount: &Path, group: &Path, pids: &[i32]) -> R
     ctx.undo_where(ours)
 }
 
-/// The files qosd's knobs write in a `qosd-<app>` group, each with the
-/// value (first word) at which it limits or favours nothing: what the
-/// kernel makes a group with. A knob that lets go of an app (a quota
-/// lifted to every CPU, the priority back to normal) puts its own file
-/// back to this value first, then asks [`limits_nothing`].
-const NEUTRAL: &[(&str, &str)] = &[
-    ("cpu.cfs_quota_us", "-1"),
-    ("cpu.max", "max"),
-    ("cpu.idle", "0"),
-    ("cpu.shares", "1024"),
-    ("cpu.weight", "100"),
-    ("cpu.rt_runtime_us", "0"),
-    ("cpuset.cpus", ""),
-];
-
-/// What a knob file of [`NEUTRAL`] reads in a group just made (the first
-/// word where the kernel writes more): a dry run's reads of a group it
-/// made ([`crate::ctx::Dry`]).
-pub fn fresh_value(file: &Path) -> Option<&'static str> {
-    let name = file.file_name()?.to_str()?;
-    NEUTRAL.iter().find(|(f, _)| *f == name).map(|(_, v)| *v)
-}
-
-/// Whether no knob holds `group` any more: every file of [`NEUTRAL`] it
+/// Whether no knob holds `group` any more: every file of [`neutral::NEUTRAL`] it
 /// has reads its neutral value (as `ctx` reads it: in a dry run, what
 /// the run has written).
 pub fn limits_nothing(ctx: &Ctx, group: &Path) -> bool {
-    NEUTRAL.iter().all(|(file, neutral)| {
+    neutral::NEUTRAL.iter().all(|(file, neutral)| {
         ctx.read(&group.join(file)).map_or(true, |v| {
             v.split_whitespace().next().unwrap_or("") == *neutral
         })

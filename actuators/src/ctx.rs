@@ -12,7 +12,7 @@ use crate::root::{read_file, write_file, Root};
 use crate::{proc, Change};
 
 mod commands;
-mod dry;
+pub(crate) mod dry;
 pub use dry::Dry;
 
 /// How [`Ctx::each_thread`] reads and writes one per-thread setting.

@@ -31,7 +31,7 @@ impl Dry {
     }
 
     /// A file as it would read: written, else in a group the dry run made
-    /// the value the kernel makes it with ([`crate::cgroup::fresh_value`]),
+    /// the value the kernel makes it with ([`crate::cgroup::neutral::fresh_value`]),
     /// else in a group it removed none, else the machine's.
     pub fn read(&self, p: &Path) -> Result<String> {
         if let Some(v) = self.files.get(p) {
@@ -39,7 +39,7 @@ impl Dry {
         }
         let missing = || Error::io("reading", p, std::io::ErrorKind::NotFound.into());
         match p.parent().and_then(|d| self.dirs.get(d)) {
-            Some(true) => crate::cgroup::fresh_value(p)
+            Some(true) => crate::cgroup::neutral::fresh_value(p)
                 .map(str::to_owned)
                 .ok_or_else(missing),
             Some(false) => Err(missing()),

@@ -7,7 +7,7 @@ use qosd_core::Resource;
 use serde::{Deserialize, Serialize};
 
 use super::undo;
-use crate::ctx::Dry;
+use crate::ctx::dry::Dry;
 use crate::error::Result;
 use crate::netns::NetnsRef;
 use crate::root::Root;

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 
-use crate::ctx::Dry;
+use crate::ctx::dry::Dry;
 use crate::error::{Error, Result};
 use crate::root::Root;
 use crate::{statefile, Change};

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use qosd_core::Resource;
 
-use crate::ctx::Dry;
+use crate::ctx::dry::Dry;
 use crate::error::{Error, Result};
 use crate::netns::NetnsRef;
 use crate::proc;
